@@ -1,0 +1,40 @@
+// The dtype table: one X-macro row per element type. Everything that switches on dtype derives from it.
+//   X(enumerator, text name, storage type)
+// bf16 and f16 are stored as 16-bit patterns; conversions round to nearest even and keep NaN/Inf.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace remat {
+
+struct bf16_t { uint16_t bits; };
+struct f16_t { uint16_t bits; };
+
+#define REMAT_DTYPES(X) \
+  X(f64, "f64", double) \
+  X(f32, "f32", float)  \
+  X(bf16, "bf16", bf16_t) \
+  X(f16, "f16", f16_t)  \
+  X(i32, "i32", int32_t) \
+  X(pred, "bool", uint8_t)
+
+enum class DType : uint8_t {
+#define X(e, text, ctype) e,
+  REMAT_DTYPES(X)
+#undef X
+};
+
+std::string_view dtype_name(DType d);
+// Parses a text name ("f32", "bool", ...); nullopt when it is not one.
+std::optional<DType> parse_dtype(std::string_view text);
+int64_t dtype_size(DType d);
+bool is_float(DType d);
+
+float bf16_to_float(bf16_t x);
+bf16_t float_to_bf16(float x);
+float f16_to_float(f16_t x);
+f16_t float_to_f16(float x);
+
+}  // namespace remat

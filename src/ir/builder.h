@@ -1,0 +1,133 @@
+// Tracing front end: model code calls functions on Tensor handles and each call appends a node to the
+// Builder's graph, with its shape checked at once (a CHECK naming the op, scope and shapes).
+//
+//   ir::Graph g;
+//   ir::Builder b(g);
+//   Tensor x = b.param("x", {DType::f32, {8, 64}});
+//   Tensor w = b.param("w", {DType::f32, {64, 256}});
+//   { auto s = b.scope("mlp/wi_0"); b.result(checkpoint_name(matmul(x, w), "mlpwi_0")); }
+//
+// Arithmetic operators broadcast numpy-style (inserting broadcast_in_dim); the primitives below them
+// require equal shapes, as in lax.
+#pragma once
+
+#include "ir/graph.h"
+
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace remat::ir {
+
+class Builder;
+
+struct Tensor {
+  Builder* b = nullptr;
+  ValueId id = -1;
+
+  const Type& type() const;
+  const Shape& shape() const { return type().shape; }
+  DType dtype() const { return type().dtype; }
+  int64_t rank() const { return type().rank(); }
+  int64_t dim(int64_t i) const;  // negative i counts from the back
+};
+
+class Builder {
+ public:
+  // `base_scope` prefixes every scope (a scan body traced inside "decoder/layers" keeps that path).
+  explicit Builder(Graph& g, std::string base_scope = "") : g_(&g), scope_(std::move(base_scope)) {}
+
+  Graph& graph() { return *g_; }
+  Tensor param(std::string name, Type t);
+  Tensor wrap(ValueId v) { return Tensor{this, v}; }
+  void result(Tensor t) { g_->results.push_back(t.id); }
+
+  // Appends one node after checking its types; returns its outputs.
+  std::vector<Tensor> emit(Op op, std::span<const Tensor> inputs, Attrs attrs = {},
+                           std::shared_ptr<Graph> body = nullptr);
+  Tensor emit1(Op op, std::span<const Tensor> inputs, Attrs attrs = {});
+
+  // RAII name scope: nodes emitted while it lives get "outer/inner" scopes.
+  class ScopeGuard {
+   public:
+    ScopeGuard(Builder& b, const std::string& name);
+    ~ScopeGuard();
+    ScopeGuard(const ScopeGuard&) = delete;
+    ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+   private:
+    Builder& b_;
+    size_t saved_;
+  };
+  ScopeGuard scope(const std::string& name) { return ScopeGuard(*this, name); }
+  const std::string& current_scope() const { return scope_; }
+
+ private:
+  Graph* g_;
+  std::string scope_;
+};
+
+// ---- primitives (lax names and semantics) ----
+struct DotDims {
+  IntList lhs_contract, rhs_contract, lhs_batch, rhs_batch;
+};
+Tensor dot_general(Tensor a, Tensor b, const DotDims& dims);
+Tensor neg(Tensor x);
+Tensor exp(Tensor x);
+Tensor log(Tensor x);
+Tensor tanh(Tensor x);
+Tensor logistic(Tensor x);
+Tensor sqrt(Tensor x);
+Tensor rsqrt(Tensor x);
+Tensor pow(Tensor a, Tensor b);
+Tensor max(Tensor a, Tensor b);
+Tensor min(Tensor a, Tensor b);
+Tensor compare(Tensor a, Tensor b, const std::string& direction);  // eq ne lt le gt ge
+Tensor select(Tensor pred, Tensor on_true, Tensor on_false);
+Tensor broadcast_in_dim(Tensor x, const Shape& shape, const IntList& dims);
+Tensor reshape(Tensor x, const Shape& shape);
+Tensor transpose(Tensor x, const IntList& perm);
+Tensor slice(Tensor x, const IntList& start, const IntList& limit);
+Tensor dynamic_slice(Tensor x, std::span<const Tensor> starts, const Shape& sizes);
+Tensor dynamic_update_slice(Tensor x, Tensor update, std::span<const Tensor> starts);
+Tensor concatenate(std::span<const Tensor> xs, int64_t dim);
+Tensor reduce_sum(Tensor x, const IntList& axes);
+Tensor reduce_max(Tensor x, const IntList& axes);
+Tensor convert(Tensor x, DType to);
+Tensor iota(Builder& b, DType dtype, const Shape& shape, int64_t dim);
+Tensor full(Builder& b, Type t, double value);
+Tensor gather(Tensor table, Tensor indices);
+Tensor scatter_add(Tensor operand, Tensor indices, Tensor updates);
+Tensor checkpoint_name(Tensor x, const std::string& name);
+
+// lax.scan. `body(b, consts, carries, x_slices)` returns carries' next values followed by the y slices.
+// Returns the final carries followed by the stacked ys ([length, ...]).
+using ScanBody = std::function<std::vector<Tensor>(Builder& b, std::span<const Tensor> consts,
+                                                   std::span<const Tensor> carries, std::span<const Tensor> xs)>;
+std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> consts, std::span<const Tensor> carries,
+                         std::span<const Tensor> xs, const ScanBody& body, const std::string& name = "body",
+                         bool reverse = false);
+
+// ---- composites built from primitives ----
+Tensor operator+(Tensor a, Tensor b);
+Tensor operator-(Tensor a, Tensor b);
+Tensor operator*(Tensor a, Tensor b);
+Tensor operator/(Tensor a, Tensor b);
+Tensor operator-(Tensor a);
+Tensor operator+(Tensor a, double s);
+Tensor operator*(Tensor a, double s);
+Tensor operator*(double s, Tensor a);
+Tensor operator-(double s, Tensor a);
+Tensor scalar(Builder& b, DType dtype, double value);           // rank-0 constant
+Tensor broadcast_to(Tensor x, const Shape& shape);              // numpy rules, trailing alignment
+Tensor zeros_like(Tensor x);
+Tensor matmul(Tensor a, Tensor b);       // a: (..., M, K), b: (K, N) or same-batch (..., K, N)
+Tensor relu(Tensor x);
+Tensor silu(Tensor x);
+Tensor square(Tensor x);
+Tensor mean(Tensor x, const IntList& axes);
+Tensor softmax(Tensor x, int64_t axis);  // max-subtracted, along one axis
+Tensor log_softmax(Tensor x, int64_t axis);
+
+}  // namespace remat::ir

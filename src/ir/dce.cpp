@@ -1,0 +1,63 @@
+#include "ir/dce.h"
+
+#include <vector>
+
+namespace remat::ir {
+namespace {
+
+// Drops the unused ys of a scan node and the consts/xs its (cleaned) body no longer reads.
+void prune_scan(Node& n, const std::vector<bool>& live) {
+  Graph& body = *n.body;
+  size_t nc = static_cast<size_t>(n.attrs.integer("num_consts"));
+  size_t nh = static_cast<size_t>(n.attrs.integer("num_carry"));
+  std::vector<ValueId> outputs, results;
+  for (size_t k = 0; k < n.outputs.size(); ++k) {
+    if (k < nh || live[static_cast<size_t>(n.outputs[k])]) {
+      outputs.push_back(n.outputs[k]);
+      results.push_back(body.results[k]);
+    }
+  }
+  n.outputs = std::move(outputs);
+  body.results = std::move(results);
+  dce(body);
+  std::vector<bool> used(body.types.size(), false);
+  for (const Node& b : body.nodes)
+    for (ValueId v : b.inputs) used[static_cast<size_t>(v)] = true;
+  for (ValueId v : body.results) used[static_cast<size_t>(v)] = true;
+  std::vector<ValueId> inputs, params;
+  std::vector<std::string> names;
+  int64_t consts = 0;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    bool carry = i >= nc && i < nc + nh;  // carries stay: their count fixes the body's signature
+    if (carry || used[static_cast<size_t>(body.params[i])]) {
+      inputs.push_back(n.inputs[i]);
+      params.push_back(body.params[i]);
+      names.push_back(body.param_names[i]);
+      if (i < nc) ++consts;
+    }
+  }
+  n.inputs = std::move(inputs);
+  body.params = std::move(params);
+  body.param_names = std::move(names);
+  n.attrs.set("num_consts", consts);
+}
+
+}  // namespace
+
+void dce(Graph& g) {
+  std::vector<bool> live(g.types.size(), false);
+  for (ValueId r : g.results) live[static_cast<size_t>(r)] = true;
+  std::vector<Node> kept;
+  for (auto it = g.nodes.rbegin(); it != g.nodes.rend(); ++it) {
+    Node& n = *it;
+    bool any = false;
+    for (ValueId v : n.outputs) any = any || live[static_cast<size_t>(v)];
+    if (!any) continue;
+    if (n.op == Op::scan) prune_scan(n, live);
+    for (ValueId v : n.inputs) live[static_cast<size_t>(v)] = true;
+    kept.push_back(std::move(n));
+  }
+  g.nodes.assign(std::make_move_iterator(kept.rbegin()), std::make_move_iterator(kept.rend()));
+}
+
+}  // namespace remat::ir

@@ -1,0 +1,69 @@
+#include "ir/graph.h"
+
+#include "base/check.h"
+
+#include <fmt/format.h>
+
+namespace remat::ir {
+
+int64_t num_elements(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ",")); }
+
+std::string type_str(const Type& t) { return fmt::format("{}{}", dtype_name(t.dtype), shape_str(t.shape)); }
+
+Attrs& Attrs::set(std::string key, AttrValue v) {
+  for (auto& [k, old] : items_) {
+    if (k == key) {
+      old = std::move(v);
+      return *this;
+    }
+  }
+  items_.emplace_back(std::move(key), std::move(v));
+  return *this;
+}
+
+bool Attrs::has(std::string_view key) const {
+  for (const auto& item : items_)
+    if (item.first == key) return true;
+  return false;
+}
+
+const AttrValue& Attrs::get(std::string_view key) const {
+  for (const auto& item : items_)
+    if (item.first == key) return item.second;
+  CHECK(false, "missing attribute '{}'", key);
+  __builtin_unreachable();
+}
+
+ValueId Graph::new_value(Type t) {
+  types.push_back(std::move(t));
+  return static_cast<ValueId>(types.size() - 1);
+}
+
+ValueId Graph::add_param(std::string pname, Type t) {
+  ValueId v = new_value(std::move(t));
+  params.push_back(v);
+  param_names.push_back(std::move(pname));
+  return v;
+}
+
+Graph Graph::clone() const {
+  Graph g = *this;
+  for (Node& n : g.nodes)
+    if (n.body) n.body = std::make_shared<Graph>(n.body->clone());
+  return g;
+}
+
+std::string describe_node(const Graph& g, size_t node_index) {
+  const Node& n = g.nodes.at(node_index);
+  std::string s = fmt::format("node #{} {} in graph @{}", node_index, op_name(n.op), g.name);
+  if (!n.scope.empty()) s += fmt::format(" (scope '{}')", n.scope);
+  return s;
+}
+
+}  // namespace remat::ir

@@ -1,0 +1,94 @@
+// The IR's data structures: types, attributes, nodes and graphs (DESIGN §2).
+// Invariants (checked by verify()):
+//  - A Graph is closed: nodes read only its params and outputs of earlier nodes (topological order).
+//  - Every ValueId is defined exactly once, and `types[id]` is its type.
+//  - Higher-order nodes (scan) own a closed body graph.
+// Value ids are dense per graph but may have holes after passes; the printer renumbers.
+#pragma once
+
+#include "base/dtype.h"
+#include "ir/ops.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace remat::ir {
+
+using Shape = std::vector<int64_t>;
+using ValueId = int32_t;
+
+int64_t num_elements(const Shape& s);
+std::string shape_str(const Shape& s);  // "[8,64]"
+
+struct Type {
+  DType dtype = DType::f32;
+  Shape shape;
+
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  int64_t num_elements() const { return ir::num_elements(shape); }
+  int64_t bytes() const { return num_elements() * dtype_size(dtype); }
+  bool operator==(const Type&) const = default;
+};
+
+std::string type_str(const Type& t);  // "f32[8,64]"
+
+using IntList = std::vector<int64_t>;
+using IntLists = std::vector<IntList>;
+using AttrValue = std::variant<bool, int64_t, double, std::string, DType, IntList, IntLists>;
+
+// Named attributes in insertion order (printed in that order).
+class Attrs {
+ public:
+  Attrs() = default;
+  Attrs& set(std::string key, AttrValue v);
+  bool has(std::string_view key) const;
+  const AttrValue& get(std::string_view key) const;  // ASSERTs presence
+  bool boolean(std::string_view key) const { return std::get<bool>(get(key)); }
+  int64_t integer(std::string_view key) const { return std::get<int64_t>(get(key)); }
+  double real(std::string_view key) const { return std::get<double>(get(key)); }
+  const std::string& str(std::string_view key) const { return std::get<std::string>(get(key)); }
+  DType dtype(std::string_view key) const { return std::get<DType>(get(key)); }
+  const IntList& ints(std::string_view key) const { return std::get<IntList>(get(key)); }
+  const IntLists& int_lists(std::string_view key) const { return std::get<IntLists>(get(key)); }
+  const std::vector<std::pair<std::string, AttrValue>>& items() const { return items_; }
+  bool operator==(const Attrs&) const = default;
+
+ private:
+  std::vector<std::pair<std::string, AttrValue>> items_;
+};
+
+struct Graph;
+
+struct Node {
+  Op op = Op::add;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  Attrs attrs;
+  std::string scope;               // module path, e.g. "decoder/layers/mlp/wi_0"
+  std::shared_ptr<Graph> body;     // scan body (closed graph); null for other ops
+};
+
+struct Graph {
+  std::string name = "main";
+  std::vector<Type> types;         // indexed by ValueId
+  std::vector<ValueId> params;
+  std::vector<std::string> param_names;  // parallel to params, unique within the graph
+  std::vector<Node> nodes;
+  std::vector<ValueId> results;
+
+  ValueId new_value(Type t);
+  ValueId add_param(std::string name, Type t);
+  const Type& type(ValueId v) const { return types.at(static_cast<size_t>(v)); }
+  int num_values() const { return static_cast<int>(types.size()); }
+  // Deep copy: body graphs are cloned too, so the copy can be rewritten independently.
+  Graph clone() const;
+};
+
+// A node's human-readable location for messages: "node #12 dot_general (scope 'mlp/wi_0')".
+std::string describe_node(const Graph& g, size_t node_index);
+
+}  // namespace remat::ir

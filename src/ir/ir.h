@@ -1,0 +1,12 @@
+// Public header of the IR stage (DESIGN §2): graph data structures, the op table, tracing, text form,
+// verification and dead code elimination. Everything downstream includes only this.
+#pragma once
+
+#include "base/check.h"
+#include "ir/builder.h"
+#include "ir/dce.h"
+#include "ir/graph.h"
+#include "ir/ops.h"
+#include "ir/shape_rules.h"
+#include "ir/text.h"
+#include "ir/verify.h"

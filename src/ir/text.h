@@ -1,0 +1,15 @@
+// Text form of the IR (see DESIGN §2 for an example). Deterministic; parse(print(g)) prints identically.
+#pragma once
+
+#include "ir/graph.h"
+
+#include <string>
+#include <string_view>
+
+namespace remat::ir {
+
+std::string print(const Graph& g);
+// Parses and verifies one graph. Errors are CHECKs naming `file` and the line.
+Graph parse(std::string_view text, std::string_view file = "<ir>");
+
+}  // namespace remat::ir
