@@ -62,6 +62,8 @@ class Builder {
   };
   ScopeGuard scope(const std::string& name) { return ScopeGuard(*this, name); }
   const std::string& current_scope() const { return scope_; }
+  // Sets the scope outright (autodiff gives backward nodes their forward node's scope).
+  void set_scope(std::string scope) { scope_ = std::move(scope); }
 
  private:
   Graph* g_;

@@ -2,7 +2,8 @@
 // Invariants (checked by verify()):
 //  - A Graph is closed: nodes read only its params and outputs of earlier nodes (topological order).
 //  - Every ValueId is defined exactly once, and `types[id]` is its type.
-//  - Higher-order nodes (scan) own a closed body graph.
+//  - Higher-order nodes (scan) own a closed body graph, shared with no other node: passes rewrite bodies
+//    in place, so copy graphs with clone(), never by plain assignment.
 // Value ids are dense per graph but may have holes after passes; the printer renumbers.
 #pragma once
 

@@ -1,0 +1,244 @@
+// VJP rules of the primitive ops (scan's is in scan_vjp.cpp). Each emits IR for the input cotangents,
+// following jax.lax's transpose and JVP rules.
+#include "autodiff/vjp.h"
+
+#include "base/check.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace remat::autodiff {
+namespace {
+
+using namespace remat::ir;
+using Cots = std::span<const Cot>;
+
+Tensor in(Builder& b, const Node& n, size_t i) { return b.wrap(n.inputs[i]); }
+Tensor out(Builder& b, const Node& n) { return b.wrap(n.outputs[0]); }
+
+// Cotangent of one dot_general operand `a`, given the other operand `o` and g = [batch, lhs free, rhs free].
+// da = dot_general(g, o) contracting o's free dims, then transposed back into a's dim order.
+Tensor dot_transpose(Tensor g, Tensor o, int64_t a_rank, const IntList& a_contract, const IntList& o_contract,
+                     const IntList& a_batch, const IntList& o_batch, bool a_is_lhs) {
+  auto free_dims = [](int64_t rank, const IntList& c, const IntList& bt) {
+    IntList f;
+    for (int64_t d = 0; d < rank; ++d)
+      if (std::find(c.begin(), c.end(), d) == c.end() && std::find(bt.begin(), bt.end(), d) == bt.end()) f.push_back(d);
+    return f;
+  };
+  int64_t nb = static_cast<int64_t>(a_batch.size());
+  IntList a_free = free_dims(a_rank, a_contract, a_batch);
+  IntList o_free = free_dims(o.rank(), o_contract, o_batch);
+  int64_t na = static_cast<int64_t>(a_free.size()), no = static_cast<int64_t>(o_free.size());
+  int64_t o_free_start = a_is_lhs ? nb + na : nb;
+  IntList g_contract(static_cast<size_t>(no)), g_batch(static_cast<size_t>(nb));
+  std::iota(g_contract.begin(), g_contract.end(), o_free_start);
+  std::iota(g_batch.begin(), g_batch.end(), 0);
+  Tensor raw = dot_general(g, o, DotDims{g_contract, o_free, g_batch, o_batch});
+  // raw dims: [batch, a free (ascending), o's contracting dims (ascending)].
+  IntList sorted_oc = o_contract;
+  std::sort(sorted_oc.begin(), sorted_oc.end());
+  IntList perm(static_cast<size_t>(a_rank));
+  for (int64_t i = 0; i < nb; ++i) perm[static_cast<size_t>(a_batch[static_cast<size_t>(i)])] = i;
+  for (int64_t j = 0; j < na; ++j) perm[static_cast<size_t>(a_free[static_cast<size_t>(j)])] = nb + j;
+  for (size_t k = 0; k < a_contract.size(); ++k) {
+    int64_t rank_in_o = std::find(sorted_oc.begin(), sorted_oc.end(), o_contract[k]) - sorted_oc.begin();
+    perm[static_cast<size_t>(a_contract[k])] = nb + na + rank_in_o;
+  }
+  IntList identity(perm.size());
+  std::iota(identity.begin(), identity.end(), 0);
+  return perm == identity ? raw : transpose(raw, perm);
+}
+
+std::vector<Cot> vjp_dot_general(Builder& b, size_t, const Node& n, Cots c) {
+  const IntLists& ct = n.attrs.int_lists("contract");
+  const IntLists& bt = n.attrs.int_lists("batch");
+  Tensor x = in(b, n, 0), y = in(b, n, 1);
+  return {dot_transpose(*c[0], y, x.rank(), ct[0], ct[1], bt[0], bt[1], true),
+          dot_transpose(*c[0], x, y.rank(), ct[1], ct[0], bt[1], bt[0], false)};
+}
+
+std::vector<Cot> vjp_add(Builder&, size_t, const Node&, Cots c) { return {c[0], c[0]}; }
+std::vector<Cot> vjp_sub(Builder&, size_t, const Node&, Cots c) { return {c[0], neg(*c[0])}; }
+std::vector<Cot> vjp_mul(Builder& b, size_t, const Node& n, Cots c) {
+  return {*c[0] * in(b, n, 1), *c[0] * in(b, n, 0)};
+}
+std::vector<Cot> vjp_div(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor y = in(b, n, 1);
+  Tensor gx = *c[0] / y;
+  return {gx, neg(gx * out(b, n))};
+}
+
+// lax's balanced rule for max/min: the cotangent goes to the operand that equals the output, split in
+// half on ties.
+std::vector<Cot> vjp_chooser(Builder& b, const Node& n, Cots c) {
+  Tensor x = in(b, n, 0), y = in(b, n, 1), z = out(b, n);
+  Tensor zero = zeros_like(x), one = full(b, x.type(), 1.0), half = full(b, x.type(), 0.5);
+  Tensor x_eq = compare(x, z, "eq"), y_eq = compare(y, z, "eq");
+  Tensor wx = select(x_eq, select(y_eq, half, one), zero);
+  Tensor wy = select(y_eq, select(x_eq, half, one), zero);
+  return {*c[0] * wx, *c[0] * wy};
+}
+std::vector<Cot> vjp_max(Builder& b, size_t, const Node& n, Cots c) { return vjp_chooser(b, n, c); }
+std::vector<Cot> vjp_min(Builder& b, size_t, const Node& n, Cots c) { return vjp_chooser(b, n, c); }
+
+std::vector<Cot> vjp_pow(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor x = in(b, n, 0), y = in(b, n, 1), z = out(b, n);
+  Tensor one = full(b, x.type(), 1.0);
+  Tensor gx = *c[0] * y * pow(x, y - one);
+  // d/dy x^y = log(x) x^y, with log(0) replaced by 0 as lax does.
+  Tensor safe_log = log(select(compare(x, zeros_like(x), "eq"), one, x));
+  return {gx, *c[0] * z * safe_log};
+}
+
+std::vector<Cot> vjp_neg(Builder&, size_t, const Node&, Cots c) { return {neg(*c[0])}; }
+std::vector<Cot> vjp_exp(Builder& b, size_t, const Node& n, Cots c) { return {*c[0] * out(b, n)}; }
+std::vector<Cot> vjp_log(Builder& b, size_t, const Node& n, Cots c) { return {*c[0] / in(b, n, 0)}; }
+std::vector<Cot> vjp_tanh(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor z = out(b, n);
+  return {*c[0] * (1.0 - z * z)};
+}
+std::vector<Cot> vjp_logistic(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor z = out(b, n);
+  return {*c[0] * (z * (1.0 - z))};
+}
+std::vector<Cot> vjp_sqrt(Builder& b, size_t, const Node& n, Cots c) { return {(*c[0] * 0.5) / out(b, n)}; }
+std::vector<Cot> vjp_rsqrt(Builder& b, size_t, const Node& n, Cots c) {
+  // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 * rsqrt(x) / x
+  return {(*c[0] * -0.5) * (out(b, n) / in(b, n, 0))};
+}
+
+std::vector<Cot> vjp_compare(Builder&, size_t, const Node&, Cots) { return {std::nullopt, std::nullopt}; }
+std::vector<Cot> vjp_select(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor p = in(b, n, 0), zero = zeros_like(*c[0]);
+  return {std::nullopt, select(p, *c[0], zero), select(p, zero, *c[0])};
+}
+
+std::vector<Cot> vjp_broadcast_in_dim(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor x = in(b, n, 0);
+  const IntList& dims = n.attrs.ints("dims");
+  const Shape& shape = n.attrs.ints("shape");
+  IntList axes;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    auto it = std::find(dims.begin(), dims.end(), d);
+    if (it == dims.end() || (x.shape()[static_cast<size_t>(it - dims.begin())] == 1 && shape[static_cast<size_t>(d)] != 1))
+      axes.push_back(d);
+  }
+  Tensor r = axes.empty() ? *c[0] : reduce_sum(*c[0], axes);
+  return {reshape(r, x.shape())};
+}
+
+std::vector<Cot> vjp_reshape(Builder& b, size_t, const Node& n, Cots c) {
+  return {reshape(*c[0], in(b, n, 0).shape())};
+}
+
+std::vector<Cot> vjp_transpose(Builder&, size_t, const Node& n, Cots c) {
+  const IntList& perm = n.attrs.ints("perm");
+  IntList inverse(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+  return {transpose(*c[0], inverse)};
+}
+
+std::vector<Tensor> index_constants(Builder& b, const IntList& starts) {
+  std::vector<Tensor> out;
+  for (int64_t s : starts) out.push_back(scalar(b, DType::i32, static_cast<double>(s)));
+  return out;
+}
+
+std::vector<Cot> vjp_slice(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor x = in(b, n, 0);
+  return {dynamic_update_slice(zeros_like(x), *c[0], index_constants(b, n.attrs.ints("start")))};
+}
+
+std::vector<Tensor> start_indices(Builder& b, const Node& n, size_t first) {
+  std::vector<Tensor> s;
+  for (size_t i = first; i < n.inputs.size(); ++i) s.push_back(in(b, n, i));
+  return s;
+}
+
+std::vector<Cot> vjp_dynamic_slice(Builder& b, size_t, const Node& n, Cots c) {
+  std::vector<Cot> r(n.inputs.size());
+  r[0] = dynamic_update_slice(zeros_like(in(b, n, 0)), *c[0], start_indices(b, n, 1));
+  return r;
+}
+
+std::vector<Cot> vjp_dynamic_update_slice(Builder& b, size_t, const Node& n, Cots c) {
+  std::vector<Cot> r(n.inputs.size());
+  std::vector<Tensor> starts = start_indices(b, n, 2);
+  Tensor u = in(b, n, 1);
+  r[0] = dynamic_update_slice(*c[0], zeros_like(u), starts);
+  r[1] = dynamic_slice(*c[0], starts, u.shape());
+  return r;
+}
+
+std::vector<Cot> vjp_concatenate(Builder& b, size_t, const Node& n, Cots c) {
+  int64_t dim = n.attrs.integer("dim");
+  std::vector<Cot> r;
+  IntList start(static_cast<size_t>(c[0]->rank()), 0);
+  IntList limit = c[0]->shape();
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    limit[static_cast<size_t>(dim)] = start[static_cast<size_t>(dim)] + in(b, n, i).shape()[static_cast<size_t>(dim)];
+    r.push_back(slice(*c[0], start, limit));
+    start[static_cast<size_t>(dim)] = limit[static_cast<size_t>(dim)];
+  }
+  return r;
+}
+
+IntList kept_dims(int64_t rank, const IntList& axes) {
+  IntList kept;
+  for (int64_t d = 0; d < rank; ++d)
+    if (std::find(axes.begin(), axes.end(), d) == axes.end()) kept.push_back(d);
+  return kept;
+}
+
+std::vector<Cot> vjp_reduce_sum(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor x = in(b, n, 0);
+  return {broadcast_in_dim(*c[0], x.shape(), kept_dims(x.rank(), n.attrs.ints("axes")))};
+}
+
+// lax's chooser rule: split the cotangent evenly among the locations that attain the maximum.
+std::vector<Cot> vjp_reduce_max(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor x = in(b, n, 0);
+  const IntList& axes = n.attrs.ints("axes");
+  IntList kept = kept_dims(x.rank(), axes);
+  Tensor hits = convert(compare(x, broadcast_in_dim(out(b, n), x.shape(), kept), "eq"), x.dtype());
+  Tensor share = *c[0] / reduce_sum(hits, axes);
+  return {broadcast_in_dim(share, x.shape(), kept) * hits};
+}
+
+std::vector<Cot> vjp_convert_element_type(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor x = in(b, n, 0);
+  if (!is_float(x.dtype())) return {std::nullopt};
+  return {convert(*c[0], x.dtype())};
+}
+
+std::vector<Cot> vjp_iota(Builder&, size_t, const Node&, Cots) { return {}; }
+std::vector<Cot> vjp_full(Builder&, size_t, const Node&, Cots) { return {}; }
+
+std::vector<Cot> vjp_gather(Builder& b, size_t, const Node& n, Cots c) {
+  Tensor table = in(b, n, 0), idx = in(b, n, 1);
+  return {scatter_add(zeros_like(table), idx, *c[0]), std::nullopt};
+}
+
+std::vector<Cot> vjp_scatter_add(Builder& b, size_t, const Node& n, Cots c) {
+  return {c[0], std::nullopt, gather(*c[0], in(b, n, 1))};
+}
+
+// The cotangent is not named (as in JAX: only the primal carries the checkpoint name).
+std::vector<Cot> vjp_name(Builder&, size_t, const Node&, Cots c) { return {c[0]}; }
+
+}  // namespace
+
+VjpRule vjp_rule(Op op) {
+  switch (op) {
+#define X(e, arity) \
+  case Op::e:       \
+    return &vjp_##e;
+    REMAT_OPS(X)
+#undef X
+  }
+  ASSERT(false);
+  return nullptr;
+}
+
+}  // namespace remat::autodiff

@@ -1,0 +1,75 @@
+#include "exec/array.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace remat::exec {
+
+using ir::Type;
+
+Array::Array(Type type) : type_(std::move(type)) {
+  size_t bytes = static_cast<size_t>(type_.bytes());
+  size_t rounded = (bytes + 63) / 64 * 64;
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+  CHECK(p != nullptr, "out of host memory allocating {} ({} bytes)", ir::type_str(type_), bytes);
+  storage_ = std::shared_ptr<std::byte>(p, [](std::byte* q) { std::free(q); });
+  ptr_ = p;
+}
+
+Array Array::zeros(Type type) {
+  Array a(std::move(type));
+  std::memset(a.ptr_, 0, static_cast<size_t>(a.type_.bytes()));
+  return a;
+}
+
+double Array::get(int64_t i) const {
+  switch (type_.dtype) {
+    case DType::f64: return data<double>()[i];
+    case DType::f32: return data<float>()[i];
+    case DType::bf16: return bf16_to_float(data<bf16_t>()[i]);
+    case DType::f16: return f16_to_float(data<f16_t>()[i]);
+    case DType::i32: return data<int32_t>()[i];
+    case DType::pred: return data<uint8_t>()[i];
+  }
+  return 0;
+}
+
+void Array::set(int64_t i, double v) {
+  switch (type_.dtype) {
+    case DType::f64: data<double>()[i] = v; break;
+    case DType::f32: data<float>()[i] = static_cast<float>(v); break;
+    case DType::bf16: data<bf16_t>()[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::f16: data<f16_t>()[i] = float_to_f16(static_cast<float>(v)); break;
+    case DType::i32: data<int32_t>()[i] = static_cast<int32_t>(v); break;
+    case DType::pred: data<uint8_t>()[i] = v != 0; break;
+  }
+}
+
+Array Array::unallocated(Type type) {
+  Array a;
+  a.type_ = std::move(type);
+  return a;
+}
+
+Array Array::view(Type type, int64_t byte_offset) const {
+  ASSERT(byte_offset + type.bytes() <= type_.bytes());
+  Array a;
+  a.type_ = std::move(type);
+  a.storage_ = storage_;
+  a.ptr_ = ptr_ + byte_offset;
+  return a;
+}
+
+Array Array::slice0(int64_t i) const {
+  ASSERT(type_.rank() >= 1 && i >= 0 && i < type_.shape[0]);
+  Type row{type_.dtype, ir::Shape(type_.shape.begin() + 1, type_.shape.end())};
+  return view(row, i * row.bytes());
+}
+
+Array Array::clone() const {
+  Array a(type_);
+  std::memcpy(a.ptr_, ptr_, static_cast<size_t>(type_.bytes()));
+  return a;
+}
+
+}  // namespace remat::exec

@@ -1,0 +1,60 @@
+// Array: a typed host buffer (64-byte aligned). Copies share storage; arrays are immutable once a kernel
+// has written them, which is what makes sharing (views, aliases) safe.
+//   Array a = Array::from<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+//   float* p = a.data<float>();  Array row = a.slice0(1);  // f32[3], a view
+#pragma once
+
+#include "ir/ir.h"
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+namespace remat::exec {
+
+class Array {
+ public:
+  Array() = default;
+  explicit Array(ir::Type type);  // uninitialized contents
+  static Array zeros(ir::Type type);
+  static Array unallocated(ir::Type type);  // a type without storage, for kernels that set their output
+  template <class T>
+  static Array from(ir::Shape shape, const std::vector<T>& values);
+
+  const ir::Type& type() const { return type_; }
+  std::byte* bytes() const { return ptr_; }
+  template <class T>
+  T* data() const { return reinterpret_cast<T*>(ptr_); }
+  int64_t size() const { return type_.num_elements(); }
+
+  // Element `i` (row-major) of any dtype, as a double: for tests and printing.
+  double get(int64_t i) const;
+  void set(int64_t i, double v);
+  template <class T>
+  std::vector<T> to_vector() const { return std::vector<T>(data<T>(), data<T>() + size()); }
+
+  Array view(ir::Type type, int64_t byte_offset = 0) const;  // shares storage
+  Array slice0(int64_t i) const;                              // row i along axis 0, a view
+  Array clone() const;                                        // deep copy
+
+ private:
+  ir::Type type_;
+  std::shared_ptr<std::byte> storage_;
+  std::byte* ptr_ = nullptr;
+};
+
+template <class T>
+Array Array::from(ir::Shape shape, const std::vector<T>& values) {
+  DType d{};
+  if constexpr (std::is_same_v<T, double>) d = DType::f64;
+  else if constexpr (std::is_same_v<T, float>) d = DType::f32;
+  else if constexpr (std::is_same_v<T, int32_t>) d = DType::i32;
+  else static_assert(sizeof(T) == 0, "Array::from supports double, float and int32_t");
+  Array a(ir::Type{d, std::move(shape)});
+  CHECK(static_cast<int64_t>(values.size()) == a.size(), "Array::from: {} values for shape {}", values.size(),
+        ir::shape_str(a.type().shape));
+  std::copy(values.begin(), values.end(), a.data<T>());
+  return a;
+}
+
+}  // namespace remat::exec

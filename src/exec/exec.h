@@ -1,0 +1,23 @@
+// Public header of the executor (DESIGN §1, §11): runs a graph on the CPU.
+// Kernels are plain functions per op (exec/kernels/); dot_general goes through oneDNN for f32 and has a
+// naive reference twin (kernels/ref/). Scan runs its body `length` times over views of the stacked
+// inputs. Buffers are freed after their last use (the memory planner replaces this with an arena).
+//
+//   std::vector<exec::Array> out = exec::run(graph, {x, w});
+#pragma once
+
+#include "exec/array.h"
+
+#include <span>
+#include <vector>
+
+namespace remat::exec {
+
+struct Options {
+  bool reference_kernels = false;  // use the naive reference twins (tests compare the two)
+};
+
+// Runs g on `args` (one per param, types must match). Errors name the node that failed.
+std::vector<Array> run(const ir::Graph& g, std::span<const Array> args, const Options& options = {});
+
+}  // namespace remat::exec

@@ -1,0 +1,132 @@
+// Elementwise kernels: unary and binary math, compare, select, convert. All operands have equal shapes.
+#include "exec/kernels/kernels.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace remat::exec {
+namespace {
+
+template <class T, class F>
+void unary_loop(const Array& x, Array& y, F f) {
+  const T* a = x.data<T>();
+  T* o = y.data<T>();
+  const int64_t n = x.size();
+#pragma omp parallel for simd if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+}
+
+template <class T, class F>
+void binary_loop(const Array& x, const Array& y, Array& z, F f) {
+  const T* a = x.data<T>();
+  const T* b = y.data<T>();
+  T* o = z.data<T>();
+  const int64_t n = x.size();
+#pragma omp parallel for simd if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+}
+
+}  // namespace
+
+#define FLOAT_UNARY(op, expr)                                                                       \
+  void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {            \
+    dispatch_float(in[0].type().dtype, n, [&](auto t) {                                             \
+      using T = decltype(t);                                                                        \
+      unary_loop<T>(in[0], out[0], [](T x) -> T { return expr; });                                  \
+    });                                                                                             \
+  }
+
+#define NUMERIC_BINARY(op, expr)                                                                    \
+  void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {            \
+    dispatch_numeric(in[0].type().dtype, n, [&](auto t) {                                           \
+      using T = decltype(t);                                                                        \
+      binary_loop<T>(in[0], in[1], out[0], [](T a, T b) -> T { return expr; });                     \
+    });                                                                                             \
+  }
+
+FLOAT_UNARY(exp, std::exp(x))
+FLOAT_UNARY(log, std::log(x))
+FLOAT_UNARY(tanh, std::tanh(x))
+FLOAT_UNARY(logistic, T(1) / (T(1) + std::exp(-x)))
+FLOAT_UNARY(sqrt, std::sqrt(x))
+FLOAT_UNARY(rsqrt, T(1) / std::sqrt(x))
+NUMERIC_BINARY(add, a + b)
+NUMERIC_BINARY(sub, a - b)
+NUMERIC_BINARY(mul, a * b)
+NUMERIC_BINARY(max, std::isnan(static_cast<double>(a)) ? a : (a > b ? a : b))
+NUMERIC_BINARY(min, std::isnan(static_cast<double>(a)) ? a : (a < b ? a : b))
+
+#undef FLOAT_UNARY
+#undef NUMERIC_BINARY
+
+void kernel_neg(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    unary_loop<T>(in[0], out[0], [](T x) -> T { return -x; });
+  });
+}
+
+void kernel_div(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  if (in[0].type().dtype == DType::i32) {
+    const int32_t* b = in[1].data<int32_t>();
+    for (int64_t i = 0; i < in[1].size(); ++i) CHECK(b[i] != 0, "{}: integer division by zero", ir::op_name(n.op));
+  }
+  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    binary_loop<T>(in[0], in[1], out[0], [](T a, T b) -> T { return a / b; });
+  });
+}
+
+void kernel_pow(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  dispatch_float(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    binary_loop<T>(in[0], in[1], out[0], [](T a, T b) -> T { return std::pow(a, b); });
+  });
+}
+
+void kernel_compare(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  const std::string& dir = n.attrs.str("direction");
+  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    const T* a = in[0].data<T>();
+    const T* b = in[1].data<T>();
+    uint8_t* o = out[0].data<uint8_t>();
+    const int64_t len = in[0].size();
+    auto loop = [&](auto cmp) {
+#pragma omp parallel for if (len >= kParallelMin)
+      for (int64_t i = 0; i < len; ++i) o[i] = cmp(a[i], b[i]);
+    };
+    if (dir == "eq") loop([](T x, T y) { return x == y; });
+    else if (dir == "ne") loop([](T x, T y) { return x != y; });
+    else if (dir == "lt") loop([](T x, T y) { return x < y; });
+    else if (dir == "le") loop([](T x, T y) { return x <= y; });
+    else if (dir == "gt") loop([](T x, T y) { return x > y; });
+    else loop([](T x, T y) { return x >= y; });
+  });
+}
+
+void kernel_select(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  const uint8_t* p = in[0].data<uint8_t>();
+  const int64_t es = dtype_size(in[1].type().dtype), len = in[0].size();
+  const std::byte* a = in[1].bytes();
+  const std::byte* b = in[2].bytes();
+  std::byte* o = out[0].bytes();
+#pragma omp parallel for if (len >= kParallelMin)
+  for (int64_t i = 0; i < len; ++i) std::memcpy(o + i * es, (p[i] ? a : b) + i * es, static_cast<size_t>(es));
+}
+
+void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  const Array& x = in[0];
+  Array& y = out[0];
+  const int64_t len = x.size();
+  const DType from = x.type().dtype, to = y.type().dtype;
+  if (from == to) {
+    std::memcpy(y.bytes(), x.bytes(), static_cast<size_t>(x.type().bytes()));
+    return;
+  }
+  // Float -> int truncates toward zero, as lax does; float -> bf16/f16 rounds to nearest even.
+#pragma omp parallel for if (len >= kParallelMin)
+  for (int64_t i = 0; i < len; ++i) y.set(i, x.get(i));
+}
+
+}  // namespace remat::exec

@@ -1,0 +1,50 @@
+// Kernel signatures, one per op of the op table (scan's, in executor.cpp, re-enters run()). Kernels write
+// into pre-allocated outputs, except reshape and name (their outputs are views of the operand) and scan.
+// Shapes follow lax semantics; see ir/shape_rules.cpp.
+#pragma once
+
+#include "exec/exec.h"
+
+#include <span>
+
+namespace remat::exec {
+
+#define X(e, arity) \
+  void kernel_##e(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options);
+REMAT_OPS(X)
+#undef X
+
+namespace ref {
+// Naive twin of the oneDNN dot_general: loops over every output and contracting index, f64 accumulation.
+void dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options);
+}  // namespace ref
+
+// Row-major strides (in elements) of a shape.
+ir::IntList strides_of(const ir::Shape& shape);
+
+// dst[dst_base + sum(i_d * dst_strides_d)] = src[src_base + sum(i_d * src_strides_d)] for every index i
+// of `shape`. Offsets and strides are in elements of `elem_size` bytes.
+void copy_strided(const std::byte* src, int64_t src_base, const ir::IntList& src_strides, std::byte* dst,
+                  int64_t dst_base, const ir::IntList& dst_strides, const ir::Shape& shape, int64_t elem_size);
+
+// Calls f(T{}) with T the storage type of a float dtype (f64, f32); a CHECK error otherwise.
+template <class F>
+void dispatch_float(DType d, const ir::Node& n, F&& f) {
+  switch (d) {
+    case DType::f64: f(double{}); return;
+    case DType::f32: f(float{}); return;
+    default: CHECK(false, "{}: no CPU kernel for dtype {} yet (f32 and f64 are supported)", ir::op_name(n.op), dtype_name(d));
+  }
+}
+
+// As dispatch_float, plus i32.
+template <class F>
+void dispatch_numeric(DType d, const ir::Node& n, F&& f) {
+  if (d == DType::i32) return f(int32_t{});
+  dispatch_float(d, n, std::forward<F>(f));
+}
+
+// Elementwise loops run on all threads once they are this long.
+inline constexpr int64_t kParallelMin = 1 << 14;
+
+}  // namespace remat::exec

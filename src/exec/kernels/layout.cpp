@@ -1,0 +1,142 @@
+// Data movement kernels: broadcast, reshape, transpose, slices, concatenate, gather/scatter, iota, full.
+#include "exec/kernels/kernels.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace remat::exec {
+namespace {
+
+int64_t elem(const Array& a) { return dtype_size(a.type().dtype); }
+
+// lax clamps dynamic start indices so the window stays inside the operand.
+std::vector<int64_t> clamped_starts(std::span<const Array> in, size_t first, const ir::Shape& operand,
+                                    const ir::Shape& window) {
+  std::vector<int64_t> s;
+  for (size_t d = 0; d < operand.size(); ++d) {
+    int64_t v = in[first + d].data<int32_t>()[0];
+    s.push_back(std::clamp<int64_t>(v, 0, operand[d] - window[d]));
+  }
+  return s;
+}
+
+int64_t offset_of(const std::vector<int64_t>& index, const ir::IntList& strides) {
+  int64_t o = 0;
+  for (size_t d = 0; d < index.size(); ++d) o += index[d] * strides[d];
+  return o;
+}
+
+void copy_all(const Array& from, Array& to) {
+  std::memcpy(to.bytes(), from.bytes(), static_cast<size_t>(from.type().bytes()));
+}
+
+}  // namespace
+
+void kernel_broadcast_in_dim(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  const ir::IntList& dims = n.attrs.ints("dims");
+  const ir::Shape& xs = in[0].type().shape;
+  ir::IntList x_strides = strides_of(xs);
+  ir::IntList src(out[0].type().shape.size(), 0);
+  for (size_t i = 0; i < dims.size(); ++i)
+    if (xs[i] != 1) src[static_cast<size_t>(dims[i])] = x_strides[i];
+  copy_strided(in[0].bytes(), 0, src, out[0].bytes(), 0, strides_of(out[0].type().shape), out[0].type().shape,
+               elem(in[0]));
+}
+
+// reshape and name alias their operand: the output is a view of the same bytes.
+void kernel_reshape(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  out[0] = in[0].view(out[0].type());
+}
+void kernel_name(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) { out[0] = in[0].view(out[0].type()); }
+
+void kernel_transpose(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  const ir::IntList& perm = n.attrs.ints("perm");
+  ir::IntList in_strides = strides_of(in[0].type().shape), src;
+  for (int64_t p : perm) src.push_back(in_strides[static_cast<size_t>(p)]);
+  copy_strided(in[0].bytes(), 0, src, out[0].bytes(), 0, strides_of(out[0].type().shape), out[0].type().shape,
+               elem(in[0]));
+}
+
+void kernel_slice(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  ir::IntList strides = strides_of(in[0].type().shape);
+  copy_strided(in[0].bytes(), offset_of(n.attrs.ints("start"), strides), strides, out[0].bytes(), 0,
+               strides_of(out[0].type().shape), out[0].type().shape, elem(in[0]));
+}
+
+void kernel_dynamic_slice(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  const ir::Shape& window = out[0].type().shape;
+  ir::IntList strides = strides_of(in[0].type().shape);
+  auto starts = clamped_starts(in, 1, in[0].type().shape, window);
+  copy_strided(in[0].bytes(), offset_of(starts, strides), strides, out[0].bytes(), 0, strides_of(window), window,
+               elem(in[0]));
+}
+
+void kernel_dynamic_update_slice(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  copy_all(in[0], out[0]);
+  const ir::Shape& window = in[1].type().shape;
+  ir::IntList strides = strides_of(in[0].type().shape);
+  auto starts = clamped_starts(in, 2, in[0].type().shape, window);
+  copy_strided(in[1].bytes(), 0, strides_of(window), out[0].bytes(), offset_of(starts, strides), strides, window,
+               elem(in[0]));
+}
+
+void kernel_concatenate(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  const size_t dim = static_cast<size_t>(n.attrs.integer("dim"));
+  ir::IntList out_strides = strides_of(out[0].type().shape);
+  int64_t at = 0;
+  for (const Array& x : in) {
+    copy_strided(x.bytes(), 0, strides_of(x.type().shape), out[0].bytes(), at * out_strides[dim], out_strides,
+                 x.type().shape, elem(x));
+    at += x.type().shape[dim];
+  }
+}
+
+void kernel_gather(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  const Array& table = in[0];
+  const int32_t* idx = in[1].data<int32_t>();
+  const int64_t rows = table.type().shape[0], count = in[1].size();
+  const int64_t row_bytes = table.type().shape[0] == 0 ? 0 : table.type().bytes() / rows;
+  for (int64_t i = 0; i < count; ++i)
+    CHECK(idx[i] >= 0 && idx[i] < rows, "{}: index {} at position {} is outside the table's {} rows{}", ir::op_name(n.op),
+          idx[i], i, rows, n.scope.empty() ? "" : fmt::format(" (scope '{}')", n.scope));
+#pragma omp parallel for if (count * row_bytes >= kParallelMin * 4)
+  for (int64_t i = 0; i < count; ++i)
+    std::memcpy(out[0].bytes() + i * row_bytes, table.bytes() + idx[i] * row_bytes, static_cast<size_t>(row_bytes));
+}
+
+void kernel_scatter_add(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  copy_all(in[0], out[0]);
+  const int32_t* idx = in[1].data<int32_t>();
+  const int64_t rows = in[0].type().shape[0], count = in[1].size();
+  const int64_t row = rows == 0 ? 0 : in[0].size() / rows;
+  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    T* o = out[0].data<T>();
+    const T* u = in[2].data<T>();
+    for (int64_t i = 0; i < count; ++i) {
+      CHECK(idx[i] >= 0 && idx[i] < rows, "{}: index {} at position {} is outside the operand's {} rows",
+            ir::op_name(n.op), idx[i], i, rows);
+      T* dst = o + idx[i] * row;
+      const T* src = u + i * row;
+      for (int64_t j = 0; j < row; ++j) dst[j] += src[j];
+    }
+  });
+}
+
+void kernel_iota(const ir::Node& n, std::span<const Array>, std::span<Array> out, const Options&) {
+  const ir::Shape& shape = out[0].type().shape;
+  const size_t dim = static_cast<size_t>(n.attrs.integer("dim"));
+  const int64_t inner = strides_of(shape)[dim];
+  for (int64_t i = 0; i < out[0].size(); ++i) out[0].set(i, static_cast<double>((i / inner) % shape[dim]));
+}
+
+void kernel_full(const ir::Node& n, std::span<const Array>, std::span<Array> out, const Options&) {
+  Array& o = out[0];
+  if (o.size() == 0) return;
+  o.set(0, n.attrs.real("value"));
+  const int64_t es = dtype_size(o.type().dtype), len = o.size();
+#pragma omp parallel for if (len >= kParallelMin)
+  for (int64_t i = 1; i < len; ++i) std::memcpy(o.bytes() + i * es, o.bytes(), static_cast<size_t>(es));
+}
+
+}  // namespace remat::exec

@@ -1,0 +1,78 @@
+// Reductions over a set of axes. Each output element reduces its own window, so outputs run in parallel;
+// sums of f32 accumulate in f64.
+#include "exec/kernels/kernels.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace remat::exec {
+namespace {
+
+struct Plan {
+  ir::Shape kept_shape, red_shape;
+  ir::IntList kept_strides, red_strides;  // input strides of kept and reduced dims
+  int64_t outputs = 1, window = 1;
+  bool contiguous = false;  // the reduced dims are the trailing ones: each window is one run of memory
+};
+
+Plan plan_reduction(const ir::Shape& shape, const ir::IntList& axes) {
+  Plan p;
+  ir::IntList strides = strides_of(shape);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    bool reduced = std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end();
+    (reduced ? p.red_shape : p.kept_shape).push_back(shape[d]);
+    (reduced ? p.red_strides : p.kept_strides).push_back(strides[d]);
+  }
+  p.outputs = ir::num_elements(p.kept_shape);
+  p.window = ir::num_elements(p.red_shape);
+  p.contiguous = p.red_shape.empty() || (p.red_strides.back() == 1 && p.red_strides.front() * p.red_shape.front() == p.window);
+  return p;
+}
+
+int64_t unravel(int64_t i, const ir::Shape& shape, const ir::IntList& strides) {
+  int64_t off = 0;
+  for (size_t d = shape.size(); d-- > 0;) {
+    off += (i % shape[d]) * strides[d];
+    i /= shape[d];
+  }
+  return off;
+}
+
+template <class T, class Acc, class Combine>
+void reduce_loop(const Array& x, Array& y, const Plan& p, Acc init, Combine combine) {
+  const T* a = x.data<T>();
+  T* o = y.data<T>();
+#pragma omp parallel for if (p.outputs * p.window >= kParallelMin)
+  for (int64_t i = 0; i < p.outputs; ++i) {
+    const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
+    Acc acc = init;
+    if (p.contiguous) {
+      for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(base[r]));
+    } else {
+      for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(base[unravel(r, p.red_shape, p.red_strides)]));
+    }
+    o[i] = static_cast<T>(acc);
+  }
+}
+
+}  // namespace
+
+void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
+  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
+    reduce_loop<T, Acc>(in[0], out[0], p, Acc(0), [](Acc a, Acc b) { return a + b; });
+  });
+}
+
+void kernel_reduce_max(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
+  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    T lowest = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+    reduce_loop<T, T>(in[0], out[0], p, lowest, [](T a, T b) { return (b > a || b != b) ? b : a; });
+  });
+}
+
+}  // namespace remat::exec
