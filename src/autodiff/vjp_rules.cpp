@@ -16,8 +16,10 @@ using Cots = std::span<const Cot>;
 Tensor in(Builder& b, const Node& n, size_t i) { return b.wrap(n.inputs[i]); }
 Tensor out(Builder& b, const Node& n) { return b.wrap(n.outputs[0]); }
 
-// Cotangent of one dot_general operand `a`, given the other operand `o` and g = [batch, lhs free, rhs free].
-// da = dot_general(g, o) contracting o's free dims, then transposed back into a's dim order.
+// Cotangent of one dot_general operand `a`, given the other operand `o` and g = [batch, lhs free, rhs free]:
+// a dot_general of g and o contracting o's free dims, transposed back into a's dim order. Of the two operand
+// orders, (g, o) gives [batch, a free, a contract] and (o, g) gives [batch, a contract, a free]; the one
+// that already matches a's layout is used, so the common weight and activation gradients need no transpose.
 Tensor dot_transpose(Tensor g, Tensor o, int64_t a_rank, const IntList& a_contract, const IntList& o_contract,
                      const IntList& a_batch, const IntList& o_batch, bool a_is_lhs) {
   auto free_dims = [](int64_t rank, const IntList& c, const IntList& bt) {
@@ -26,27 +28,32 @@ Tensor dot_transpose(Tensor g, Tensor o, int64_t a_rank, const IntList& a_contra
       if (std::find(c.begin(), c.end(), d) == c.end() && std::find(bt.begin(), bt.end(), d) == bt.end()) f.push_back(d);
     return f;
   };
-  int64_t nb = static_cast<int64_t>(a_batch.size());
+  const int64_t nb = static_cast<int64_t>(a_batch.size()), nk = static_cast<int64_t>(a_contract.size());
   IntList a_free = free_dims(a_rank, a_contract, a_batch);
   IntList o_free = free_dims(o.rank(), o_contract, o_batch);
-  int64_t na = static_cast<int64_t>(a_free.size()), no = static_cast<int64_t>(o_free.size());
-  int64_t o_free_start = a_is_lhs ? nb + na : nb;
-  IntList g_contract(static_cast<size_t>(no)), g_batch(static_cast<size_t>(nb));
-  std::iota(g_contract.begin(), g_contract.end(), o_free_start);
+  const int64_t na = static_cast<int64_t>(a_free.size()), no = static_cast<int64_t>(o_free.size());
+  IntList g_o_free(static_cast<size_t>(no)), g_batch(static_cast<size_t>(nb));
+  std::iota(g_o_free.begin(), g_o_free.end(), a_is_lhs ? nb + na : nb);
   std::iota(g_batch.begin(), g_batch.end(), 0);
-  Tensor raw = dot_general(g, o, DotDims{g_contract, o_free, g_batch, o_batch});
-  // raw dims: [batch, a free (ascending), o's contracting dims (ascending)].
   IntList sorted_oc = o_contract;
   std::sort(sorted_oc.begin(), sorted_oc.end());
-  IntList perm(static_cast<size_t>(a_rank));
-  for (int64_t i = 0; i < nb; ++i) perm[static_cast<size_t>(a_batch[static_cast<size_t>(i)])] = i;
-  for (int64_t j = 0; j < na; ++j) perm[static_cast<size_t>(a_free[static_cast<size_t>(j)])] = nb + j;
-  for (size_t k = 0; k < a_contract.size(); ++k) {
-    int64_t rank_in_o = std::find(sorted_oc.begin(), sorted_oc.end(), o_contract[k]) - sorted_oc.begin();
-    perm[static_cast<size_t>(a_contract[k])] = nb + na + rank_in_o;
-  }
-  IntList identity(perm.size());
+  // perm[d] = position of a's dim d in the raw product, for either operand order.
+  auto perm_for = [&](bool g_first) {
+    IntList perm(static_cast<size_t>(a_rank));
+    const int64_t free_at = g_first ? nb : nb + nk, contract_at = g_first ? nb + na : nb;
+    for (int64_t i = 0; i < nb; ++i) perm[static_cast<size_t>(a_batch[static_cast<size_t>(i)])] = i;
+    for (int64_t j = 0; j < na; ++j) perm[static_cast<size_t>(a_free[static_cast<size_t>(j)])] = free_at + j;
+    for (size_t k = 0; k < a_contract.size(); ++k) {
+      int64_t rank_in_o = std::find(sorted_oc.begin(), sorted_oc.end(), o_contract[k]) - sorted_oc.begin();
+      perm[static_cast<size_t>(a_contract[k])] = contract_at + rank_in_o;
+    }
+    return perm;
+  };
+  IntList identity(static_cast<size_t>(a_rank));
   std::iota(identity.begin(), identity.end(), 0);
+  if (perm_for(false) == identity) return dot_general(o, g, DotDims{o_free, g_o_free, o_batch, g_batch});
+  Tensor raw = dot_general(g, o, DotDims{g_o_free, o_free, g_batch, o_batch});
+  IntList perm = perm_for(true);
   return perm == identity ? raw : transpose(raw, perm);
 }
 

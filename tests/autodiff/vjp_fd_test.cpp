@@ -1,0 +1,202 @@
+// Every VJP rule against central finite differences in f64. One case (or more) per op of the op table;
+// the coverage test fails when an op appears in no case.
+#include "autodiff/autodiff.h"
+#include "exec/exec.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <set>
+
+namespace remat {
+namespace {
+
+using namespace ir;
+
+constexpr DType F = DType::f64;
+
+// An i32 constant vector built from primitives.
+Tensor const_i32(Builder& b, const std::vector<int32_t>& values) {
+  std::vector<Tensor> parts;
+  for (int32_t v : values) parts.push_back(reshape(scalar(b, DType::i32, v), {1}));
+  return concatenate(parts, 0);
+}
+
+struct Case {
+  std::string label;
+  std::function<Tensor(Builder&)> build;  // declares f64 params, returns the f64 output
+  double lo = -1.0, hi = 1.0;             // range of random inputs
+  double eps = 1e-6, tol = 1e-7;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.label; }
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  auto p = [](Builder& b, const char* name, Shape s) { return b.param(name, Type{F, std::move(s)}); };
+  c.push_back({"dot_general_matmul", [=](Builder& b) { return matmul(p(b, "x", {3, 4}), p(b, "w", {4, 5})); }});
+  c.push_back({"dot_general_batch", [=](Builder& b) {
+                 return dot_general(p(b, "q", {2, 3, 4}), p(b, "k", {2, 5, 4}), DotDims{{2}, {2}, {0}, {0}});
+               }});
+  c.push_back({"dot_general_transposed_multi_contract", [=](Builder& b) {
+                 // lhs [k1, m, k0] . rhs [n, k0, k1]: contract lhs (2, 0) with rhs (1, 2)
+                 return dot_general(p(b, "a", {3, 2, 4}), p(b, "c", {5, 4, 3}), DotDims{{2, 0}, {1, 2}, {}, {}});
+               }});
+  c.push_back({"dot_general_batch_not_leading", [=](Builder& b) {
+                 return dot_general(p(b, "a", {3, 2, 4}), p(b, "c", {4, 5, 2}), DotDims{{2}, {0}, {1}, {2}});
+               }});
+  auto binary = [&](const char* label, std::function<Tensor(Tensor, Tensor)> f, double lo, double hi) {
+    c.push_back({label, [=](Builder& b) { return f(p(b, "a", {2, 3}), p(b, "b", {2, 3})); }, lo, hi});
+  };
+  binary("add", [](Tensor a, Tensor b) { return a + b; }, -1, 1);
+  binary("sub", [](Tensor a, Tensor b) { return a - b; }, -1, 1);
+  binary("mul", [](Tensor a, Tensor b) { return a * b; }, -1, 1);
+  binary("div", [](Tensor a, Tensor b) { return a / b; }, 0.5, 1.5);
+  binary("max", [](Tensor a, Tensor b) { return max(a, b); }, -1, 1);
+  binary("min", [](Tensor a, Tensor b) { return min(a, b); }, -1, 1);
+  binary("pow", [](Tensor a, Tensor b) { return pow(a, b); }, 0.5, 1.5);
+  auto unary = [&](const char* label, Tensor (*f)(Tensor), double lo, double hi) {
+    c.push_back({label, [=](Builder& b) { return f(p(b, "x", {2, 3})); }, lo, hi});
+  };
+  unary("neg", &neg, -1, 1);
+  unary("exp", &exp, -1, 1);
+  unary("log", &log, 0.5, 2);
+  unary("tanh", &tanh, -1, 1);
+  unary("logistic", &logistic, -2, 2);
+  unary("sqrt", &sqrt, 0.5, 2);
+  unary("rsqrt", &rsqrt, 0.5, 2);
+  c.push_back({"compare_select", [=](Builder& b) {
+                 Tensor x = p(b, "x", {2, 3}), y = p(b, "y", {2, 3});
+                 return select(compare(x, y, "lt"), x * 2.0, y * 3.0);
+               }});
+  c.push_back({"broadcast_in_dim", [=](Builder& b) { return broadcast_in_dim(p(b, "x", {3, 1}), {2, 3, 4}, {1, 2}); }});
+  c.push_back({"reshape", [=](Builder& b) { return reshape(p(b, "x", {2, 6}), {3, 4}); }});
+  c.push_back({"transpose", [=](Builder& b) { return transpose(p(b, "x", {2, 3, 4}), {2, 0, 1}); }});
+  c.push_back({"slice", [=](Builder& b) { return slice(p(b, "x", {4, 5}), {1, 2}, {3, 5}); }});
+  c.push_back({"dynamic_slice_clamped", [=](Builder& b) {
+                 std::vector<Tensor> starts{scalar(b, DType::i32, 1), scalar(b, DType::i32, 9)};  // 9 clamps to 2
+                 return dynamic_slice(p(b, "x", {4, 5}), starts, {2, 3});
+               }});
+  c.push_back({"dynamic_update_slice", [=](Builder& b) {
+                 std::vector<Tensor> starts{scalar(b, DType::i32, 2), scalar(b, DType::i32, 1)};
+                 return dynamic_update_slice(p(b, "x", {4, 5}), p(b, "u", {2, 3}), starts);
+               }});
+  c.push_back({"concatenate", [=](Builder& b) {
+                 std::vector<Tensor> xs{p(b, "a", {2, 3}), p(b, "b", {2, 1}), p(b, "c", {2, 2})};
+                 return concatenate(xs, 1);
+               }});
+  c.push_back({"reduce_sum", [=](Builder& b) { return reduce_sum(p(b, "x", {2, 3, 4}), {0, 2}); }});
+  c.push_back({"reduce_max", [=](Builder& b) { return reduce_max(p(b, "x", {3, 4}), {1}); }});
+  c.push_back({"convert_element_type_roundtrip",
+               [=](Builder& b) { return convert(convert(p(b, "x", {2, 3}), DType::f32) * 2.0f, F); }, -1, 1, 1e-3,
+               1e-4});
+  c.push_back({"iota_full", [=](Builder& b) {
+                 Tensor x = p(b, "x", {2, 3});
+                 return x * convert(iota(b, DType::i32, {2, 3}, 1), F) + full(b, x.type(), 0.5);
+               }});
+  c.push_back({"gather", [=](Builder& b) { return gather(p(b, "table", {5, 3}), const_i32(b, {1, 3, 1, 0})); }});
+  c.push_back({"scatter_add", [=](Builder& b) {
+                 return scatter_add(p(b, "x", {5, 3}), const_i32(b, {4, 0, 4}), p(b, "u", {3, 3}));
+               }});
+  c.push_back({"name", [=](Builder& b) { return checkpoint_name(p(b, "x", {2, 3}) * 3.0, "mlpwo"); }});
+  auto rnn = [](Builder&, std::span<const Tensor> cs, std::span<const Tensor> hs, std::span<const Tensor> xs) {
+    Tensor h = tanh(matmul(reshape(hs[0], {1, 3}), cs[0]) + reshape(xs[0], {1, 3}));
+    Tensor hn = reshape(h, {3});
+    return std::vector<Tensor>{hn, hn * xs[0]};
+  };
+  for (bool reverse : {false, true}) {
+    c.push_back({reverse ? "scan_reverse" : "scan", [=](Builder& b) {
+                   Tensor w = p(b, "w", {3, 3}), h0 = p(b, "h0", {3}), xs = p(b, "xs", {4, 3});
+                   auto outs = scan(b, 4, std::array{w}, std::array{h0}, std::array{xs}, rnn, "rnn", reverse);
+                   return outs[1] + broadcast_to(outs[0], {4, 3});
+                 }});
+  }
+  c.push_back({"scan_nested", [=](Builder& b) {
+                 // An outer scan over 2 groups, each an inner scan over 3 layers (the "double scan").
+                 Tensor ws = p(b, "ws", {2, 3, 3, 3}), h0 = p(b, "h0", {3});
+                 auto inner = [](Builder& ib, std::span<const Tensor>, std::span<const Tensor> hs,
+                                 std::span<const Tensor> xs) {
+                   Tensor h = tanh(matmul(reshape(hs[0], {1, 3}), xs[0]));
+                   return std::vector<Tensor>{reshape(h, {3}) * 1.5 + scalar(ib, F, 0.1)};
+                 };
+                 auto outer = [&](Builder& ob, std::span<const Tensor>, std::span<const Tensor> hs,
+                                  std::span<const Tensor> xs) {
+                   return scan(ob, 3, {}, hs, xs, inner, "layer");
+                 };
+                 return scan(b, 2, {}, std::array{h0}, std::array{ws}, outer, "group")[0];
+               }});
+  return c;
+}
+
+struct Built {
+  Graph f;       // params..., weights -> loss
+  std::vector<int> wrt;
+};
+
+Built build(const Case& c) {
+  Built r;
+  Builder b(r.f);
+  Tensor y = c.build(b);
+  for (size_t i = 0; i < r.f.params.size(); ++i) r.wrt.push_back(static_cast<int>(i));
+  Tensor weights = b.param("loss_weights", y.type());
+  IntList all(static_cast<size_t>(y.rank()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  b.result(reduce_sum(y * weights, all));
+  verify(r.f);
+  return r;
+}
+
+void collect_ops(const Graph& g, std::set<Op>& ops) {
+  for (const Node& n : g.nodes) {
+    ops.insert(n.op);
+    if (n.body) collect_ops(*n.body, ops);
+  }
+}
+
+class VjpFiniteDifference : public testing::TestWithParam<Case> {};
+
+TEST_P(VjpFiniteDifference, MatchesCentralDifferences) {
+  const Case& c = GetParam();
+  Built built = build(c);
+  Graph g = autodiff::grad_graph(built.f, built.wrt);
+  verify(g);
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<double> dist(c.lo, c.hi);
+  std::vector<exec::Array> args;
+  for (ValueId v : built.f.params) {
+    exec::Array a(built.f.type(v));
+    for (int64_t i = 0; i < a.size(); ++i) a.set(i, dist(rng));
+    args.push_back(a);
+  }
+  std::vector<exec::Array> out = exec::run(g, args);
+  auto loss = [&](std::vector<exec::Array>& a) { return exec::run(built.f, a)[0].get(0); };
+  for (size_t k = 0; k < built.wrt.size(); ++k) {
+    const exec::Array& analytic = out[1 + k];
+    for (int64_t i = 0; i < args[k].size(); ++i) {
+      std::vector<exec::Array> plus = args, minus = args;
+      plus[k] = args[k].clone();
+      minus[k] = args[k].clone();
+      plus[k].set(i, args[k].get(i) + c.eps);
+      minus[k].set(i, args[k].get(i) - c.eps);
+      double numeric = (loss(plus) - loss(minus)) / (2 * c.eps);
+      EXPECT_NEAR(analytic.get(i), numeric, c.tol * (1 + std::abs(numeric)))
+          << c.label << ": d/d" << built.f.param_names[k] << "[" << i << "]";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOps, VjpFiniteDifference, testing::ValuesIn(cases()),
+                         [](const testing::TestParamInfo<Case>& info) { return info.param.label; });
+
+TEST(VjpFiniteDifference, EveryOpHasACase) {
+  std::set<Op> covered;
+  for (const Case& c : cases()) collect_ops(build(c).f, covered);
+  for (int i = 0; i < kNumOps; ++i)
+    EXPECT_TRUE(covered.count(static_cast<Op>(i))) << "op " << op_name(static_cast<Op>(i))
+                                                   << " has no finite-difference case";
+}
+
+}  // namespace
+}  // namespace remat
