@@ -105,9 +105,13 @@ void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<
   Prepared b = prepare(in[1], bt[1], ct[1], rf);  // (B, K, N), or (B, N, K) in memory when swapped
   using dims = dnnl::memory::dims;
   auto dt = dnnl_type(dtype);
-  dnnl::memory::desc a_md(dims{B, M, K}, dt, a.swapped ? dims{M * K, 1, M} : dims{M * K, K, 1});
-  dnnl::memory::desc b_md(dims{B, K, N}, dt, b.swapped ? dims{K * N, 1, K} : dims{K * N, N, 1});
-  dnnl::memory::desc c_md(dims{B, M, N}, dt, dims{M * N, N, 1});
+  // Without batch dims the descriptors are 2-D: oneDNN picks faster kernels for plain matrices.
+  auto md = [&](int64_t rows, int64_t cols, bool swapped) {
+    dims strides = swapped ? dims{1, rows} : dims{cols, 1};
+    if (B == 1) return dnnl::memory::desc(dims{rows, cols}, dt, strides);
+    return dnnl::memory::desc(dims{B, rows, cols}, dt, dims{rows * cols, strides[0], strides[1]});
+  };
+  dnnl::memory::desc a_md = md(M, K, a.swapped), b_md = md(K, N, b.swapped), c_md = md(M, N, false);
   Engine& e = engine();
   std::lock_guard<std::mutex> lock(e.mutex);
   auto key = std::make_tuple(static_cast<int>(dtype), B, M, K, N, a.swapped, b.swapped);

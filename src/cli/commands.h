@@ -1,0 +1,18 @@
+// The subcommands of the `remat` CLI, one function each.
+#pragma once
+
+#include <cstdint>
+
+namespace remat::cli {
+
+struct DemoOptions {
+  int steps = 1500;             // SGD steps
+  uint64_t seed = 0;            // data and init seed
+  double learning_rate = 0.05;  // SGD-with-momentum step size
+};
+
+// Trains an MLP (16 -> 64 -> 64 -> 1, tanh) on y = sin(x . a) + 0.5 cos(x . b), reporting train and
+// held-out MSE. The whole step (forward, backward, momentum update) is one graph run by the executor.
+int run_demo(const DemoOptions& options);
+
+}  // namespace remat::cli
