@@ -115,6 +115,9 @@ std::vector<Cot> vjp_rsqrt(Builder& b, size_t, const Node& n, Cots c) {
   return {(*c[0] * -0.5) * (out(b, n) / in(b, n, 0))};
 }
 
+std::vector<Cot> vjp_sin(Builder& b, size_t, const Node& n, Cots c) { return {*c[0] * cos(in(b, n, 0))}; }
+std::vector<Cot> vjp_cos(Builder& b, size_t, const Node& n, Cots c) { return {neg(*c[0] * sin(in(b, n, 0)))}; }
+
 std::vector<Cot> vjp_compare(Builder&, size_t, const Node&, Cots) { return {std::nullopt, std::nullopt}; }
 std::vector<Cot> vjp_select(Builder& b, size_t, const Node& n, Cots c) {
   Tensor p = in(b, n, 0), zero = zeros_like(*c[0]);

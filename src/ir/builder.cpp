@@ -82,6 +82,8 @@ Tensor tanh(Tensor x) { return un(Op::tanh, x); }
 Tensor logistic(Tensor x) { return un(Op::logistic, x); }
 Tensor sqrt(Tensor x) { return un(Op::sqrt, x); }
 Tensor rsqrt(Tensor x) { return un(Op::rsqrt, x); }
+Tensor sin(Tensor x) { return un(Op::sin, x); }
+Tensor cos(Tensor x) { return un(Op::cos, x); }
 Tensor pow(Tensor a, Tensor b) { return bin(Op::pow, a, b); }
 Tensor max(Tensor a, Tensor b) { return bin(Op::max, a, b); }
 Tensor min(Tensor a, Tensor b) { return bin(Op::min, a, b); }

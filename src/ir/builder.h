@@ -82,6 +82,8 @@ Tensor tanh(Tensor x);
 Tensor logistic(Tensor x);
 Tensor sqrt(Tensor x);
 Tensor rsqrt(Tensor x);
+Tensor sin(Tensor x);
+Tensor cos(Tensor x);
 Tensor pow(Tensor a, Tensor b);
 Tensor max(Tensor a, Tensor b);
 Tensor min(Tensor a, Tensor b);

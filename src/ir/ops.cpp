@@ -34,7 +34,7 @@ int op_arity(Op op) {
 
 bool is_elementwise_unary(Op op) {
   switch (op) {
-    case Op::neg: case Op::exp: case Op::log: case Op::tanh: case Op::logistic: case Op::sqrt: case Op::rsqrt:
+    case Op::neg: case Op::exp: case Op::log: case Op::tanh: case Op::logistic: case Op::sqrt: case Op::rsqrt: case Op::sin: case Op::cos:
       return true;
     default:
       return false;

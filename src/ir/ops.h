@@ -27,6 +27,8 @@ namespace remat::ir {
   X(logistic, 1)                  \
   X(sqrt, 1)                      \
   X(rsqrt, 1)                     \
+  X(sin, 1)                       \
+  X(cos, 1)                       \
   X(compare, 2)                   \
   X(select, 3)                    \
   X(broadcast_in_dim, 1)          \

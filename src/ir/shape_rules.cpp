@@ -55,6 +55,8 @@ UNARY_RULE(tanh)
 UNARY_RULE(logistic)
 UNARY_RULE(sqrt)
 UNARY_RULE(rsqrt)
+UNARY_RULE(sin)
+UNARY_RULE(cos)
 #undef UNARY_RULE
 
 #define BINARY_RULE(op) \

@@ -143,9 +143,13 @@ class Lexer {
   }
   std::string word() {
     size_t start = pos_;
-    while (pos_ < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[pos_])) || src_[pos_] == '_' ||
-                                  src_[pos_] == '.'))
-      ++pos_;
+    // Names may hold '.', and '/' as in parameter paths (decoder/layers/mlp/wi_0/kernel), but not "//".
+    auto name_char = [&](size_t i) {
+      char c = src_[i];
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' ||
+             (c == '/' && i + 1 < src_.size() && src_[i + 1] != '/' && i > 0 && src_[i - 1] != '/');
+    };
+    while (pos_ < src_.size() && name_char(pos_)) ++pos_;
     CHECK(pos_ > start, "{}:{}: expected a name", file_, line_);
     return std::string(src_.substr(start, pos_ - start));
   }

@@ -67,6 +67,8 @@ std::vector<Case> cases() {
   unary("logistic", &logistic, -2, 2);
   unary("sqrt", &sqrt, 0.5, 2);
   unary("rsqrt", &rsqrt, 0.5, 2);
+  unary("sin", &sin, -3, 3);
+  unary("cos", &cos, -3, 3);
   c.push_back({"compare_select", [=](Builder& b) {
                  Tensor x = p(b, "x", {2, 3}), y = p(b, "y", {2, 3});
                  return select(compare(x, y, "lt"), x * 2.0, y * 3.0);

@@ -1,0 +1,299 @@
+#include "nn/model.h"
+
+#include "nn/checkpoint_names.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace remat::nn {
+
+using namespace ir;
+
+namespace {
+
+constexpr DType kF32 = DType::f32;
+
+// Indices into the param_specs() order.
+enum P : size_t { kEmbed, kAttnNorm, kQuery, kKey, kValue, kOut, kMlpNorm, kWi0, kWi1, kWo, kFinalNorm, kLogits };
+
+struct LayerWeights {
+  Tensor attn_norm, query, key, value, out, mlp_norm, wi0, wi1, wo;
+};
+
+// Tables shared by every layer: RoPE cos/sin [T, Dh] and the causal mask [T, T].
+struct LayerConsts {
+  Tensor cos, sin, mask;
+};
+
+Tensor rms_norm(Tensor x, Tensor scale, double eps) {
+  int64_t last = x.rank() - 1;
+  Tensor ms = mean(square(x), {last});
+  IntList keep(static_cast<size_t>(last));
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int64_t>(i);
+  Tensor inv = broadcast_in_dim(rsqrt(ms + eps), x.shape(), keep);
+  return x * inv * broadcast_in_dim(scale, x.shape(), {last});
+}
+
+LayerConsts layer_consts(Builder& b, const ModelConfig& c, int64_t seq) {
+  auto s = b.scope("decoder/rope");
+  const int64_t half = c.head_dim / 2;
+  // angle[p, i] = p * theta^(-2i/Dh) for i < Dh/2, repeated for the second half.
+  Tensor pos = convert(iota(b, DType::i32, {seq, half}, 0), kF32);
+  Tensor i = convert(iota(b, DType::i32, {seq, half}, 1), kF32);
+  Tensor inv_freq = exp(i * (-2.0 * std::log(c.rope_theta) / static_cast<double>(c.head_dim)));
+  Tensor angle = pos * inv_freq;
+  LayerConsts k;
+  k.cos = concatenate(std::array{cos(angle), cos(angle)}, 1);
+  k.sin = concatenate(std::array{sin(angle), sin(angle)}, 1);
+  auto ms = b.scope("mask");
+  k.mask = compare(iota(b, DType::i32, {seq, seq}, 1), iota(b, DType::i32, {seq, seq}, 0), "le");  // key <= query
+  return k;
+}
+
+// x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; x: [B,T,N,Dh], tables [T,Dh].
+Tensor rope(Tensor x, const LayerConsts& k) {
+  const Shape& s = x.shape();
+  int64_t half = s[3] / 2;
+  Tensor x1 = slice(x, {0, 0, 0, 0}, {s[0], s[1], s[2], half});
+  Tensor x2 = slice(x, {0, 0, 0, half}, {s[0], s[1], s[2], s[3]});
+  Tensor rotated = concatenate(std::array{neg(x2), x1}, 3);
+  return x * broadcast_in_dim(k.cos, s, {1, 3}) + rotated * broadcast_in_dim(k.sin, s, {1, 3});
+}
+
+// [B,T,KV,Dh] -> [B,T,H,Dh]: query head j reads kv head j / (H / KV).
+Tensor repeat_kv(Tensor x, int64_t heads) {
+  const Shape& s = x.shape();
+  if (s[2] == heads) return x;
+  Tensor wide = broadcast_in_dim(x, {s[0], s[1], s[2], heads / s[2], s[3]}, {0, 1, 2, 4});
+  return reshape(wide, {s[0], s[1], heads, s[3]});
+}
+
+Tensor project(Tensor h, Tensor kernel) {  // [B,T,D] . [D, ...] -> [B,T, ...]
+  return dot_general(h, kernel, DotDims{{2}, {0}, {}, {}});
+}
+
+Tensor named(Tensor x, std::string_view name) { return checkpoint_name(x, std::string(name)); }
+
+Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights& w, const LayerConsts& k) {
+  auto s = b.scope("self_attention");
+  Tensor q, key, v;
+  {
+    auto s2 = b.scope("query");
+    q = named(rope(project(h, w.query), k), names::kQueryProj);
+  }
+  {
+    auto s2 = b.scope("key");
+    key = named(rope(project(h, w.key), k), names::kKeyProj);
+  }
+  {
+    auto s2 = b.scope("value");
+    v = named(project(h, w.value), names::kValueProj);
+  }
+  Tensor context;
+  {
+    auto s2 = b.scope("attention");
+    Tensor kk = repeat_kv(key, c.num_heads), vv = repeat_kv(v, c.num_heads);
+    // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh)
+    Tensor scores = dot_general(q, kk, DotDims{{3}, {3}, {0, 2}, {0, 2}}) * (1.0 / std::sqrt(double(c.head_dim)));
+    Tensor masked = select(broadcast_in_dim(k.mask, scores.shape(), {2, 3}), scores,
+                           full(b, scores.type(), -std::numeric_limits<double>::infinity()));
+    Tensor probs = softmax(masked, 3);
+    // ctx[b,h,s,:] = sum_t probs[b,h,s,t] v[b,t,h,:], then [B,T,H,Dh]
+    Tensor ctx = dot_general(probs, vv, DotDims{{3}, {1}, {0, 1}, {0, 2}});
+    context = named(transpose(ctx, {0, 2, 1, 3}), names::kContext);
+  }
+  auto s2 = b.scope("out");
+  return named(dot_general(context, w.out, DotDims{{2, 3}, {0, 1}, {}, {}}), names::kOutProj);
+}
+
+Tensor mlp(Builder& b, Tensor h, const LayerWeights& w) {
+  auto s = b.scope("mlp");
+  Tensor gate, up;
+  {
+    auto s2 = b.scope("wi_0");
+    gate = named(project(h, w.wi0), names::kMlpWi0);
+  }
+  {
+    auto s2 = b.scope("wi_1");
+    up = named(project(h, w.wi1), names::kMlpWi1);
+  }
+  auto s2 = b.scope("wo");
+  return named(project(silu(gate) * up, w.wo), names::kMlpWo);
+}
+
+Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeights& w, const LayerConsts& k) {
+  x = named(x, names::kDecoderLayerInput);
+  Tensor h;
+  {
+    auto s = b.scope("pre_self_attention_norm");
+    h = rms_norm(x, w.attn_norm, c.rms_eps);
+  }
+  x = x + attention(b, c, h, w, k);
+  {
+    auto s = b.scope("post_self_attention_norm");
+    h = rms_norm(x, w.mlp_norm, c.rms_eps);
+  }
+  return x + mlp(b, h, w);
+}
+
+LayerWeights layer_weights(std::span<const Tensor> w) {
+  return LayerWeights{w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]};
+}
+
+// Layer l's slice of a stacked [L, ...] parameter.
+Tensor layer_slice(Tensor stacked, int64_t l) {
+  Shape s = stacked.shape();
+  IntList start(s.size(), 0), limit = s;
+  start[0] = l;
+  limit[0] = l + 1;
+  Shape per_layer(s.begin() + 1, s.end());
+  return reshape(slice(stacked, start, limit), per_layer);
+}
+
+Tensor decoder_layers(Builder& b, const ModelConfig& c, Tensor x, std::span<const Tensor> stacked, const LayerConsts& k) {
+  auto s = b.scope("decoder/layers");
+  if (c.scan_layers) {
+    auto body = [&](Builder& bb, std::span<const Tensor> consts, std::span<const Tensor> carry,
+                    std::span<const Tensor> ws) {
+      LayerConsts kb{consts[0], consts[1], consts[2]};
+      return std::vector<Tensor>{decoder_layer(bb, c, carry[0], layer_weights(ws), kb)};
+    };
+    return scan(b, c.num_decoder_layers, std::array{k.cos, k.sin, k.mask}, std::array{x}, stacked, body, "decoder_layer")[0];
+  }
+  for (int64_t l = 0; l < c.num_decoder_layers; ++l) {
+    std::vector<Tensor> w;
+    for (Tensor t : stacked) w.push_back(layer_slice(t, l));
+    x = decoder_layer(b, c, x, layer_weights(w), k);
+  }
+  return x;
+}
+
+Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Tensor inputs) {
+  CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32, "model inputs must be i32[batch, seq], got {}",
+        type_str(inputs.type()));
+  Tensor x;
+  {
+    auto s = b.scope("token_embedder");
+    x = gather(p[kEmbed], inputs);
+  }
+  LayerConsts k = layer_consts(b, c, inputs.dim(1));
+  std::vector<Tensor> stacked(p.begin() + kAttnNorm, p.begin() + kFinalNorm);
+  x = decoder_layers(b, c, x, stacked, k);
+  {
+    auto s = b.scope("decoder/decoder_norm");
+    x = rms_norm(x, p[kFinalNorm], c.rms_eps);
+  }
+  auto s = b.scope("decoder/logits_dense");
+  if (c.logits_via_embedding) return dot_general(x, p[kEmbed], DotDims{{2}, {1}, {}, {}});
+  return project(x, p[kLogits]);
+}
+
+}  // namespace
+
+void validate(const ModelConfig& c) {
+  auto positive = [](int64_t v, const char* key) { CHECK(v > 0, "config key '{}' must be positive, got {}", key, v); };
+  positive(c.vocab_size, "vocab_size");
+  positive(c.emb_dim, "base_emb_dim");
+  positive(c.num_decoder_layers, "base_num_decoder_layers");
+  positive(c.num_heads, "base_num_query_heads");
+  positive(c.num_kv_heads, "base_num_kv_heads");
+  positive(c.head_dim, "head_dim");
+  positive(c.mlp_dim, "base_mlp_dim");
+  CHECK(c.num_heads % c.num_kv_heads == 0,
+        "config key 'base_num_kv_heads' ({}) must divide 'base_num_query_heads' ({}) for grouped-query attention",
+        c.num_kv_heads, c.num_heads);
+  CHECK(c.head_dim % 2 == 0, "config key 'head_dim' must be even for rotary embeddings, got {}", c.head_dim);
+  CHECK(c.rope_theta > 1, "config key 'rope_max_timescale' must be > 1, got {}", c.rope_theta);
+  CHECK(c.rms_eps > 0, "config key 'normalization_layer_epsilon' must be > 0, got {}", c.rms_eps);
+}
+
+std::vector<ParamSpec> param_specs(const ModelConfig& c) {
+  validate(c);
+  const int64_t L = c.num_decoder_layers, D = c.emb_dim, H = c.num_heads, KV = c.num_kv_heads, Dh = c.head_dim,
+                F = c.mlp_dim, V = c.vocab_size;
+  const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
+  auto t = [](Shape s) { return Type{kF32, std::move(s)}; };
+  std::vector<ParamSpec> p = {
+      {"token_embedder/embedding", t({V, D}), Init::normal, 0.02},
+      {"decoder/layers/pre_self_attention_norm/scale", t({L, D}), Init::ones, 0},
+      {"decoder/layers/self_attention/query/kernel", t({L, D, H, Dh}), Init::normal, 0.02},
+      {"decoder/layers/self_attention/key/kernel", t({L, D, KV, Dh}), Init::normal, 0.02},
+      {"decoder/layers/self_attention/value/kernel", t({L, D, KV, Dh}), Init::normal, 0.02},
+      {"decoder/layers/self_attention/out/kernel", t({L, H, Dh, D}), Init::normal, out_std},
+      {"decoder/layers/post_self_attention_norm/scale", t({L, D}), Init::ones, 0},
+      {"decoder/layers/mlp/wi_0/kernel", t({L, D, F}), Init::normal, 0.02},
+      {"decoder/layers/mlp/wi_1/kernel", t({L, D, F}), Init::normal, 0.02},
+      {"decoder/layers/mlp/wo/kernel", t({L, F, D}), Init::normal, out_std},
+      {"decoder/decoder_norm/scale", t({D}), Init::ones, 0},
+  };
+  if (!c.logits_via_embedding) p.push_back({"decoder/logits_dense/kernel", t({D, V}), Init::normal, 0.02});
+  return p;
+}
+
+int64_t param_count(const ModelConfig& c) {
+  int64_t n = 0;
+  for (const ParamSpec& p : param_specs(c)) n += p.type.num_elements();
+  return n;
+}
+
+std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<exec::Array> out;
+  for (const ParamSpec& p : param_specs(c)) {
+    exec::Array a(p.type);
+    float* d = a.data<float>();
+    if (p.init == Init::ones) {
+      std::fill(d, d + a.size(), 1.0f);
+    } else {
+      std::normal_distribution<float> dist(0.0f, static_cast<float>(p.std));
+      for (int64_t i = 0; i < a.size(); ++i) d[i] = dist(rng);
+    }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+Tensor trace_loss(Builder& b, const ModelConfig& c, std::span<const Tensor> params, Tensor inputs, Tensor targets,
+                  Tensor* logits_out) {
+  Tensor logits = trace_logits(b, c, params, inputs);
+  if (logits_out) *logits_out = logits;
+  auto s = b.scope("loss");
+  // Mean cross-entropy in f32: -log_softmax(logits)[target], picked with a one-hot mask.
+  Tensor logp = log_softmax(logits, 2);
+  Tensor hot = compare(iota(b, DType::i32, logits.shape(), 2), broadcast_in_dim(targets, logits.shape(), {0, 1}), "eq");
+  Tensor picked = reduce_sum(select(hot, logp, zeros_like(logp)), {2});
+  return neg(mean(picked, {0, 1}));
+}
+
+namespace {
+std::vector<Tensor> declare_params(Builder& b, const ModelConfig& c) {
+  std::vector<Tensor> p;
+  for (const ParamSpec& s : param_specs(c)) p.push_back(b.param(s.path, s.type));
+  return p;
+}
+}  // namespace
+
+Graph loss_graph(const ModelConfig& c, int64_t batch, int64_t seq, bool with_logits) {
+  Graph g;
+  g.name = "loss";
+  Builder b(g);
+  std::vector<Tensor> p = declare_params(b, c);
+  Tensor inputs = b.param("inputs", {DType::i32, {batch, seq}});
+  Tensor targets = b.param("targets", {DType::i32, {batch, seq}});
+  Tensor logits;
+  b.result(trace_loss(b, c, p, inputs, targets, &logits));
+  if (with_logits) b.result(logits);
+  return g;
+}
+
+Graph logits_graph(const ModelConfig& c, int64_t batch, int64_t seq) {
+  Graph g;
+  g.name = "logits";
+  Builder b(g);
+  std::vector<Tensor> p = declare_params(b, c);
+  b.result(trace_logits(b, c, p, b.param("inputs", {DType::i32, {batch, seq}})));
+  return g;
+}
+
+}  // namespace remat::nn

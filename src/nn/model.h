@@ -1,0 +1,64 @@
+// The Llama-style decoder, traced into IR (DESIGN §6; MaxText's parameter and checkpoint names).
+//   token embedding -> L x [RMSNorm -> causal GQA self-attention with RoPE -> residual
+//                          -> RMSNorm -> gated MLP (SiLU(x Wi0) * x Wi1) Wo -> residual]
+//   -> RMSNorm -> output projection (untied, or tied to the embedding) -> softmax cross-entropy in f32.
+// No biases. Layer parameters are stacked [L, ...]; with scan_layers the layers run under one scan over
+// them, otherwise unrolled over slices of the same stacked parameters: the same arithmetic either way.
+//
+//   nn::ModelConfig c = ...;
+//   ir::Graph g = nn::loss_graph(c, /*batch=*/8, /*seq=*/128);   // (params..., inputs, targets) -> loss
+//   std::vector<exec::Array> params = nn::init_params(c, /*seed=*/0);
+#pragma once
+
+#include "exec/exec.h"
+#include "ir/ir.h"
+
+#include <string>
+#include <vector>
+
+namespace remat::nn {
+
+struct ModelConfig {
+  int64_t vocab_size = 256;          // tokens (bytes)
+  int64_t emb_dim = 128;             // D
+  int64_t num_decoder_layers = 4;    // L
+  int64_t num_heads = 4;             // H, query heads
+  int64_t num_kv_heads = 4;          // KV, key/value heads (grouped-query attention when < H)
+  int64_t head_dim = 32;             // Dh
+  int64_t mlp_dim = 512;             // F
+  double rope_theta = 10000;         // RoPE max timescale
+  double rms_eps = 1e-6;             // RMSNorm epsilon
+  bool logits_via_embedding = false; // tie the output projection to the embedding
+  bool scan_layers = true;           // run the layers under a scan (else unrolled)
+};
+
+// Checks the shapes fit together; errors name the config key.
+void validate(const ModelConfig& c);
+
+enum class Init { normal, ones };
+
+struct ParamSpec {
+  std::string path;  // e.g. "decoder/layers/mlp/wi_0/kernel"
+  ir::Type type;
+  Init init;
+  double std;        // for Init::normal
+};
+
+// The parameter tree in a fixed order: the order of the graphs' leading params and of init_params().
+std::vector<ParamSpec> param_specs(const ModelConfig& c);
+int64_t param_count(const ModelConfig& c);
+
+// Deterministic initialisation from a seed (normal std 0.02; output projections 0.02 / sqrt(2L); norms 1).
+std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed);
+
+// (params..., inputs i32[B,T], targets i32[B,T]) -> (loss f32[]), plus logits f32[B,T,V] when asked.
+ir::Graph loss_graph(const ModelConfig& c, int64_t batch, int64_t seq, bool with_logits = false);
+
+// Traces the loss into `b` from existing tensors (used inside larger step graphs).
+ir::Tensor trace_loss(ir::Builder& b, const ModelConfig& c, std::span<const ir::Tensor> params, ir::Tensor inputs,
+                      ir::Tensor targets, ir::Tensor* logits_out = nullptr);
+
+// (params..., inputs i32[B,T]) -> logits f32[B,T,V], for sampling.
+ir::Graph logits_graph(const ModelConfig& c, int64_t batch, int64_t seq);
+
+}  // namespace remat::nn

@@ -1,0 +1,154 @@
+#include "train/step.h"
+
+#include "autodiff/autodiff.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace remat::train {
+
+using namespace ir;
+
+namespace {
+
+struct LossAndGrads {
+  Tensor loss;
+  std::vector<Tensor> grads;
+};
+
+LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params, Tensor inputs,
+                              Tensor targets) {
+  Tensor loss = nn::trace_loss(b, model, params, inputs, targets);
+  std::vector<ValueId> wrt;
+  for (Tensor p : params) wrt.push_back(p.id);
+  LossAndGrads r{loss, {}};
+  for (ValueId g : autodiff::grad(b.graph(), loss.id, wrt)) r.grads.push_back(b.wrap(g));
+  return r;
+}
+
+// Mean loss and gradients over the k microbatches of inputs/targets [k,B,T].
+LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params,
+                               Tensor inputs, Tensor targets) {
+  const int64_t k = inputs.dim(0);
+  const Shape mb = {inputs.dim(1), inputs.dim(2)};
+  if (k == 1) return trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb));
+  auto body = [&](Builder& bb, std::span<const Tensor> consts, std::span<const Tensor> sums,
+                  std::span<const Tensor> xs) {
+    LossAndGrads r = trace_microbatch(bb, model, consts, xs[0], xs[1]);
+    std::vector<Tensor> next{sums[0] + r.loss};
+    for (size_t i = 0; i < r.grads.size(); ++i) next.push_back(sums[1 + i] + r.grads[i]);
+    return next;
+  };
+  std::vector<Tensor> init{scalar(b, DType::f32, 0.0)};
+  for (Tensor p : params) init.push_back(zeros_like(p));
+  auto s = b.scope("accumulate");
+  std::vector<Tensor> sums = scan(b, k, params, init, std::array{inputs, targets}, body, "microbatch");
+  const double inv = 1.0 / static_cast<double>(k);
+  LossAndGrads r{sums[0] * inv, {}};
+  for (size_t i = 1; i < sums.size(); ++i) r.grads.push_back(sums[i] * inv);
+  return r;
+}
+
+struct StepInputs {
+  std::vector<Tensor> params;
+  Tensor inputs, targets;
+};
+
+StepInputs declare(Builder& b, const nn::ModelConfig& model, const StepShape& shape, std::vector<Tensor>* m,
+                   std::vector<Tensor>* v, Tensor* step) {
+  CHECK(shape.batch > 0 && shape.seq > 0 && shape.accumulation > 0,
+        "per_device_batch_size ({}), max_target_length ({}) and gradient_accumulation_steps ({}) must be positive",
+        shape.batch, shape.seq, shape.accumulation);
+  StepInputs in;
+  std::vector<nn::ParamSpec> specs = nn::param_specs(model);
+  for (const auto& s : specs) in.params.push_back(b.param(s.path, s.type));
+  if (m)
+    for (const auto& s : specs) m->push_back(b.param("opt_m/" + s.path, s.type));
+  if (v)
+    for (const auto& s : specs) v->push_back(b.param("opt_v/" + s.path, s.type));
+  if (step) *step = b.param("step", {DType::i32, {}});
+  Type tokens{DType::i32, {shape.accumulation, shape.batch, shape.seq}};
+  in.inputs = b.param("inputs", tokens);
+  in.targets = b.param("targets", tokens);
+  return in;
+}
+
+Tensor sum_all(Tensor x) {
+  IntList axes(static_cast<size_t>(x.rank()));
+  for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
+  return axes.empty() ? x : reduce_sum(x, axes);
+}
+
+// lr(step): linear warmup over warmup_steps, then cosine decay to final_lr_fraction * peak.
+Tensor schedule(Builder& b, const OptimizerConfig& o, Tensor step) {
+  auto s = b.scope("lr_schedule");
+  const double peak = o.learning_rate, low = peak * o.final_lr_fraction;
+  const double warm = static_cast<double>(o.warmup_steps);
+  const double decay = static_cast<double>(std::max<int64_t>(1, o.schedule_steps - o.warmup_steps));
+  Tensor t = convert(step, DType::f32);
+  Tensor warmup = (t + 1.0) * (peak / std::max(1.0, warm));
+  Tensor progress = min((t + -warm) * (1.0 / decay), scalar(b, DType::f32, 1.0));
+  Tensor cosine = (cos(progress * std::numbers::pi) + 1.0) * (0.5 * (peak - low)) + low;
+  return select(compare(t, scalar(b, DType::f32, warm), "lt"), warmup, cosine);
+}
+
+}  // namespace
+
+double learning_rate_at(const OptimizerConfig& o, int64_t step) {
+  const double peak = o.learning_rate, low = peak * o.final_lr_fraction;
+  if (step < o.warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(std::max<int64_t>(1, o.warmup_steps));
+  const double decay = static_cast<double>(std::max<int64_t>(1, o.schedule_steps - o.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - o.warmup_steps) / decay);
+  return low + 0.5 * (peak - low) * (1 + std::cos(std::numbers::pi * progress));
+}
+
+Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape) {
+  Graph g;
+  g.name = "grads";
+  Builder b(g);
+  StepInputs in = declare(b, model, shape, nullptr, nullptr, nullptr);
+  LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets);
+  b.result(r.loss);
+  for (Tensor t : r.grads) b.result(t);
+  dce(g);
+  return g;
+}
+
+Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o) {
+  Graph g;
+  g.name = "train_step";
+  Builder b(g);
+  std::vector<Tensor> m, v;
+  Tensor step;
+  StepInputs in = declare(b, model, shape, &m, &v, &step);
+  LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets);
+  auto s = b.scope("optimizer");
+  Tensor sq = scalar(b, DType::f32, 0.0);
+  for (Tensor grad : r.grads) sq = sq + sum_all(square(grad));
+  Tensor norm = sqrt(sq);
+  Tensor scale = o.clip_norm > 0 ? min(scalar(b, DType::f32, 1.0), scalar(b, DType::f32, o.clip_norm) / (norm + 1e-6))
+                                 : scalar(b, DType::f32, 1.0);
+  Tensor lr = schedule(b, o, step);
+  Tensor t = convert(step, DType::f32) + 1.0;
+  Tensor bias1 = 1.0 - pow(scalar(b, DType::f32, o.b1), t);
+  Tensor bias2 = 1.0 - pow(scalar(b, DType::f32, o.b2), t);
+  std::vector<Tensor> new_p, new_m, new_v;
+  for (size_t i = 0; i < in.params.size(); ++i) {
+    Tensor p = in.params[i];
+    Tensor grad = r.grads[i] * scale;
+    Tensor m2 = m[i] * o.b1 + grad * (1.0 - o.b1);
+    Tensor v2 = v[i] * o.b2 + square(grad) * (1.0 - o.b2);
+    Tensor decayed = p - p * (lr * o.weight_decay);
+    Tensor update = (m2 / bias1) / (sqrt(v2 / bias2) + o.eps);
+    new_p.push_back(decayed - update * lr);
+    new_m.push_back(m2);
+    new_v.push_back(v2);
+  }
+  for (Tensor x : {r.loss, norm, lr}) b.result(x);
+  for (auto* list : {&new_p, &new_m, &new_v})
+    for (Tensor x : *list) b.result(x);
+  dce(g);
+  return g;
+}
+
+}  // namespace remat::train

@@ -1,0 +1,40 @@
+// The training step as one graph (DESIGN §1): loss and gradients (accumulated over microbatches by a
+// scan), global-norm clipping, the warmup + cosine learning rate and the AdamW update, so that later
+// passes (remat, planning) see the whole step.
+#pragma once
+
+#include "nn/nn.h"
+
+namespace remat::train {
+
+struct OptimizerConfig {
+  double learning_rate = 1e-3;         // peak learning rate
+  int64_t warmup_steps = 100;          // linear warmup from lr/warmup to lr
+  int64_t schedule_steps = 1000;       // length of warmup + cosine decay (usually the number of steps)
+  double final_lr_fraction = 0.1;      // the cosine decays to learning_rate * this
+  double b1 = 0.9;                     // Adam beta1
+  double b2 = 0.95;                    // Adam beta2
+  double eps = 1e-8;                   // Adam epsilon
+  double weight_decay = 0.1;           // decoupled weight decay (AdamW), on every parameter
+  double clip_norm = 1.0;              // global gradient norm threshold; 0 disables clipping
+};
+
+struct StepShape {
+  int64_t batch = 8;           // sequences per microbatch
+  int64_t seq = 128;           // tokens per sequence
+  int64_t accumulation = 1;    // microbatches per step (gradient accumulation)
+};
+
+// (params P..., inputs i32[k,B,T], targets i32[k,B,T]) -> (loss, grads P...): the mean loss and its
+// gradients over k microbatches. k > 1 runs the microbatches under a scan whose carry sums the gradients.
+ir::Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape);
+
+// (params P..., m P..., v P..., step i32[], inputs i32[k,B,T], targets i32[k,B,T])
+//   -> (loss, grad_norm, lr, params' P..., m' P..., v' P...).
+// `step` counts the updates done before this one (0 for the first).
+ir::Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& opt);
+
+// The learning rate of update `step` (0-based), the same formula the step graph evaluates.
+double learning_rate_at(const OptimizerConfig& opt, int64_t step);
+
+}  // namespace remat::train
