@@ -16,7 +16,7 @@ build: setup $(BUILD)/build.ninja
 	ninja -C $(BUILD) -j $(JOBS)
 
 run: build
-	$(BUILD)/remat demo
+	$(BUILD)/remat train
 
 test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

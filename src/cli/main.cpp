@@ -1,15 +1,38 @@
-// `remat`: the command-line entry point. Subcommands:
-//   remat demo [--steps N] [--seed S]   trains a small MLP on a synthetic regression task through the engine
+// `remat`: the command-line entry point.
+//   remat train [CONFIG.yml] [key=value ...]   trains the configured decoder (default: configs/base.yml)
+//   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
 #include "cli/commands.h"
+#include "cli/config.h"
 
 #include "base/check.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+namespace {
+
+// Splits train's positional arguments into an optional leading config file and key=value overrides.
+int train_command(const std::vector<std::string>& args) {
+  std::string base;
+  std::vector<std::string> overrides = args;
+  if (!overrides.empty() && overrides[0].find('=') == std::string::npos) {
+    base = overrides[0];
+    overrides.erase(overrides.begin());
+  }
+  remat::cli::Config config = remat::cli::load_config(base, overrides);
+  remat::train::RunResult r = remat::train::run(config.run);
+  fmt::print("final: train loss {:.4f}, validation loss {:.4f} nats/byte\n", r.train_loss, r.validation_loss);
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"remat: transformer training with activation memory under exact control"};
   app.require_subcommand(1);
+  std::vector<std::string> train_args;
+  CLI::App* train_cmd = app.add_subcommand("train", "train the configured decoder: remat train [CONFIG.yml] [key=value ...]");
+  train_cmd->add_option("args", train_args, "an optional base config file, then key=value overrides");
   remat::cli::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
   demo_cmd->add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
@@ -17,6 +40,7 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--lr", demo.learning_rate, "learning rate")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   try {
+    if (train_cmd->parsed()) return train_command(train_args);
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
   } catch (const remat::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());

@@ -8,13 +8,23 @@
 
 #include "exec/array.h"
 
+#include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace remat::exec {
 
+// Time spent per op, accumulated over runs (scan bodies count their own ops; scan itself is not counted).
+struct Profile {
+  std::map<std::string, double> seconds;
+  std::map<std::string, int64_t> calls;
+  std::string table() const;  // ops by time, descending
+};
+
 struct Options {
   bool reference_kernels = false;  // use the naive reference twins (tests compare the two)
+  Profile* profile = nullptr;      // when set, every kernel call is timed into it
 };
 
 // Runs g on `args` (one per param, types must match). Errors name the node that failed.

@@ -2,6 +2,8 @@
 
 #include "exec/kernels/kernels.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 
@@ -50,6 +52,17 @@ void kernel_scan(const Node& n, std::span<const Array> in, std::span<Array> out,
   for (size_t k = 0; k < nh; ++k) out[k] = args[nc + k];
 }
 
+std::string Profile::table() const {
+  std::vector<std::pair<double, std::string>> rows;
+  double total = 0;
+  for (const auto& [op, s] : seconds) rows.emplace_back(s, op), total += s;
+  std::sort(rows.rbegin(), rows.rend());
+  std::string out = fmt::format("{:<22} {:>10} {:>7} {:>9}\n", "op", "seconds", "share", "calls");
+  for (const auto& [s, op] : rows)
+    out += fmt::format("{:<22} {:>10.3f} {:>6.1f}% {:>9}\n", op, s, 100 * s / total, calls.at(op));
+  return out;
+}
+
 std::vector<Array> run(const Graph& g, std::span<const Array> args, const Options& options) {
   CHECK(args.size() == g.params.size(), "graph @{} takes {} arguments, got {}", g.name, g.params.size(), args.size());
   std::vector<Array> values(g.types.size());
@@ -76,7 +89,15 @@ std::vector<Array> run(const Graph& g, std::span<const Array> args, const Option
       outs.push_back(allocates_own_outputs(n.op) ? Array::unallocated(t) : Array(t));
     }
     try {
-      kernel_for(n, ins, outs, options);
+      if (options.profile && n.op != Op::scan) {
+        auto t0 = std::chrono::steady_clock::now();
+        kernel_for(n, ins, outs, options);
+        std::string key(ir::op_name(n.op));
+        options.profile->seconds[key] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        options.profile->calls[key] += 1;
+      } else {
+        kernel_for(n, ins, outs, options);
+      }
     } catch (const Error& e) {
       CHECK(false, "{}: {}", ir::describe_node(g, i), e.what());
     }

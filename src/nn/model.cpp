@@ -31,23 +31,29 @@ Tensor rms_norm(Tensor x, Tensor scale, double eps) {
   Tensor ms = mean(square(x), {last});
   IntList keep(static_cast<size_t>(last));
   for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int64_t>(i);
-  Tensor inv = broadcast_in_dim(rsqrt(ms + eps), x.shape(), keep);
-  return x * inv * broadcast_in_dim(scale, x.shape(), {last});
+  Tensor normalized = x * broadcast_in_dim(rsqrt(ms + eps), x.shape(), keep);
+  return normalized * broadcast_in_dim(scale, x.shape(), {last});
 }
 
 LayerConsts layer_consts(Builder& b, const ModelConfig& c, int64_t seq) {
-  auto s = b.scope("decoder/rope");
-  const int64_t half = c.head_dim / 2;
-  // angle[p, i] = p * theta^(-2i/Dh) for i < Dh/2, repeated for the second half.
-  Tensor pos = convert(iota(b, DType::i32, {seq, half}, 0), kF32);
-  Tensor i = convert(iota(b, DType::i32, {seq, half}, 1), kF32);
-  Tensor inv_freq = exp(i * (-2.0 * std::log(c.rope_theta) / static_cast<double>(c.head_dim)));
-  Tensor angle = pos * inv_freq;
   LayerConsts k;
-  k.cos = concatenate(std::array{cos(angle), cos(angle)}, 1);
-  k.sin = concatenate(std::array{sin(angle), sin(angle)}, 1);
-  auto ms = b.scope("mask");
-  k.mask = compare(iota(b, DType::i32, {seq, seq}, 1), iota(b, DType::i32, {seq, seq}, 0), "le");  // key <= query
+  {
+    auto s = b.scope("decoder/rope");
+    const int64_t half = c.head_dim / 2;
+    // angle[p, i] = p * theta^(-2i/Dh) for i < Dh/2; the tables repeat it for the second half.
+    Tensor pos = convert(iota(b, DType::i32, {seq, half}, 0), kF32);
+    Tensor i = convert(iota(b, DType::i32, {seq, half}, 1), kF32);
+    Tensor inv_freq = exp(i * (-2.0 * std::log(c.rope_theta) / static_cast<double>(c.head_dim)));
+    Tensor angle = pos * inv_freq;
+    Tensor cosine = cos(angle);
+    Tensor sine = sin(angle);
+    k.cos = concatenate(std::array{cosine, cosine}, 1);
+    k.sin = concatenate(std::array{sine, sine}, 1);
+  }
+  auto s = b.scope("decoder/causal_mask");
+  Tensor query_pos = iota(b, DType::i32, {seq, seq}, 0);
+  Tensor key_pos = iota(b, DType::i32, {seq, seq}, 1);
+  k.mask = compare(key_pos, query_pos, "le");
   return k;
 }
 
@@ -58,7 +64,8 @@ Tensor rope(Tensor x, const LayerConsts& k) {
   Tensor x1 = slice(x, {0, 0, 0, 0}, {s[0], s[1], s[2], half});
   Tensor x2 = slice(x, {0, 0, 0, half}, {s[0], s[1], s[2], s[3]});
   Tensor rotated = concatenate(std::array{neg(x2), x1}, 3);
-  return x * broadcast_in_dim(k.cos, s, {1, 3}) + rotated * broadcast_in_dim(k.sin, s, {1, 3});
+  Tensor straight = x * broadcast_in_dim(k.cos, s, {1, 3});
+  return straight + rotated * broadcast_in_dim(k.sin, s, {1, 3});
 }
 
 // [B,T,KV,Dh] -> [B,T,H,Dh]: query head j reads kv head j / (H / KV).
@@ -96,8 +103,9 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     Tensor kk = repeat_kv(key, c.num_heads), vv = repeat_kv(v, c.num_heads);
     // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh)
     Tensor scores = dot_general(q, kk, DotDims{{3}, {3}, {0, 2}, {0, 2}}) * (1.0 / std::sqrt(double(c.head_dim)));
-    Tensor masked = select(broadcast_in_dim(k.mask, scores.shape(), {2, 3}), scores,
-                           full(b, scores.type(), -std::numeric_limits<double>::infinity()));
+    Tensor visible = broadcast_in_dim(k.mask, scores.shape(), {2, 3});
+    Tensor hidden = full(b, scores.type(), -std::numeric_limits<double>::infinity());
+    Tensor masked = select(visible, scores, hidden);
     Tensor probs = softmax(masked, 3);
     // ctx[b,h,s,:] = sum_t probs[b,h,s,t] v[b,t,h,:], then [B,T,H,Dh]
     Tensor ctx = dot_general(probs, vv, DotDims{{3}, {1}, {0, 1}, {0, 2}});
@@ -261,8 +269,10 @@ Tensor trace_loss(Builder& b, const ModelConfig& c, std::span<const Tensor> para
   auto s = b.scope("loss");
   // Mean cross-entropy in f32: -log_softmax(logits)[target], picked with a one-hot mask.
   Tensor logp = log_softmax(logits, 2);
-  Tensor hot = compare(iota(b, DType::i32, logits.shape(), 2), broadcast_in_dim(targets, logits.shape(), {0, 1}), "eq");
-  Tensor picked = reduce_sum(select(hot, logp, zeros_like(logp)), {2});
+  Tensor vocab = iota(b, DType::i32, logits.shape(), 2);
+  Tensor hot = compare(vocab, broadcast_in_dim(targets, logits.shape(), {0, 1}), "eq");
+  Tensor zero = zeros_like(logp);
+  Tensor picked = reduce_sum(select(hot, logp, zero), {2});
   return neg(mean(picked, {0, 1}));
 }
 

@@ -108,13 +108,16 @@ void kernel_compare(const ir::Node& n, std::span<const Array> in, std::span<Arra
 }
 
 void kernel_select(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
-  const uint8_t* p = in[0].data<uint8_t>();
-  const int64_t es = dtype_size(in[1].type().dtype), len = in[0].size();
-  const std::byte* a = in[1].bytes();
-  const std::byte* b = in[2].bytes();
-  std::byte* o = out[0].bytes();
-#pragma omp parallel for if (len >= kParallelMin)
-  for (int64_t i = 0; i < len; ++i) std::memcpy(o + i * es, (p[i] ? a : b) + i * es, static_cast<size_t>(es));
+  dispatch_bits(dtype_size(in[1].type().dtype), [&](auto bits) {
+    using U = decltype(bits);
+    const uint8_t* p = in[0].data<uint8_t>();
+    const U* a = in[1].data<U>();
+    const U* b = in[2].data<U>();
+    U* o = out[0].data<U>();
+    const int64_t len = in[0].size();
+#pragma omp parallel for simd if (len >= kParallelMin)
+    for (int64_t i = 0; i < len; ++i) o[i] = p[i] ? a[i] : b[i];
+  });
 }
 
 void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
@@ -126,7 +129,20 @@ void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std
     std::memcpy(y.bytes(), x.bytes(), static_cast<size_t>(x.type().bytes()));
     return;
   }
-  // Float -> int truncates toward zero, as lax does; float -> bf16/f16 rounds to nearest even.
+  auto typed = [&](auto from_t, auto to_t) {
+    using F = decltype(from_t);
+    using T = decltype(to_t);
+    const F* a = x.data<F>();
+    T* o = y.data<T>();
+#pragma omp parallel for simd if (len >= kParallelMin)
+    for (int64_t i = 0; i < len; ++i) o[i] = static_cast<T>(a[i]);
+  };
+  // The common pairs run as typed loops; the rest go through Array::get/set (bf16/f16 round to nearest even).
+  if (from == DType::i32 && to == DType::f32) return typed(int32_t{}, float{});
+  if (from == DType::pred && to == DType::f32) return typed(uint8_t{}, float{});
+  if (from == DType::f32 && to == DType::f64) return typed(float{}, double{});
+  if (from == DType::f64 && to == DType::f32) return typed(double{}, float{});
+  // Float -> int truncates toward zero, as lax does.
 #pragma omp parallel for if (len >= kParallelMin)
   for (int64_t i = 0; i < len; ++i) y.set(i, x.get(i));
 }

@@ -44,6 +44,18 @@ void dispatch_numeric(DType d, const ir::Node& n, F&& f) {
   dispatch_float(d, n, std::forward<F>(f));
 }
 
+// Calls f(U{}) with U the unsigned integer of `bytes` bytes: for kernels that only move bit patterns.
+template <class F>
+void dispatch_bits(int64_t bytes, F&& f) {
+  switch (bytes) {
+    case 1: return f(uint8_t{});
+    case 2: return f(uint16_t{});
+    case 4: return f(uint32_t{});
+    case 8: return f(uint64_t{});
+    default: ASSERT(false);
+  }
+}
+
 // Elementwise loops run on all threads once they are this long.
 inline constexpr int64_t kParallelMin = 1 << 14;
 

@@ -134,9 +134,14 @@ void kernel_full(const ir::Node& n, std::span<const Array>, std::span<Array> out
   Array& o = out[0];
   if (o.size() == 0) return;
   o.set(0, n.attrs.real("value"));
-  const int64_t es = dtype_size(o.type().dtype), len = o.size();
-#pragma omp parallel for if (len >= kParallelMin)
-  for (int64_t i = 1; i < len; ++i) std::memcpy(o.bytes() + i * es, o.bytes(), static_cast<size_t>(es));
+  dispatch_bits(dtype_size(o.type().dtype), [&](auto bits) {
+    using U = decltype(bits);
+    U* d = o.data<U>();
+    const U v = d[0];
+    const int64_t len = o.size();
+#pragma omp parallel for simd if (len >= kParallelMin)
+    for (int64_t i = 1; i < len; ++i) d[i] = v;
+  });
 }
 
 }  // namespace remat::exec

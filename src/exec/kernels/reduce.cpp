@@ -13,6 +13,7 @@ struct Plan {
   ir::IntList kept_strides, red_strides;  // input strides of kept and reduced dims
   int64_t outputs = 1, window = 1;
   bool contiguous = false;  // the reduced dims are the trailing ones: each window is one run of memory
+  bool leading = false;     // the reduced dims are the leading ones: the kept dims are one run of memory
 };
 
 Plan plan_reduction(const ir::Shape& shape, const ir::IntList& axes) {
@@ -26,6 +27,9 @@ Plan plan_reduction(const ir::Shape& shape, const ir::IntList& axes) {
   p.outputs = ir::num_elements(p.kept_shape);
   p.window = ir::num_elements(p.red_shape);
   p.contiguous = p.red_shape.empty() || (p.red_strides.back() == 1 && p.red_strides.front() * p.red_shape.front() == p.window);
+  p.leading = !p.red_shape.empty() && !p.kept_shape.empty() && p.kept_strides.back() == 1 &&
+              p.kept_strides.front() * p.kept_shape.front() == p.outputs && p.red_strides.back() == p.outputs &&
+              p.red_strides.front() * p.red_shape.front() == p.outputs * p.window;
   return p;
 }
 
@@ -42,6 +46,16 @@ template <class T, class Acc, class Combine>
 void reduce_loop(const Array& x, Array& y, const Plan& p, Acc init, Combine combine) {
   const T* a = x.data<T>();
   T* o = y.data<T>();
+  if (p.leading) {  // x viewed as [window, outputs]: accumulate whole rows, vectorised over outputs
+    std::vector<Acc> acc(static_cast<size_t>(p.outputs), init);
+    for (int64_t r = 0; r < p.window; ++r) {
+      const T* row = a + r * p.outputs;
+#pragma omp parallel for simd if (p.outputs >= kParallelMin)
+      for (int64_t i = 0; i < p.outputs; ++i) acc[static_cast<size_t>(i)] = combine(acc[static_cast<size_t>(i)], static_cast<Acc>(row[i]));
+    }
+    for (int64_t i = 0; i < p.outputs; ++i) o[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+    return;
+  }
 #pragma omp parallel for if (p.outputs * p.window >= kParallelMin)
   for (int64_t i = 0; i < p.outputs; ++i) {
     const T* base = a + unravel(i, p.kept_shape, p.kept_strides);

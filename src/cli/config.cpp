@@ -1,0 +1,199 @@
+#include "cli/config.h"
+
+#include "base/check.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <unistd.h>
+
+namespace remat::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Key {
+  std::string name;
+  std::string kind;  // "an integer", "a number", "true or false", "a string"
+  std::function<void(Config&, const std::string& value, const std::string& where)> set;
+};
+
+template <class T>
+T parse_value(const std::string& key, const std::string& raw, const std::string& where, const char* kind) {
+  T v{};
+  if constexpr (std::is_same_v<T, std::string>) {
+    return raw;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (raw == "true" || raw == "True") return true;
+    if (raw == "false" || raw == "False") return false;
+  } else {
+    auto [p, ec] = std::from_chars(raw.data(), raw.data() + raw.size(), v);
+    if (ec == std::errc() && p == raw.data() + raw.size()) return v;
+  }
+  CHECK(false, "config key '{}' expects {}, got '{}' ({})", key, kind, raw, where);
+  return v;
+}
+
+template <class T>
+Key bind(std::string name, std::function<T&(Config&)> field) {
+  const char* kind = std::is_same_v<T, bool>          ? "true or false"
+                     : std::is_same_v<T, std::string> ? "a string"
+                     : std::is_floating_point_v<T>    ? "a number"
+                                                      : "an integer";
+  return Key{name, kind, [name, field, kind](Config& c, const std::string& raw, const std::string& where) {
+               field(c) = parse_value<T>(name, raw, where, kind);
+             }};
+}
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = {
+      bind<std::string>("model", [](Config& c) -> std::string& { return c.model; }),
+      bind<int64_t>("vocab_size", [](Config& c) -> int64_t& { return c.run.model.vocab_size; }),
+      bind<int64_t>("base_emb_dim", [](Config& c) -> int64_t& { return c.run.model.emb_dim; }),
+      bind<int64_t>("base_num_decoder_layers", [](Config& c) -> int64_t& { return c.run.model.num_decoder_layers; }),
+      bind<int64_t>("base_num_query_heads", [](Config& c) -> int64_t& { return c.run.model.num_heads; }),
+      bind<int64_t>("base_num_kv_heads", [](Config& c) -> int64_t& { return c.run.model.num_kv_heads; }),
+      bind<int64_t>("head_dim", [](Config& c) -> int64_t& { return c.run.model.head_dim; }),
+      bind<int64_t>("base_mlp_dim", [](Config& c) -> int64_t& { return c.run.model.mlp_dim; }),
+      bind<double>("rope_max_timescale", [](Config& c) -> double& { return c.run.model.rope_theta; }),
+      bind<double>("normalization_layer_epsilon", [](Config& c) -> double& { return c.run.model.rms_eps; }),
+      bind<bool>("logits_via_embedding", [](Config& c) -> bool& { return c.run.model.logits_via_embedding; }),
+      bind<bool>("scan_layers", [](Config& c) -> bool& { return c.run.model.scan_layers; }),
+      bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }),
+      bind<int64_t>("max_target_length", [](Config& c) -> int64_t& { return c.run.shape.seq; }),
+      bind<int64_t>("gradient_accumulation_steps", [](Config& c) -> int64_t& { return c.run.shape.accumulation; }),
+      bind<int64_t>("steps", [](Config& c) -> int64_t& { return c.run.steps; }),
+      bind<double>("learning_rate", [](Config& c) -> double& { return c.run.optimizer.learning_rate; }),
+      bind<int64_t>("warmup_steps", [](Config& c) -> int64_t& { return c.run.optimizer.warmup_steps; }),
+      bind<double>("cosine_learning_rate_final_fraction",
+                   [](Config& c) -> double& { return c.run.optimizer.final_lr_fraction; }),
+      bind<double>("adam_b1", [](Config& c) -> double& { return c.run.optimizer.b1; }),
+      bind<double>("adam_b2", [](Config& c) -> double& { return c.run.optimizer.b2; }),
+      bind<double>("adam_eps", [](Config& c) -> double& { return c.run.optimizer.eps; }),
+      bind<double>("adam_weight_decay", [](Config& c) -> double& { return c.run.optimizer.weight_decay; }),
+      bind<double>("gradient_clipping_threshold", [](Config& c) -> double& { return c.run.optimizer.clip_norm; }),
+      bind<std::string>("dataset_path", [](Config& c) -> std::string& { return c.run.dataset_path; }),
+      bind<double>("validation_fraction", [](Config& c) -> double& { return c.run.validation_fraction; }),
+      bind<uint64_t>("init_weights_seed", [](Config& c) -> uint64_t& { return c.run.init_seed; }),
+      bind<uint64_t>("data_shuffle_seed", [](Config& c) -> uint64_t& { return c.run.data_seed; }),
+      bind<int64_t>("eval_interval", [](Config& c) -> int64_t& { return c.run.eval_interval; }),
+      bind<int64_t>("eval_steps", [](Config& c) -> int64_t& { return c.run.eval_steps; }),
+      bind<int64_t>("log_period", [](Config& c) -> int64_t& { return c.run.log_period; }),
+      bind<std::string>("run_name", [](Config& c) -> std::string& { return c.run_name; }),
+      bind<std::string>("base_output_directory", [](Config& c) -> std::string& { return c.base_output_directory; }),
+      bind<std::string>("sample_prompt", [](Config& c) -> std::string& { return c.run.sample_prompt; }),
+      bind<int64_t>("sample_length", [](Config& c) -> int64_t& { return c.run.sample_length; }),
+      bind<double>("sample_temperature", [](Config& c) -> double& { return c.run.sample_temperature; }),
+  };
+  return k;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t prev = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t cur = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, prev + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      prev = cur;
+    }
+  }
+  return row[b.size()];
+}
+
+const Key& find_key(const std::string& name, const std::string& where) {
+  const Key* best = nullptr;
+  size_t best_d = SIZE_MAX;
+  for (const Key& k : keys()) {
+    if (k.name == name) return k;
+    size_t d = edit_distance(k.name, name);
+    if (d < best_d) best_d = d, best = &k;
+  }
+  std::string hint = best && best_d <= 3 ? fmt::format(" Did you mean '{}'?", best->name) : "";
+  CHECK(false, "unknown config key '{}' ({}).{} Known keys: {}", name, where, hint, fmt::join(config_keys(), ", "));
+  __builtin_unreachable();
+}
+
+// key -> raw scalar text of a flat YAML mapping.
+std::vector<std::pair<std::string, std::string>> read_yaml(const std::string& path) {
+  CHECK(fs::is_regular_file(path), "cannot read config file '{}': no such file", path);
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    CHECK(false, "config file '{}' is not valid YAML: {}", path, e.what());
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  if (root.IsNull()) return out;
+  CHECK(root.IsMap(), "config file '{}' must be a mapping of key: value lines", path);
+  for (const auto& kv : root) {
+    std::string key = kv.first.as<std::string>();
+    CHECK(kv.second.IsScalar() || kv.second.IsNull(), "config key '{}' in '{}' must be a single value (line {})", key,
+          path, kv.second.Mark().line + 1);
+    out.emplace_back(key, kv.second.IsNull() ? "" : kv.second.as<std::string>());
+  }
+  return out;
+}
+
+std::pair<std::string, std::string> split_override(const std::string& arg) {
+  size_t eq = arg.find('=');
+  CHECK(eq != std::string::npos && eq > 0, "argument '{}' is not key=value (e.g. steps=100)", arg);
+  return {arg.substr(0, eq), arg.substr(eq + 1)};
+}
+
+std::vector<std::string> presets(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".yml") names.push_back(e.path().stem().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> names;
+  for (const Key& k : keys()) names.push_back(k.name);
+  return names;
+}
+
+std::string default_base_config() {
+  if (fs::is_regular_file("configs/base.yml")) return "configs/base.yml";
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  fs::path beside = exe.parent_path().parent_path() / "configs" / "base.yml";
+  return !ec && fs::is_regular_file(beside) ? beside.string() : "configs/base.yml";
+}
+
+Config load_config(const std::string& base_path, const std::vector<std::string>& overrides) {
+  const std::string base = base_path.empty() ? default_base_config() : base_path;
+  Config c;
+  for (const auto& [k, v] : read_yaml(base)) find_key(k, base).set(c, v, fmt::format("in {}", base));
+  std::vector<std::pair<std::string, std::string>> cli;
+  for (const std::string& arg : overrides) {
+    cli.push_back(split_override(arg));
+    const auto& [k, v] = cli.back();
+    if (k == "model") find_key(k, "").set(c, v, fmt::format("argument '{}'", arg));
+  }
+  fs::path preset_dir = fs::path(base).parent_path() / "models";
+  fs::path preset = preset_dir / (c.model + ".yml");
+  CHECK(fs::is_regular_file(preset), "config key 'model' has no preset '{}' (looked for {}); available: {}", c.model,
+        preset.string(), fmt::join(presets(preset_dir), ", "));
+  for (const auto& [k, v] : read_yaml(preset.string())) find_key(k, preset.string()).set(c, v, fmt::format("in {}", preset.string()));
+  for (size_t i = 0; i < cli.size(); ++i) {
+    const auto& [k, v] = cli[i];
+    find_key(k, fmt::format("argument '{}'", overrides[i])).set(c, v, fmt::format("argument '{}'", overrides[i]));
+  }
+  nn::validate(c.run.model);
+  c.run.optimizer.schedule_steps = c.run.steps;
+  c.run.run_dir = (fs::path(c.base_output_directory) / (c.run_name.empty() ? c.model : c.run_name)).string();
+  return c;
+}
+
+}  // namespace remat::cli

@@ -1,0 +1,32 @@
+// Configuration in MaxText's convention (DESIGN §10): a YAML base config that documents every key,
+// a model preset (configs/models/<model>.yml) applied over it, then key=value overrides.
+//   remat train configs/base.yml model=tiny steps=200 scan_layers=false
+// Unknown keys, values of the wrong type and unknown presets are errors that name the key, where it
+// came from, and what is allowed.
+#pragma once
+
+#include "train/trainer.h"
+
+#include <string>
+#include <vector>
+
+namespace remat::cli {
+
+struct Config {
+  train::RunConfig run;
+  std::string model = "tiny";                 // preset name (configs/models/<model>.yml)
+  std::string run_name;                       // "" = the model name
+  std::string base_output_directory = "runs"; // runs go to <base_output_directory>/<run_name>
+};
+
+// Every key the config accepts, in documentation order.
+std::vector<std::string> config_keys();
+
+// Loads `base_path` (or the default base config when empty), the model preset, then `overrides`
+// ("key=value" strings). Fills run.run_dir.
+Config load_config(const std::string& base_path, const std::vector<std::string>& overrides);
+
+// The default base config: configs/base.yml under the working directory, else beside the executable.
+std::string default_base_config();
+
+}  // namespace remat::cli

@@ -1,0 +1,39 @@
+// Training data: byte-level tokens (vocab 256) from a text file or a directory of text files, split
+// deterministically into train and validation (each file gives its first 90% to train, the rest to
+// validation), and batches of random windows drawn from a seeded generator.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace remat::train {
+
+// The default corpus: the plain-text licenses every Debian system carries.
+inline constexpr const char* kDefaultCorpus = "/usr/share/common-licenses";
+
+struct Dataset {
+  std::string description;          // what was loaded, for the log
+  std::vector<uint8_t> train, validation;
+};
+
+// Loads `path` (a file, or every regular file under a directory in name order; symbolic links are
+// skipped so aliases are not read twice). An empty path means the default corpus, or, when that is
+// absent, a synthetic sequence-reversal task (said in the description). Errors name the path and the key.
+Dataset load_dataset(const std::string& path, double validation_fraction);
+
+// Random windows of seq+1 bytes: inputs are the first seq, targets the last seq.
+class Batcher {
+ public:
+  Batcher(const std::vector<uint8_t>& data, int64_t seq, uint64_t seed, const char* split);
+  // Fills `count` sequences into inputs/targets (count * seq int32 each).
+  void next(int64_t count, int32_t* inputs, int32_t* targets);
+
+ private:
+  const std::vector<uint8_t>& data_;
+  int64_t seq_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace remat::train

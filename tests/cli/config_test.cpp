@@ -1,0 +1,102 @@
+// Config loading: presets, overrides, and the errors users see for bad input.
+#include "cli/config.h"
+
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace remat::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string base() { return std::string(REMAT_TEST_DATA) + "/../configs/base.yml"; }
+
+std::string error_of(const std::string& base_path, const std::vector<std::string>& overrides) {
+  try {
+    load_config(base_path, overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_contains(const std::string& text, const std::string& needle) {
+  EXPECT_NE(text.find(needle), std::string::npos) << "message: " << text << "\nexpected to contain: " << needle;
+}
+
+TEST(Config, PresetThenOverrides) {
+  Config c = load_config(base(), {"model=llama2-7b", "steps=7", "scan_layers=false", "learning_rate=1e-4"});
+  EXPECT_EQ(c.model, "llama2-7b");
+  EXPECT_EQ(c.run.model.emb_dim, 4096);
+  EXPECT_EQ(c.run.model.vocab_size, 32000);
+  EXPECT_EQ(c.run.steps, 7);
+  EXPECT_FALSE(c.run.model.scan_layers);
+  EXPECT_DOUBLE_EQ(c.run.optimizer.learning_rate, 1e-4);
+  EXPECT_EQ(c.run.run_dir, (fs::path("runs") / "llama2-7b").string());
+}
+
+TEST(Config, PresetParameterCounts) {
+  // Llama 2 7B is 6.74B parameters, Llama 3 8B 8.03B, Llama 2 70B 68.98B (untied output projections).
+  EXPECT_NEAR(nn::param_count(load_config(base(), {"model=llama2-7b"}).run.model) / 1e9, 6.74, 0.01);
+  EXPECT_NEAR(nn::param_count(load_config(base(), {"model=llama3-8b"}).run.model) / 1e9, 8.03, 0.01);
+  EXPECT_NEAR(nn::param_count(load_config(base(), {"model=llama2-70b"}).run.model) / 1e9, 68.98, 0.01);
+}
+
+TEST(Config, UnknownKeyNamesItAndSuggests) {
+  std::string e = error_of(base(), {"step=10"});
+  expect_contains(e, "unknown config key 'step' (argument 'step=10')");
+  expect_contains(e, "Did you mean 'steps'?");
+}
+
+TEST(Config, BadTypeNamesKeyValueAndSource) {
+  expect_contains(error_of(base(), {"steps=ten"}), "config key 'steps' expects an integer, got 'ten' (argument 'steps=ten')");
+  expect_contains(error_of(base(), {"scan_layers=maybe"}), "config key 'scan_layers' expects true or false, got 'maybe'");
+  expect_contains(error_of(base(), {"learning_rate=fast"}), "config key 'learning_rate' expects a number, got 'fast'");
+}
+
+TEST(Config, BadEnumValueListsPresets) {
+  std::string e = error_of(base(), {"model=gpt5"});
+  expect_contains(e, "config key 'model' has no preset 'gpt5'");
+  expect_contains(e, "available: llama2-70b, llama2-7b, llama3-8b, tiny");
+}
+
+TEST(Config, BadValueCombinationNamesTheKeys) {
+  expect_contains(error_of(base(), {"base_num_kv_heads=3"}),
+                  "config key 'base_num_kv_heads' (3) must divide 'base_num_query_heads' (4)");
+  expect_contains(error_of(base(), {"head_dim=7"}), "config key 'head_dim' must be even");
+}
+
+TEST(Config, MissingFileAndMalformedArgument) {
+  expect_contains(error_of("no/such/base.yml", {}), "cannot read config file 'no/such/base.yml': no such file");
+  expect_contains(error_of(base(), {"steps"}), "argument 'steps' is not key=value");
+}
+
+TEST(Config, UnknownKeyInAFileNamesTheFile) {
+  fs::path dir = fs::temp_directory_path() / "remat_config_test";
+  fs::create_directories(dir / "models");
+  std::ofstream(dir / "base.yml") << "model: tiny\nlearning_rat: 0.1\n";
+  std::ofstream(dir / "models" / "tiny.yml") << "base_emb_dim: 64\n";
+  expect_contains(error_of((dir / "base.yml").string(), {}),
+                  "unknown config key 'learning_rat' (" + (dir / "base.yml").string() + ")");
+  fs::remove_all(dir);
+}
+
+TEST(Config, BaseYmlDocumentsExactlyTheKnownKeys) {
+  YAML::Node root = YAML::LoadFile(base());
+  std::vector<std::string> in_file;
+  for (const auto& kv : root) in_file.push_back(kv.first.as<std::string>());
+  EXPECT_EQ(in_file, config_keys()) << "configs/base.yml must list every key, in the schema's order";
+  std::ifstream in(base());
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != '#' && line[0] != ' ') {
+      EXPECT_NE(line.find(" # "), std::string::npos) << "undocumented key line in base.yml: " << line;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace remat::cli

@@ -1,0 +1,153 @@
+// The decoder and the training step against PyTorch (tests/ref/llama_ref.py, float64 reference):
+// logits, loss, every gradient, and the loss after each of 5 AdamW updates with clipping and the
+// warmup + cosine schedule. Tolerances: |ours - ref| <= rtol * |ref| + atol, with
+//   logits, loss: rtol 1e-5, atol 1e-6;   gradients: rtol 1e-4, atol 1e-6 * max|ref| of that tensor;
+//   post-AdamW losses, learning rates and gradient norms: rtol 1e-5.
+#include "support/filecheck.h"
+#include "train/step.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+
+namespace remat {
+namespace {
+
+struct Reference {
+  nlohmann::json config;
+  std::map<std::string, exec::Array> tensors;
+};
+
+Reference load() {
+  std::string bytes = testing_support::read_file(std::string(REMAT_TEST_DATA) + "/ref/llama_tiny.bin");
+  Reference r;
+  EXPECT_EQ(bytes.substr(0, 8), "RMTREF01");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data() + 8, 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(16, n));
+  r.config = header["config"];
+  const char* data = bytes.data() + 16 + n;
+  for (const auto& t : header["tensors"]) {
+    ir::Shape shape = t["shape"].get<ir::Shape>();
+    exec::Array a(ir::Type{t["dtype"] == "i32" ? DType::i32 : DType::f32, shape});
+    std::memcpy(a.bytes(), data + t["offset"].get<size_t>(), static_cast<size_t>(a.type().bytes()));
+    r.tensors.emplace(t["name"].get<std::string>(), a);
+  }
+  return r;
+}
+
+nn::ModelConfig model_of(const nlohmann::json& c, bool scan) {
+  nn::ModelConfig m;
+  m.vocab_size = c["vocab_size"];
+  m.emb_dim = c["emb_dim"];
+  m.num_decoder_layers = c["num_decoder_layers"];
+  m.num_heads = c["num_heads"];
+  m.num_kv_heads = c["num_kv_heads"];
+  m.head_dim = c["head_dim"];
+  m.mlp_dim = c["mlp_dim"];
+  m.rope_theta = c["rope_theta"];
+  m.rms_eps = c["rms_eps"];
+  m.scan_layers = scan;
+  return m;
+}
+
+void expect_close(const exec::Array& ours, const exec::Array& ref, double rtol, double atol, const std::string& what) {
+  ASSERT_EQ(ours.size(), ref.size()) << what;
+  int bad = 0;
+  for (int64_t i = 0; i < ref.size() && bad < 5; ++i) {
+    double a = ours.get(i), b = ref.get(i);
+    if (std::abs(a - b) > rtol * std::abs(b) + atol) {
+      ADD_FAILURE() << what << "[" << i << "]: ours " << a << " vs reference " << b;
+      ++bad;
+    }
+  }
+}
+
+double max_abs(const exec::Array& a) {
+  double m = 0;
+  for (int64_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a.get(i)));
+  return m;
+}
+
+class Reference_ : public testing::TestWithParam<bool> {};
+
+TEST_P(Reference_, LogitsLossAndGradientsMatchPyTorch) {
+  Reference r = load();
+  nn::ModelConfig m = model_of(r.config, GetParam());
+  std::vector<exec::Array> args;
+  for (const nn::ParamSpec& p : nn::param_specs(m)) args.push_back(r.tensors.at("params/" + p.path));
+  const exec::Array& inputs = r.tensors.at("inputs");
+  const exec::Array& targets = r.tensors.at("targets");
+  const int64_t B = inputs.type().shape[0], T = inputs.type().shape[1];
+
+  std::vector<exec::Array> fwd_args = args;
+  fwd_args.push_back(inputs);
+  fwd_args.push_back(targets);
+  std::vector<exec::Array> fwd = exec::run(nn::loss_graph(m, B, T, true), fwd_args);
+  expect_close(fwd[0], r.tensors.at("loss"), 1e-5, 1e-6, "loss");
+  expect_close(fwd[1], r.tensors.at("logits"), 1e-5, 1e-6, "logits");
+
+  std::vector<exec::Array> grad_args = args;
+  grad_args.push_back(inputs.view({DType::i32, {1, B, T}}));
+  grad_args.push_back(targets.view({DType::i32, {1, B, T}}));
+  std::vector<exec::Array> grads = exec::run(train::grads_graph(m, {B, T, 1}), grad_args);
+  std::vector<nn::ParamSpec> specs = nn::param_specs(m);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const exec::Array& ref = r.tensors.at("grads/" + specs[i].path);
+    expect_close(grads[1 + i], ref, 1e-4, 1e-6 * max_abs(ref), "grad " + specs[i].path);
+  }
+}
+
+TEST_P(Reference_, FiveAdamWStepsMatchPyTorch) {
+  Reference r = load();
+  const nlohmann::json& c = r.config;
+  nn::ModelConfig m = model_of(c, GetParam());
+  train::OptimizerConfig o;
+  o.learning_rate = c["learning_rate"];
+  o.warmup_steps = c["warmup_steps"];
+  o.schedule_steps = c["total_steps"];
+  o.final_lr_fraction = c["min_lr_ratio"];
+  o.b1 = c["adam_b1"];
+  o.b2 = c["adam_b2"];
+  o.eps = c["adam_eps"];
+  o.weight_decay = c["weight_decay"];
+  o.clip_norm = c["max_grad_norm"];
+  const exec::Array& inputs = r.tensors.at("inputs");
+  const int64_t B = inputs.type().shape[0], T = inputs.type().shape[1];
+  exec::Array in3 = inputs.view({DType::i32, {1, B, T}}), tg3 = r.tensors.at("targets").view({DType::i32, {1, B, T}});
+  ir::Graph step = train::step_graph(m, {B, T, 1}, o);
+  ir::Graph loss = nn::loss_graph(m, B, T);
+  std::vector<exec::Array> params, moments;
+  for (const nn::ParamSpec& p : nn::param_specs(m)) params.push_back(r.tensors.at("params/" + p.path));
+  const size_t np = params.size();
+  for (int rep = 0; rep < 2; ++rep)
+    for (const exec::Array& p : params) moments.push_back(exec::Array::zeros(p.type()));
+  for (int s = 0; s < 5; ++s) {
+    std::vector<exec::Array> args = params;
+    args.insert(args.end(), moments.begin(), moments.end());
+    args.push_back(exec::Array::from<int32_t>({}, {s}));
+    args.push_back(in3);
+    args.push_back(tg3);
+    std::vector<exec::Array> out = exec::run(step, args);
+    EXPECT_NEAR(out[1].get(0), r.tensors.at("grad_norms").get(s), 1e-5 * r.tensors.at("grad_norms").get(s)) << "step " << s;
+    EXPECT_NEAR(out[2].get(0), r.tensors.at("lrs").get(s), 1e-5 * r.tensors.at("lrs").get(s)) << "step " << s;
+    EXPECT_NEAR(train::learning_rate_at(o, s), r.tensors.at("lrs").get(s), 1e-7) << "step " << s;
+    for (size_t i = 0; i < np; ++i) {
+      params[i] = out[3 + i];
+      moments[i] = out[3 + np + i];
+      moments[np + i] = out[3 + 2 * np + i];
+    }
+    std::vector<exec::Array> largs = params;
+    largs.push_back(inputs);
+    largs.push_back(r.tensors.at("targets"));
+    double after = exec::run(loss, largs)[0].get(0), ref = r.tensors.at("losses_after_adamw").get(s);
+    EXPECT_NEAR(after, ref, 1e-5 * ref) << "loss after update " << s + 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(ScanLayers, Reference_, testing::Bool(),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "scanned" : "unrolled"; });
+
+}  // namespace
+}  // namespace remat
