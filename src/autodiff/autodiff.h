@@ -1,27 +1,59 @@
-// Reverse-mode automatic differentiation over the IR (DESIGN §3).
+// Reverse-mode automatic differentiation over the IR (DESIGN §3, §4).
 // grad() appends the backward pass to the same graph: for each node in reverse order its VJP rule emits
 // IR that maps output cotangents to input cotangents; cotangents of a value read twice are summed with
-// `add`. Backward nodes carry their forward node's scope. Differentiating a scan augments the forward scan
-// to also emit its per-iteration residuals (stacked [length, ...]) and adds a reverse scan over the body's
-// VJP. Only floating-point values carry cotangents.
+// `add`. Backward nodes carry their forward node's scope. Only floating-point values carry cotangents.
+//  - scan: the forward scan also emits its per-iteration residuals (stacked [length, ...]) and a reverse
+//    scan runs the body's VJP.
+//  - remat (jax.checkpoint): remat regions nested inside the region are inlined, so the outermost policy
+//    decides every residual ("outer policy wins", as in JAX). Each residual (a forward value the backward
+//    reads) is then saved (an extra output of the region), offloaded (copied to host inside the region,
+//    reloaded before the backward) or recomputed (its producer chain is cloned into the backward, marked
+//    `recomputed`, back to saved values and region inputs). Region inputs are always available; values
+//    that depend only on the differentiated parameters (and constants) are always recomputed. Because
+//    recompute clones the region's own forward, which saves everything its inner backward needs, no
+//    forward op runs more than twice per step.
 //
-//   ir::Graph step = autodiff::grad_graph(loss_graph, {0, 1});  // results: loss, d/dparam0, d/dparam1
+//   ir::Graph step = autodiff::grad_graph(loss_graph, {0, 1}, &decider);
 #pragma once
 
 #include "ir/ir.h"
 
 #include <span>
-#include <utility>
+#include <string>
 #include <vector>
 
 namespace remat::autodiff {
 
+enum class Residency { save, offload, recompute };
+
+// One residual of a remat region, as the policy sees it.
+struct ResidualQuery {
+  const std::string& policy;    // the region's policy attribute
+  const ir::Graph& graph;       // the graph holding `producer`
+  const ir::Node& producer;     // the op whose output is the residual (inside a scan body for stacked ones)
+  size_t output;                // which output of `producer`
+  bool parameter_derived;       // depends only on differentiated parameters and constants
+  int64_t trip_count;           // executions per step of the producer's enclosing region (scan lengths)
+  uint64_t region;              // the remat node's origin: identifies the region in reports
+};
+
+// Decides each residual's residency. The remat stage implements the policy vocabulary (remat/).
+class RematDecider {
+ public:
+  virtual ~RematDecider() = default;
+  virtual Residency decide(const ResidualQuery& q) = 0;
+  // A region input the backward reads: always available (saved by whoever produced it). For reports.
+  virtual void note_input(const std::string& policy, uint64_t region, const std::string& param_name,
+                          const ir::Type& type, bool parameter_derived, int64_t trip_count) = 0;
+};
+
 // Appends d(loss)/d(wrt[i]) for a scalar floating-point `loss`. A value that does not reach the loss gets
-// a zero gradient. Returns one value id per entry of `wrt`.
-std::vector<ir::ValueId> grad(ir::Graph& g, ir::ValueId loss, std::span<const ir::ValueId> wrt);
+// a zero gradient. Returns one value id per entry of `wrt`. A graph with remat regions needs a decider.
+std::vector<ir::ValueId> grad(ir::Graph& g, ir::ValueId loss, std::span<const ir::ValueId> wrt,
+                              RematDecider* decider = nullptr);
 
 // A new graph whose results are f's results followed by the gradient of f's first result (a scalar)
 // with respect to f's params at `wrt_params` (indices into f.params). Dead code is removed.
-ir::Graph grad_graph(const ir::Graph& f, std::span<const int> wrt_params);
+ir::Graph grad_graph(const ir::Graph& f, std::span<const int> wrt_params, RematDecider* decider = nullptr);
 
 }  // namespace remat::autodiff

@@ -9,8 +9,21 @@ namespace remat::autodiff {
 
 using namespace remat::ir;
 
+std::vector<bool> parameter_derived(const Graph& g, size_t num_forward, const std::vector<bool>& param_flags) {
+  std::vector<bool> d(g.types.size(), false);
+  for (size_t i = 0; i < g.params.size() && i < param_flags.size(); ++i)
+    d[static_cast<size_t>(g.params[i])] = param_flags[i];  // params past the flags (seeds) are not derived
+  for (size_t i = 0; i < num_forward; ++i) {
+    const Node& n = g.nodes[i];
+    bool all = true;  // a node without inputs (full, iota) is a constant
+    for (ValueId v : n.inputs) all = all && d[static_cast<size_t>(v)];
+    for (ValueId v : n.outputs) d[static_cast<size_t>(v)] = all;
+  }
+  return d;
+}
+
 std::vector<Cot> backprop(Builder& b, size_t num_forward, std::span<const std::pair<ValueId, ValueId>> seeds,
-                          std::span<const ValueId> wrt) {
+                          std::span<const ValueId> wrt, Context& ctx) {
   std::unordered_map<ValueId, Tensor> cot;
   auto accumulate = [&](ValueId v, Tensor t) {
     auto [it, fresh] = cot.emplace(v, t);
@@ -29,7 +42,7 @@ std::vector<Cot> backprop(Builder& b, size_t num_forward, std::span<const std::p
     }
     if (!any) continue;
     b.set_scope(n.scope);
-    std::vector<Cot> in_cots = vjp_rule(n.op)(b, i, n, out_cots);
+    std::vector<Cot> in_cots = vjp_rule(n.op)(b, i, n, out_cots, ctx);
     ASSERT(in_cots.size() == n.inputs.size());
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       if (!in_cots[k] || !is_float(b.graph().type(n.inputs[k]).dtype)) continue;
@@ -46,7 +59,7 @@ std::vector<Cot> backprop(Builder& b, size_t num_forward, std::span<const std::p
   return result;
 }
 
-std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt) {
+std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt, RematDecider* decider) {
   const Type& lt = g.type(loss);
   CHECK(lt.rank() == 0 && is_float(lt.dtype), "grad: the loss must be a floating-point scalar, got {}", type_str(lt));
   for (ValueId v : wrt)
@@ -56,13 +69,19 @@ std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt) 
   Builder b(g);
   Tensor one = full(b, lt, 1.0);
   std::pair<ValueId, ValueId> seed{loss, one.id};
-  std::vector<Cot> cots = backprop(b, num_forward, std::span(&seed, 1), wrt);
+  Context ctx{decider, {}, 1};
+  std::vector<bool> flags(g.params.size(), false);
+  for (ValueId v : wrt)
+    for (size_t i = 0; i < g.params.size(); ++i)
+      if (g.params[i] == v) flags[i] = true;
+  ctx.parameter_derived = parameter_derived(g, num_forward, flags);
+  std::vector<Cot> cots = backprop(b, num_forward, std::span(&seed, 1), wrt, ctx);
   std::vector<ValueId> out;
   for (size_t i = 0; i < wrt.size(); ++i) out.push_back(cots[i] ? cots[i]->id : zeros_like(b.wrap(wrt[i])).id);
   return out;
 }
 
-Graph grad_graph(const Graph& f, std::span<const int> wrt_params) {
+Graph grad_graph(const Graph& f, std::span<const int> wrt_params, RematDecider* decider) {
   CHECK(!f.results.empty(), "grad_graph: graph @{} has no results to differentiate", f.name);
   Graph g = f.clone();
   std::vector<ValueId> wrt;
@@ -71,7 +90,7 @@ Graph grad_graph(const Graph& f, std::span<const int> wrt_params) {
           p, f.name, f.params.size());
     wrt.push_back(g.params[static_cast<size_t>(p)]);
   }
-  std::vector<ValueId> grads = grad(g, g.results[0], wrt);
+  std::vector<ValueId> grads = grad(g, g.results[0], wrt, decider);
   g.results.insert(g.results.end(), grads.begin(), grads.end());
   dce(g);
   return g;

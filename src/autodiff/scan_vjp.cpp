@@ -16,7 +16,7 @@ namespace remat::autodiff {
 
 using namespace remat::ir;
 
-std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<const Cot> out_cots) {
+std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<const Cot> out_cots, Context& ctx) {
   const Graph& body = *n.body;
   const int64_t length = n.attrs.integer("length");
   const size_t nc = static_cast<size_t>(n.attrs.integer("num_consts"));
@@ -39,7 +39,10 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
   }
   for (size_t k = 0; k < nc; ++k)
     if (is_float(body.type(body.params[k]).dtype)) dc[k] = joint.add_param(fmt::format("dc{}", k), body.type(body.params[k]));
-  std::vector<Cot> cots = backprop(jb, num_forward, seeds, body.params);
+  std::vector<bool> flags;
+  for (size_t p = 0; p < np; ++p) flags.push_back(ctx.parameter_derived[static_cast<size_t>(n.inputs[p])]);
+  Context inner{ctx.decider, parameter_derived(joint, num_forward, flags), ctx.trip_count * length};
+  std::vector<Cot> cots = backprop(jb, num_forward, seeds, body.params, inner);
   auto cot_or_zero = [&](size_t p) { return cots[p] ? *cots[p] : zeros_like(jb.wrap(body.params[p])); };
   std::vector<ValueId> carry_out, ys_out;
   for (size_t k = 0; k < nc; ++k)

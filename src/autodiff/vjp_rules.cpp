@@ -57,7 +57,7 @@ Tensor dot_transpose(Tensor g, Tensor o, int64_t a_rank, const IntList& a_contra
   return perm == identity ? raw : transpose(raw, perm);
 }
 
-std::vector<Cot> vjp_dot_general(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_dot_general(Builder& b, size_t, const Node& n, Cots c, Context&) {
   const IntLists& ct = n.attrs.int_lists("contract");
   const IntLists& bt = n.attrs.int_lists("batch");
   Tensor x = in(b, n, 0), y = in(b, n, 1);
@@ -65,12 +65,12 @@ std::vector<Cot> vjp_dot_general(Builder& b, size_t, const Node& n, Cots c) {
           dot_transpose(*c[0], x, y.rank(), ct[1], ct[0], bt[1], bt[0], false)};
 }
 
-std::vector<Cot> vjp_add(Builder&, size_t, const Node&, Cots c) { return {c[0], c[0]}; }
-std::vector<Cot> vjp_sub(Builder&, size_t, const Node&, Cots c) { return {c[0], neg(*c[0])}; }
-std::vector<Cot> vjp_mul(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_add(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0], c[0]}; }
+std::vector<Cot> vjp_sub(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0], neg(*c[0])}; }
+std::vector<Cot> vjp_mul(Builder& b, size_t, const Node& n, Cots c, Context&) {
   return {*c[0] * in(b, n, 1), *c[0] * in(b, n, 0)};
 }
-std::vector<Cot> vjp_div(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_div(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor y = in(b, n, 1);
   Tensor gx = *c[0] / y;
   return {gx, neg(gx * out(b, n))};
@@ -86,10 +86,10 @@ std::vector<Cot> vjp_chooser(Builder& b, const Node& n, Cots c) {
   Tensor wy = select(y_eq, select(x_eq, half, one), zero);
   return {*c[0] * wx, *c[0] * wy};
 }
-std::vector<Cot> vjp_max(Builder& b, size_t, const Node& n, Cots c) { return vjp_chooser(b, n, c); }
-std::vector<Cot> vjp_min(Builder& b, size_t, const Node& n, Cots c) { return vjp_chooser(b, n, c); }
+std::vector<Cot> vjp_max(Builder& b, size_t, const Node& n, Cots c, Context&) { return vjp_chooser(b, n, c); }
+std::vector<Cot> vjp_min(Builder& b, size_t, const Node& n, Cots c, Context&) { return vjp_chooser(b, n, c); }
 
-std::vector<Cot> vjp_pow(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_pow(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor x = in(b, n, 0), y = in(b, n, 1), z = out(b, n);
   Tensor one = full(b, x.type(), 1.0);
   Tensor gx = *c[0] * y * pow(x, y - one);
@@ -98,33 +98,33 @@ std::vector<Cot> vjp_pow(Builder& b, size_t, const Node& n, Cots c) {
   return {gx, *c[0] * z * safe_log};
 }
 
-std::vector<Cot> vjp_neg(Builder&, size_t, const Node&, Cots c) { return {neg(*c[0])}; }
-std::vector<Cot> vjp_exp(Builder& b, size_t, const Node& n, Cots c) { return {*c[0] * out(b, n)}; }
-std::vector<Cot> vjp_log(Builder& b, size_t, const Node& n, Cots c) { return {*c[0] / in(b, n, 0)}; }
-std::vector<Cot> vjp_tanh(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_neg(Builder&, size_t, const Node&, Cots c, Context&) { return {neg(*c[0])}; }
+std::vector<Cot> vjp_exp(Builder& b, size_t, const Node& n, Cots c, Context&) { return {*c[0] * out(b, n)}; }
+std::vector<Cot> vjp_log(Builder& b, size_t, const Node& n, Cots c, Context&) { return {*c[0] / in(b, n, 0)}; }
+std::vector<Cot> vjp_tanh(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor z = out(b, n);
   return {*c[0] * (1.0 - z * z)};
 }
-std::vector<Cot> vjp_logistic(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_logistic(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor z = out(b, n);
   return {*c[0] * (z * (1.0 - z))};
 }
-std::vector<Cot> vjp_sqrt(Builder& b, size_t, const Node& n, Cots c) { return {(*c[0] * 0.5) / out(b, n)}; }
-std::vector<Cot> vjp_rsqrt(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_sqrt(Builder& b, size_t, const Node& n, Cots c, Context&) { return {(*c[0] * 0.5) / out(b, n)}; }
+std::vector<Cot> vjp_rsqrt(Builder& b, size_t, const Node& n, Cots c, Context&) {
   // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 * rsqrt(x) / x
   return {(*c[0] * -0.5) * (out(b, n) / in(b, n, 0))};
 }
 
-std::vector<Cot> vjp_sin(Builder& b, size_t, const Node& n, Cots c) { return {*c[0] * cos(in(b, n, 0))}; }
-std::vector<Cot> vjp_cos(Builder& b, size_t, const Node& n, Cots c) { return {neg(*c[0] * sin(in(b, n, 0)))}; }
+std::vector<Cot> vjp_sin(Builder& b, size_t, const Node& n, Cots c, Context&) { return {*c[0] * cos(in(b, n, 0))}; }
+std::vector<Cot> vjp_cos(Builder& b, size_t, const Node& n, Cots c, Context&) { return {neg(*c[0] * sin(in(b, n, 0)))}; }
 
-std::vector<Cot> vjp_compare(Builder&, size_t, const Node&, Cots) { return {std::nullopt, std::nullopt}; }
-std::vector<Cot> vjp_select(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_compare(Builder&, size_t, const Node&, Cots, Context&) { return {std::nullopt, std::nullopt}; }
+std::vector<Cot> vjp_select(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor p = in(b, n, 0), zero = zeros_like(*c[0]);
   return {std::nullopt, select(p, *c[0], zero), select(p, zero, *c[0])};
 }
 
-std::vector<Cot> vjp_broadcast_in_dim(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_broadcast_in_dim(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor x = in(b, n, 0);
   const IntList& dims = n.attrs.ints("dims");
   const Shape& shape = n.attrs.ints("shape");
@@ -138,11 +138,11 @@ std::vector<Cot> vjp_broadcast_in_dim(Builder& b, size_t, const Node& n, Cots c)
   return {reshape(r, x.shape())};
 }
 
-std::vector<Cot> vjp_reshape(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_reshape(Builder& b, size_t, const Node& n, Cots c, Context&) {
   return {reshape(*c[0], in(b, n, 0).shape())};
 }
 
-std::vector<Cot> vjp_transpose(Builder&, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_transpose(Builder&, size_t, const Node& n, Cots c, Context&) {
   const IntList& perm = n.attrs.ints("perm");
   IntList inverse(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
@@ -155,7 +155,7 @@ std::vector<Tensor> index_constants(Builder& b, const IntList& starts) {
   return out;
 }
 
-std::vector<Cot> vjp_slice(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_slice(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor x = in(b, n, 0);
   return {dynamic_update_slice(zeros_like(x), *c[0], index_constants(b, n.attrs.ints("start")))};
 }
@@ -166,13 +166,13 @@ std::vector<Tensor> start_indices(Builder& b, const Node& n, size_t first) {
   return s;
 }
 
-std::vector<Cot> vjp_dynamic_slice(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_dynamic_slice(Builder& b, size_t, const Node& n, Cots c, Context&) {
   std::vector<Cot> r(n.inputs.size());
   r[0] = dynamic_update_slice(zeros_like(in(b, n, 0)), *c[0], start_indices(b, n, 1));
   return r;
 }
 
-std::vector<Cot> vjp_dynamic_update_slice(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_dynamic_update_slice(Builder& b, size_t, const Node& n, Cots c, Context&) {
   std::vector<Cot> r(n.inputs.size());
   std::vector<Tensor> starts = start_indices(b, n, 2);
   Tensor u = in(b, n, 1);
@@ -181,7 +181,7 @@ std::vector<Cot> vjp_dynamic_update_slice(Builder& b, size_t, const Node& n, Cot
   return r;
 }
 
-std::vector<Cot> vjp_concatenate(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_concatenate(Builder& b, size_t, const Node& n, Cots c, Context&) {
   int64_t dim = n.attrs.integer("dim");
   std::vector<Cot> r;
   IntList start(static_cast<size_t>(c[0]->rank()), 0);
@@ -201,13 +201,13 @@ IntList kept_dims(int64_t rank, const IntList& axes) {
   return kept;
 }
 
-std::vector<Cot> vjp_reduce_sum(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_reduce_sum(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor x = in(b, n, 0);
   return {broadcast_in_dim(*c[0], x.shape(), kept_dims(x.rank(), n.attrs.ints("axes")))};
 }
 
 // lax's chooser rule: split the cotangent evenly among the locations that attain the maximum.
-std::vector<Cot> vjp_reduce_max(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_reduce_max(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor x = in(b, n, 0);
   const IntList& axes = n.attrs.ints("axes");
   IntList kept = kept_dims(x.rank(), axes);
@@ -216,26 +216,30 @@ std::vector<Cot> vjp_reduce_max(Builder& b, size_t, const Node& n, Cots c) {
   return {broadcast_in_dim(share, x.shape(), kept) * hits};
 }
 
-std::vector<Cot> vjp_convert_element_type(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_convert_element_type(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor x = in(b, n, 0);
   if (!is_float(x.dtype())) return {std::nullopt};
   return {convert(*c[0], x.dtype())};
 }
 
-std::vector<Cot> vjp_iota(Builder&, size_t, const Node&, Cots) { return {}; }
-std::vector<Cot> vjp_full(Builder&, size_t, const Node&, Cots) { return {}; }
+std::vector<Cot> vjp_iota(Builder&, size_t, const Node&, Cots, Context&) { return {}; }
+std::vector<Cot> vjp_full(Builder&, size_t, const Node&, Cots, Context&) { return {}; }
 
-std::vector<Cot> vjp_gather(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_gather(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor table = in(b, n, 0), idx = in(b, n, 1);
   return {scatter_add(zeros_like(table), idx, *c[0]), std::nullopt};
 }
 
-std::vector<Cot> vjp_scatter_add(Builder& b, size_t, const Node& n, Cots c) {
+std::vector<Cot> vjp_scatter_add(Builder& b, size_t, const Node& n, Cots c, Context&) {
   return {c[0], std::nullopt, gather(*c[0], in(b, n, 1))};
 }
 
+// Memory-space moves are identities for differentiation.
+std::vector<Cot> vjp_offload(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }
+std::vector<Cot> vjp_reload(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }
+
 // The cotangent is not named (as in JAX: only the primal carries the checkpoint name).
-std::vector<Cot> vjp_name(Builder&, size_t, const Node&, Cots c) { return {c[0]}; }
+std::vector<Cot> vjp_name(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }
 
 }  // namespace
 

@@ -19,6 +19,7 @@ namespace remat::exec {
 struct Profile {
   std::map<std::string, double> seconds;
   std::map<std::string, int64_t> calls;
+  std::map<uint64_t, int64_t> runs_by_origin;  // kernel calls per traced op (Node::origin), clones included
   std::string table() const;  // ops by time, descending
 };
 

@@ -26,7 +26,7 @@ void kernel_for(const Node& n, std::span<const Array> in, std::span<Array> out, 
 namespace {
 
 // Ops whose outputs are not fresh buffers: views of an operand, or (scan) set by the loop itself.
-bool allocates_own_outputs(Op op) { return op == Op::reshape || op == Op::name || op == Op::scan; }
+bool allocates_own_outputs(Op op) { return op == Op::reshape || op == Op::name || ir::has_body(op); }
 
 }  // namespace
 
@@ -50,6 +50,12 @@ void kernel_scan(const Node& n, std::span<const Array> in, std::span<Array> out,
     }
   }
   for (size_t k = 0; k < nh; ++k) out[k] = args[nc + k];
+}
+
+// A remat region runs its body once, like a call; its policy matters only to differentiation.
+void kernel_remat(const Node& n, std::span<const Array> in, std::span<Array> out, const Options& options) {
+  std::vector<Array> results = run(*n.body, in, options);
+  for (size_t k = 0; k < out.size(); ++k) out[k] = std::move(results[k]);
 }
 
 std::string Profile::table() const {
@@ -89,12 +95,13 @@ std::vector<Array> run(const Graph& g, std::span<const Array> args, const Option
       outs.push_back(allocates_own_outputs(n.op) ? Array::unallocated(t) : Array(t));
     }
     try {
-      if (options.profile && n.op != Op::scan) {
+      if (options.profile && !ir::has_body(n.op)) {
         auto t0 = std::chrono::steady_clock::now();
         kernel_for(n, ins, outs, options);
         std::string key(ir::op_name(n.op));
         options.profile->seconds[key] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         options.profile->calls[key] += 1;
+        options.profile->runs_by_origin[n.origin] += 1;
       } else {
         kernel_for(n, ins, outs, options);
       }

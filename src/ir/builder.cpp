@@ -43,6 +43,7 @@ std::vector<Tensor> Builder::emit(Op op, std::span<const Tensor> inputs, Attrs a
   n.attrs = std::move(attrs);
   n.scope = scope_;
   n.body = std::move(body);
+  n.origin = next_origin();
   g_->nodes.push_back(std::move(n));
   return outs;
 }
@@ -170,6 +171,17 @@ std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> con
       .set("num_carry", static_cast<int64_t>(carries.size()))
       .set("reverse", reverse);
   return b.emit(Op::scan, in, std::move(attrs), std::move(g));
+}
+
+std::vector<Tensor> checkpoint(Builder& b, std::span<const Tensor> inputs, const RematBody& body,
+                               const std::string& policy, const std::string& name) {
+  auto g = std::make_shared<Graph>();
+  g->name = name;
+  Builder bb(*g, b.current_scope());
+  std::vector<Tensor> params;
+  for (size_t i = 0; i < inputs.size(); ++i) params.push_back(bb.param(fmt::format("a{}", i), inputs[i].type()));
+  for (Tensor r : body(bb, params)) bb.result(r);
+  return b.emit(Op::remat, inputs, Attrs().set("policy", policy), std::move(g));
 }
 
 // ---- composites ----

@@ -113,6 +113,12 @@ std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> con
                          std::span<const Tensor> xs, const ScanBody& body, const std::string& name = "body",
                          bool reverse = false);
 
+// jax.checkpoint: traces `body(b, inputs)` into a remat region whose residuals `policy` decides when the
+// graph is differentiated (see remat/ for the policy language). Returns the body's results.
+using RematBody = std::function<std::vector<Tensor>(Builder& b, std::span<const Tensor> inputs)>;
+std::vector<Tensor> checkpoint(Builder& b, std::span<const Tensor> inputs, const RematBody& body,
+                               const std::string& policy, const std::string& name = "checkpointed");
+
 // ---- composites built from primitives ----
 Tensor operator+(Tensor a, Tensor b);
 Tensor operator-(Tensor a, Tensor b);

@@ -5,11 +5,13 @@
 namespace remat::ir {
 namespace {
 
-// Drops the unused ys of a scan node and the consts/xs its (cleaned) body no longer reads.
-void prune_scan(Node& n, const std::vector<bool>& live) {
+// Drops the outputs of a scan or remat node that nobody reads (a scan keeps its carries) and the
+// inputs its cleaned body no longer reads.
+void prune_region(Node& n, const std::vector<bool>& live) {
   Graph& body = *n.body;
-  size_t nc = static_cast<size_t>(n.attrs.integer("num_consts"));
-  size_t nh = static_cast<size_t>(n.attrs.integer("num_carry"));
+  const bool scan = n.op == Op::scan;
+  size_t nc = scan ? static_cast<size_t>(n.attrs.integer("num_consts")) : n.inputs.size();
+  size_t nh = scan ? static_cast<size_t>(n.attrs.integer("num_carry")) : 0;
   std::vector<ValueId> outputs, results;
   for (size_t k = 0; k < n.outputs.size(); ++k) {
     if (k < nh || live[static_cast<size_t>(n.outputs[k])]) {
@@ -39,7 +41,7 @@ void prune_scan(Node& n, const std::vector<bool>& live) {
   n.inputs = std::move(inputs);
   body.params = std::move(params);
   body.param_names = std::move(names);
-  n.attrs.set("num_consts", consts);
+  if (scan) n.attrs.set("num_consts", consts);
 }
 
 }  // namespace
@@ -53,7 +55,7 @@ void dce(Graph& g) {
     bool any = false;
     for (ValueId v : n.outputs) any = any || live[static_cast<size_t>(v)];
     if (!any) continue;
-    if (n.op == Op::scan) prune_scan(n, live);
+    if (has_body(n.op)) prune_region(n, live);
     for (ValueId v : n.inputs) live[static_cast<size_t>(v)] = true;
     kept.push_back(std::move(n));
   }

@@ -1,5 +1,5 @@
-// Dead code elimination: removes nodes none of whose outputs reach a result. Inside a scan it also drops
-// stacked outputs (ys) nobody reads, and consts/xs the body no longer reads, then cleans the body.
+// Dead code elimination: removes nodes none of whose outputs reach a result. For scan and remat nodes it
+// also drops outputs nobody reads (a scan keeps its carries) and inputs the cleaned body no longer reads.
 #pragma once
 
 #include "ir/graph.h"

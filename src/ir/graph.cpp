@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
+
 namespace remat::ir {
 
 int64_t num_elements(const Shape& s) {
@@ -57,6 +59,11 @@ Graph Graph::clone() const {
   for (Node& n : g.nodes)
     if (n.body) n.body = std::make_shared<Graph>(n.body->clone());
   return g;
+}
+
+uint64_t next_origin() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
 }
 
 std::string describe_node(const Graph& g, size_t node_index) {

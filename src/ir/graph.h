@@ -70,8 +70,13 @@ struct Node {
   std::vector<ValueId> outputs;
   Attrs attrs;
   std::string scope;               // module path, e.g. "decoder/layers/mlp/wi_0"
-  std::shared_ptr<Graph> body;     // scan body (closed graph); null for other ops
+  std::shared_ptr<Graph> body;     // scan or remat body (closed graph); null for other ops
+  bool recomputed = false;         // a clone that recomputes a forward value for the backward (prints op.remat)
+  uint64_t origin = 0;             // identity of the traced op this node is, or recomputes; not printed
 };
+
+// A fresh origin id for a newly traced node (unique in the process).
+uint64_t next_origin();
 
 struct Graph {
   std::string name = "main";

@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "ir/builder.h"
+#include "ir/cost.h"
 #include "ir/dce.h"
 #include "ir/graph.h"
 #include "ir/ops.h"

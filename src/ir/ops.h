@@ -2,7 +2,9 @@
 // Every stage keeps one function per row (shape rule in ir/, VJP in autodiff/, kernel in exec/), built
 // from this list, so a missing rule is a link error that names the op.
 // Primitive semantics follow jax.lax (see DESIGN §2); `full` makes a constant of a shape, `name` is the
-// identity that carries a checkpoint name, `scan` is lax.scan with a closed body graph.
+// identity that carries a checkpoint name, `scan` is lax.scan with a closed body graph, `remat` is
+// jax.checkpoint: a call of its body graph whose residuals its `policy` attribute decides (see remat/).
+// `offload` copies a value to host memory and `reload` brings it back; the remat pass inserts them.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +48,10 @@ namespace remat::ir {
   X(gather, 2)                    \
   X(scatter_add, 3)               \
   X(name, 1)                      \
-  X(scan, -1)
+  X(offload, 1)                   \
+  X(reload, 1)                    \
+  X(scan, -1)                     \
+  X(remat, -1)
 
 enum class Op : uint8_t {
 #define X(e, arity) e,
@@ -66,5 +71,7 @@ std::optional<Op> parse_op(std::string_view text);
 int op_arity(Op op);
 bool is_elementwise_unary(Op op);
 bool is_elementwise_binary(Op op);
+// Ops that own a body graph.
+inline bool has_body(Op op) { return op == Op::scan || op == Op::remat; }
 
 }  // namespace remat::ir

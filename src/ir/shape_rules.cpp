@@ -275,6 +275,23 @@ std::vector<Type> rule_name(const Ctx& c) {
   return same_as_input(c);
 }
 
+std::vector<Type> rule_offload(const Ctx& c) { return same_as_input(c); }
+std::vector<Type> rule_reload(const Ctx& c) { return same_as_input(c); }
+
+std::vector<Type> rule_remat(const Ctx& c) {
+  CHECK(c.body != nullptr, "{}: remat needs a body graph", c.where);
+  CHECK(!c.attrs.str("policy").empty(), "{}: remat needs a policy", c.where);
+  const Graph& body = *c.body;
+  CHECK(body.params.size() == c.in.size(), "{}: body @{} takes {} params but the remat passes {}", c.where, body.name,
+        body.params.size(), c.in.size());
+  for (size_t i = 0; i < c.in.size(); ++i)
+    CHECK(body.type(body.params[i]) == c.in[i], "{}: body param {} is {} but the remat passes {}", c.where, i,
+          type_str(body.type(body.params[i])), type_str(c.in[i]));
+  std::vector<Type> out;
+  for (ValueId r : body.results) out.push_back(body.type(r));
+  return out;
+}
+
 std::vector<Type> rule_scan(const Ctx& c) {
   CHECK(c.body != nullptr, "{}: scan needs a body graph", c.where);
   const Graph& body = *c.body;

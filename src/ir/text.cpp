@@ -70,7 +70,8 @@ void print_graph(const Graph& g, std::string& out, const std::string& indent) {
     }
     for (ValueId v : n.inputs) ins.push_back(name_of(v));
     for (const auto& [k, v] : n.attrs.items()) attrs.push_back(fmt::format("{}={}", k, attr_str(v)));
-    out += fmt::format("{}  {} = {}({})", indent, fmt::join(outs, ", "), op_name(n.op), fmt::join(ins, ", "));
+    out += fmt::format("{}  {} = {}{}({})", indent, fmt::join(outs, ", "), op_name(n.op), n.recomputed ? ".remat" : "",
+                       fmt::join(ins, ", "));
     if (!attrs.empty()) out += fmt::format(" {{{}}}", fmt::join(attrs, ", "));
     if (!n.scope.empty()) out += " scope=" + quote(n.scope);
     out += "\n";
@@ -231,9 +232,16 @@ class Parser {
     } while (accept(","));
     expect("=");
     const Token& op = next();
-    auto parsed = parse_op(op.text);
+    std::string_view op_text = op.text;
+    constexpr std::string_view kRematSuffix = ".remat";
+    if (op_text.ends_with(kRematSuffix)) {
+      n.recomputed = true;
+      op_text.remove_suffix(kRematSuffix.size());
+    }
+    auto parsed = parse_op(op_text);
     CHECK(op.kind == Token::kIdent && parsed, "{}:{}: unknown op '{}'", file_, op.line, op.text);
     n.op = *parsed;
+    n.origin = next_origin();
     expect("(");
     while (!accept(")")) {
       if (!n.inputs.empty()) expect(",");

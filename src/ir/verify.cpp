@@ -31,7 +31,8 @@ void verify(const Graph& g) {
             "{}: reads value id {} before it is defined (nodes must be in topological order)", where, v);
       in_types.push_back(g.type(v));
     }
-    CHECK((n.body != nullptr) == (n.op == Op::scan), "{}: only scan nodes carry a body graph", where);
+    CHECK((n.body != nullptr) == has_body(n.op), "{}: {}", where,
+          n.body ? "only scan and remat nodes carry a body graph" : "needs a body graph");
     if (n.body) {
       try {
         verify(*n.body);

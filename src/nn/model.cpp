@@ -159,20 +159,63 @@ Tensor layer_slice(Tensor stacked, int64_t l) {
   return reshape(slice(stacked, start, limit), per_layer);
 }
 
+// One layer, inside a remat region unless the policy is "none". Region inputs: x, 9 weights, 3 tables.
+Tensor checkpointed_layer(Builder& b, const ModelConfig& c, Tensor x, std::span<const Tensor> w, const LayerConsts& k) {
+  if (c.remat_policy == "none") return decoder_layer(b, c, x, layer_weights(w), k);
+  std::vector<Tensor> in{x};
+  in.insert(in.end(), w.begin(), w.end());
+  in.insert(in.end(), {k.cos, k.sin, k.mask});
+  auto body = [&](Builder& rb, std::span<const Tensor> a) {
+    LayerConsts kb{a[10], a[11], a[12]};
+    return std::vector<Tensor>{decoder_layer(rb, c, a[0], layer_weights(a.subspan(1, 9)), kb)};
+  };
+  return checkpoint(b, in, body, c.remat_policy, "decoder_layer")[0];
+}
+
+// A scan over stacked layers [n, ...]: carry x, consts the tables.
+Tensor scan_layers(Builder& b, const ModelConfig& c, Tensor x, std::span<const Tensor> stacked, const LayerConsts& k,
+                   const char* name) {
+  auto body = [&](Builder& bb, std::span<const Tensor> consts, std::span<const Tensor> carry,
+                  std::span<const Tensor> ws) {
+    LayerConsts kb{consts[0], consts[1], consts[2]};
+    return std::vector<Tensor>{checkpointed_layer(bb, c, carry[0], ws, kb)};
+  };
+  return scan(b, stacked[0].dim(0), std::array{k.cos, k.sin, k.mask}, std::array{x}, stacked, body, name)[0];
+}
+
+// The double scan: groups of layers_per_group layers; each group is a remat region around a layer scan.
+Tensor scan_groups(Builder& b, const ModelConfig& c, Tensor x, std::span<const Tensor> stacked, const LayerConsts& k) {
+  const int64_t per = c.layers_per_group, groups = c.num_decoder_layers / per;
+  std::vector<Tensor> grouped;
+  for (Tensor t : stacked) {
+    Shape s = t.shape();
+    s[0] = per;
+    s.insert(s.begin(), groups);
+    grouped.push_back(reshape(t, s));
+  }
+  auto body = [&](Builder& gb, std::span<const Tensor> consts, std::span<const Tensor> carry,
+                  std::span<const Tensor> ws) {
+    std::vector<Tensor> in{carry[0]};
+    in.insert(in.end(), ws.begin(), ws.end());
+    in.insert(in.end(), consts.begin(), consts.end());
+    auto group = [&](Builder& rb, std::span<const Tensor> a) {
+      LayerConsts kb{a[10], a[11], a[12]};
+      return std::vector<Tensor>{scan_layers(rb, c, a[0], a.subspan(1, 9), kb, "decoder_layer")};
+    };
+    if (c.remat_policy == "none") return group(gb, in);
+    return checkpoint(gb, in, group, c.remat_policy, "layer_group");
+  };
+  return scan(b, groups, std::array{k.cos, k.sin, k.mask}, std::array{x}, grouped, body, "layer_group")[0];
+}
+
 Tensor decoder_layers(Builder& b, const ModelConfig& c, Tensor x, std::span<const Tensor> stacked, const LayerConsts& k) {
   auto s = b.scope("decoder/layers");
-  if (c.scan_layers) {
-    auto body = [&](Builder& bb, std::span<const Tensor> consts, std::span<const Tensor> carry,
-                    std::span<const Tensor> ws) {
-      LayerConsts kb{consts[0], consts[1], consts[2]};
-      return std::vector<Tensor>{decoder_layer(bb, c, carry[0], layer_weights(ws), kb)};
-    };
-    return scan(b, c.num_decoder_layers, std::array{k.cos, k.sin, k.mask}, std::array{x}, stacked, body, "decoder_layer")[0];
-  }
+  if (c.scan_layers && c.layers_per_group > 0) return scan_groups(b, c, x, stacked, k);
+  if (c.scan_layers) return scan_layers(b, c, x, stacked, k, "decoder_layer");
   for (int64_t l = 0; l < c.num_decoder_layers; ++l) {
     std::vector<Tensor> w;
     for (Tensor t : stacked) w.push_back(layer_slice(t, l));
-    x = decoder_layer(b, c, x, layer_weights(w), k);
+    x = checkpointed_layer(b, c, x, w, k);
   }
   return x;
 }
@@ -214,6 +257,11 @@ void validate(const ModelConfig& c) {
   CHECK(c.head_dim % 2 == 0, "config key 'head_dim' must be even for rotary embeddings, got {}", c.head_dim);
   CHECK(c.rope_theta > 1, "config key 'rope_max_timescale' must be > 1, got {}", c.rope_theta);
   CHECK(c.rms_eps > 0, "config key 'normalization_layer_epsilon' must be > 0, got {}", c.rms_eps);
+  CHECK(c.layers_per_group >= 0 && (c.layers_per_group == 0 || c.num_decoder_layers % c.layers_per_group == 0),
+        "config key 'layers_per_group' ({}) must divide 'base_num_decoder_layers' ({})", c.layers_per_group,
+        c.num_decoder_layers);
+  CHECK(c.layers_per_group == 0 || c.scan_layers,
+        "config key 'layers_per_group' ({}) needs scan_layers=true: groups are a scan of scans", c.layers_per_group);
 }
 
 std::vector<ParamSpec> param_specs(const ModelConfig& c) {

@@ -4,6 +4,8 @@
 //   -> RMSNorm -> output projection (untied, or tied to the embedding) -> softmax cross-entropy in f32.
 // No biases. Layer parameters are stacked [L, ...]; with scan_layers the layers run under one scan over
 // them, otherwise unrolled over slices of the same stacked parameters: the same arithmetic either way.
+// Each layer is a remat region (jax.checkpoint) with remat_policy; with layers_per_group the scan runs
+// over groups, each group a remat region holding a scan over its layers (remat on both levels).
 //
 //   nn::ModelConfig c = ...;
 //   ir::Graph g = nn::loss_graph(c, /*batch=*/8, /*seq=*/128);   // (params..., inputs, targets) -> loss
@@ -30,6 +32,8 @@ struct ModelConfig {
   double rms_eps = 1e-6;             // RMSNorm epsilon
   bool logits_via_embedding = false; // tie the output projection to the embedding
   bool scan_layers = true;           // run the layers under a scan (else unrolled)
+  int64_t layers_per_group = 0;      // > 0: a scan over groups of this many layers, each a scan (double scan)
+  std::string remat_policy = "full"; // remat policy of each layer (and group); "none": no remat region
 };
 
 // Checks the shapes fit together; errors name the config key.

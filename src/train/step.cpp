@@ -17,24 +17,24 @@ struct LossAndGrads {
 };
 
 LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params, Tensor inputs,
-                              Tensor targets) {
+                              Tensor targets, remat::Decider& decider) {
   Tensor loss = nn::trace_loss(b, model, params, inputs, targets);
   std::vector<ValueId> wrt;
   for (Tensor p : params) wrt.push_back(p.id);
   LossAndGrads r{loss, {}};
-  for (ValueId g : autodiff::grad(b.graph(), loss.id, wrt)) r.grads.push_back(b.wrap(g));
+  for (ValueId g : autodiff::grad(b.graph(), loss.id, wrt, &decider)) r.grads.push_back(b.wrap(g));
   return r;
 }
 
 // Mean loss and gradients over the k microbatches of inputs/targets [k,B,T].
 LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params,
-                               Tensor inputs, Tensor targets) {
+                               Tensor inputs, Tensor targets, remat::Decider& decider) {
   const int64_t k = inputs.dim(0);
   const Shape mb = {inputs.dim(1), inputs.dim(2)};
-  if (k == 1) return trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb));
+  if (k == 1) return trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider);
   auto body = [&](Builder& bb, std::span<const Tensor> consts, std::span<const Tensor> sums,
                   std::span<const Tensor> xs) {
-    LossAndGrads r = trace_microbatch(bb, model, consts, xs[0], xs[1]);
+    LossAndGrads r = trace_microbatch(bb, model, consts, xs[0], xs[1], decider);
     std::vector<Tensor> next{sums[0] + r.loss};
     for (size_t i = 0; i < r.grads.size(); ++i) next.push_back(sums[1 + i] + r.grads[i]);
     return next;
@@ -102,26 +102,29 @@ double learning_rate_at(const OptimizerConfig& o, int64_t step) {
   return low + 0.5 * (peak - low) * (1 + std::cos(std::numbers::pi * progress));
 }
 
-Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape) {
+Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, remat::Decider* decider) {
+  remat::Decider local;
   Graph g;
   g.name = "grads";
   Builder b(g);
   StepInputs in = declare(b, model, shape, nullptr, nullptr, nullptr);
-  LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets);
+  LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
   b.result(r.loss);
   for (Tensor t : r.grads) b.result(t);
   dce(g);
   return g;
 }
 
-Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o) {
+Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
+                 remat::Decider* decider) {
+  remat::Decider local;
   Graph g;
   g.name = "train_step";
   Builder b(g);
   std::vector<Tensor> m, v;
   Tensor step;
   StepInputs in = declare(b, model, shape, &m, &v, &step);
-  LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets);
+  LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
   auto s = b.scope("optimizer");
   Tensor sq = scalar(b, DType::f32, 0.0);
   for (Tensor grad : r.grads) sq = sq + sum_all(square(grad));

@@ -2,6 +2,7 @@
 // the coverage test fails when an op appears in no case.
 #include "autodiff/autodiff.h"
 #include "exec/exec.h"
+#include "remat/remat.h"
 
 #include <gtest/gtest.h>
 
@@ -103,6 +104,23 @@ std::vector<Case> cases() {
                  return scatter_add(p(b, "x", {5, 3}), const_i32(b, {4, 0, 4}), p(b, "u", {3, 3}));
                }});
   c.push_back({"name", [=](Builder& b) { return checkpoint_name(p(b, "x", {2, 3}) * 3.0, "mlpwo"); }});
+  c.push_back({"offload_reload", [=](Builder& b) {
+                 Tensor x = p(b, "x", {2, 3});
+                 return b.emit1(Op::reload, std::array{b.emit1(Op::offload, std::array{tanh(x)})}) * x;
+               }});
+  // A remat region under each kind of decision: names saved, offloaded, recomputed (everything else).
+  auto block = [](Builder&, std::span<const Tensor> a) {
+    Tensor h = checkpoint_name(tanh(matmul(a[0], a[1])), "mlpwi_0");
+    Tensor g = checkpoint_name(exp(h) * a[0], "mlpwo");
+    return std::vector<Tensor>{logistic(matmul(g, a[1])) * h};
+  };
+  for (const char* policy : {"nothing_saveable", "everything_saveable",
+                             "save_and_offload_only_these_names(save=[mlpwi_0], offload=[mlpwo])"}) {
+    c.push_back({std::string("remat_") + (policy[0] == 's' ? "save_offload" : policy), [=](Builder& b) {
+                   Tensor x = p(b, "x", {3, 3}), w = p(b, "w", {3, 3});
+                   return checkpoint(b, std::array{x, w}, block, policy)[0];
+                 }});
+  }
   auto rnn = [](Builder&, std::span<const Tensor> cs, std::span<const Tensor> hs, std::span<const Tensor> xs) {
     Tensor h = tanh(matmul(reshape(hs[0], {1, 3}), cs[0]) + reshape(xs[0], {1, 3}));
     Tensor hn = reshape(h, {3});
@@ -162,7 +180,8 @@ class VjpFiniteDifference : public testing::TestWithParam<Case> {};
 TEST_P(VjpFiniteDifference, MatchesCentralDifferences) {
   const Case& c = GetParam();
   Built built = build(c);
-  Graph g = autodiff::grad_graph(built.f, built.wrt);
+  remat::Decider decider;
+  Graph g = autodiff::grad_graph(built.f, built.wrt, &decider);
   verify(g);
   std::mt19937 rng(42);
   std::uniform_real_distribution<double> dist(c.lo, c.hi);

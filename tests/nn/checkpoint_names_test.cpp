@@ -1,6 +1,6 @@
 // Checkpoint names: each appears exactly once per layer, on the tensor checkpoint_names.h describes.
 // The golden file tests/nn/golden/decoder_1layer.check holds CHECK lines against the printed 1-layer
-// model (unrolled, so the layer is inline). Set REMAT_PRINT_GOLDEN=1 to print it.
+// model (unrolled, without a remat region, so the layer is inline). Set REMAT_PRINT_GOLDEN=1 to print it.
 #include "nn/nn.h"
 #include "support/filecheck.h"
 
@@ -21,13 +21,15 @@ nn::ModelConfig one_layer(bool scan) {
   c.head_dim = 8;
   c.mlp_dim = 32;
   c.scan_layers = scan;
+  c.remat_policy = "none";  // the layer inline, not inside a remat region
   return c;
 }
 
 void count_names(const ir::Graph& g, std::map<std::string, int>& counts, int multiplier) {
   for (const ir::Node& n : g.nodes) {
     if (n.op == ir::Op::name) counts[n.attrs.str("name")] += multiplier;
-    if (n.body) count_names(*n.body, counts, multiplier * static_cast<int>(n.attrs.integer("length")));
+    if (n.op == ir::Op::scan) count_names(*n.body, counts, multiplier * static_cast<int>(n.attrs.integer("length")));
+    if (n.op == ir::Op::remat) count_names(*n.body, counts, multiplier);
   }
 }
 
@@ -35,6 +37,7 @@ TEST(CheckpointNames, EachNameOncePerLayer) {
   for (bool scan : {false, true}) {
     nn::ModelConfig c = one_layer(scan);
     c.num_decoder_layers = 3;
+    c.remat_policy = "minimal";
     std::map<std::string, int> counts;
     count_names(nn::loss_graph(c, 1, 4), counts, 1);
     EXPECT_EQ(counts.size(), nn::names::kAll.size());

@@ -49,6 +49,15 @@ void kernel_reshape(const ir::Node&, std::span<const Array> in, std::span<Array>
 }
 void kernel_name(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) { out[0] = in[0].view(out[0].type()); }
 
+// Memory-space moves. On the CPU backend both spaces are host memory, so these are copies into a buffer
+// of the destination space; the planner accounts host and device bytes separately.
+void kernel_offload(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  copy_all(in[0], out[0]);
+}
+void kernel_reload(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  copy_all(in[0], out[0]);
+}
+
 void kernel_transpose(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
   const ir::IntList& perm = n.attrs.ints("perm");
   ir::IntList in_strides = strides_of(in[0].type().shape), src;

@@ -1,0 +1,45 @@
+#include "remat/remat.h"
+
+namespace remat::remat {
+
+const Policy& Decider::policy(const std::string& text) {
+  auto it = cache_.find(text);
+  if (it == cache_.end()) it = cache_.emplace(text, parse_policy(text)).first;
+  return it->second;
+}
+
+Residency Decider::decide(const autodiff::ResidualQuery& q) {
+  const Policy& p = policy(q.policy);
+  Verdict v = q.parameter_derived ? Verdict{Residency::recompute, "parameter-derived: always recomputed"}
+                                  : evaluate(p, q.graph, q.producer, q.output);
+  ResidualRecord r;
+  r.policy = p.preset.empty() ? p.text : p.preset + " = " + p.text;
+  r.what = q.producer.op == ir::Op::name ? q.producer.attrs.str("name")
+                                         : fmt::format("{} @ {}", ir::op_name(q.producer.op), q.producer.scope);
+  r.scope = q.producer.scope;
+  r.type = q.graph.type(q.producer.outputs[q.output]);
+  r.residency = v.residency;
+  r.rule = v.rule;
+  r.trip_count = q.trip_count;
+  r.origin = q.producer.origin;
+  r.region = q.region;
+  records_.push_back(std::move(r));
+  return v.residency;
+}
+
+void Decider::note_input(const std::string& policy_text, uint64_t region, const std::string& param_name,
+                         const ir::Type& type, bool parameter_derived, int64_t trip_count) {
+  const Policy& p = policy(policy_text);
+  ResidualRecord r;
+  r.policy = p.preset.empty() ? p.text : p.preset + " = " + p.text;
+  r.what = "input %" + param_name;
+  r.type = type;
+  r.residency = Residency::save;
+  r.rule = parameter_derived ? "region input (parameter-derived: kept by the caller)" : "region input: always saved";
+  r.region_input = true;
+  r.trip_count = trip_count;
+  r.region = region;
+  records_.push_back(std::move(r));
+}
+
+}  // namespace remat::remat

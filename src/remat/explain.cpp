@@ -1,0 +1,102 @@
+#include "remat/remat.h"
+
+#include <fmt/format.h>
+
+namespace remat::remat {
+namespace {
+
+void count_runs(const ir::Graph& g, int64_t times, std::map<uint64_t, int64_t>& runs, double& recompute_flops) {
+  for (const ir::Node& n : g.nodes) {
+    if (n.op == ir::Op::scan) {
+      count_runs(*n.body, times * n.attrs.integer("length"), runs, recompute_flops);
+    } else if (n.op == ir::Op::remat) {
+      count_runs(*n.body, times, runs, recompute_flops);
+    } else {
+      runs[n.origin] += times;
+    }
+    if (n.recomputed) recompute_flops += static_cast<double>(times) * ir::flops(g, n);
+  }
+}
+
+std::string bytes_str(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.2f} {}", b, units[u]);
+}
+
+const char* residency_str(Residency r) {
+  return r == Residency::save ? "save" : r == Residency::offload ? "offload" : "recompute";
+}
+
+}  // namespace
+
+Explanation explain(const std::vector<ResidualRecord>& records, const ir::Graph& forward, const ir::Graph& step) {
+  Explanation e;
+  e.residuals = records;
+  count_runs(step, 1, e.runs, e.recompute_flops);
+  e.forward_flops = ir::flops(forward);
+  e.step_flops = ir::flops(step);
+  return e;
+}
+
+std::string Explanation::text() const {
+  std::string out;
+  size_t i = 0;
+  double step_saved = 0, step_offloaded = 0;
+  while (i < residuals.size()) {
+    const ResidualRecord& first = residuals[i];
+    size_t end = i;
+    while (end < residuals.size() && residuals[end].region == first.region) ++end;
+    out += fmt::format("remat region (policy {}), runs {}x per step\n", first.policy, first.trip_count);
+    out += fmt::format("  {:<44} {:<18} {:<5} {:>10}  {:<9} {:>9}  {}\n", "residual", "shape", "dtype", "bytes",
+                       "decision", "runs/step", "rule");
+    double saved = 0, offloaded = 0, recomputed = 0;
+    for (size_t k = i; k < end; ++k) {
+      const ResidualRecord& r = residuals[k];
+      double b = static_cast<double>(r.type.bytes());
+      (r.residency == Residency::save ? saved : r.residency == Residency::offload ? offloaded : recomputed) += b;
+      auto runs_it = runs.find(r.origin);
+      std::string run_count = r.region_input ? "-" : fmt::format("{}", runs_it == runs.end() ? 0 : runs_it->second);
+      out += fmt::format("  {:<44} {:<18} {:<5} {:>10}  {:<9} {:>9}  {}\n", r.what, ir::shape_str(r.type.shape),
+                         dtype_name(r.type.dtype), bytes_str(b), residency_str(r.residency), run_count, r.rule);
+    }
+    const double t = static_cast<double>(first.trip_count);
+    out += fmt::format("  per layer: saved {}, offloaded {}, recomputed {}\n", bytes_str(saved), bytes_str(offloaded),
+                       bytes_str(recomputed));
+    out += fmt::format("  per step:  saved {}, offloaded {}, recomputed {}\n", bytes_str(saved * t),
+                       bytes_str(offloaded * t), bytes_str(recomputed * t));
+    step_saved += saved * t;
+    step_offloaded += offloaded * t;
+    i = end;
+  }
+  const double backward = step_flops - forward_flops - recompute_flops;
+  out += fmt::format(
+      "step: saved {} on device, {} offloaded to host; {:.3f} GFLOP forward, {:.3f} GFLOP backward and update, "
+      "{:.3f} GFLOP recompute ({:.1f}% of the step)\n",
+      bytes_str(step_saved), bytes_str(step_offloaded), forward_flops / 1e9, backward / 1e9, recompute_flops / 1e9,
+      step_flops > 0 ? 100 * recompute_flops / step_flops : 0.0);
+  return out;
+}
+
+nlohmann::json Explanation::json() const {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ResidualRecord& r : residuals) {
+    auto runs_it = runs.find(r.origin);
+    rows.push_back({{"policy", r.policy},
+                    {"residual", r.what},
+                    {"scope", r.scope},
+                    {"shape", r.type.shape},
+                    {"dtype", std::string(dtype_name(r.type.dtype))},
+                    {"bytes", r.type.bytes()},
+                    {"decision", residency_str(r.residency)},
+                    {"rule", r.rule},
+                    {"region_input", r.region_input},
+                    {"region_runs_per_step", r.trip_count},
+                    {"producer_runs_per_step", r.region_input || runs_it == runs.end() ? 0 : runs_it->second}});
+  }
+  return {{"residuals", rows},
+          {"flops", {{"forward", forward_flops}, {"step", step_flops}, {"recompute", recompute_flops}}}};
+}
+
+}  // namespace remat::remat

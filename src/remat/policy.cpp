@@ -1,0 +1,340 @@
+#include "remat/policy.h"
+
+#include "base/check.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <regex>
+#include <set>
+
+namespace remat::remat {
+namespace {
+
+using Kind = Policy::Kind;
+
+const char* kGrammar =
+    "a policy is one of: everything_saveable, nothing_saveable, dots_saveable, dots_with_no_batch_dims_saveable, "
+    "offload_dot_with_no_batch_dims, save_only_these_names(a, b), save_any_names_but_these(a, b), "
+    "save_and_offload_only_these_names(save=[a], offload=[b]), "
+    "save_and_offload_only_these_names_regex(save=\"re\", offload=\"re\"), save_from_both_policies(P, Q), "
+    "combine(P, Q[, prefer=save|offload]), custom(name=remat|device|offload, ...), or a MaxText preset";
+
+// MaxText's presets (src/maxtext/layers/decoders.py) as policy text. Names our decoder does not have
+// (kv_proj, qkv_proj, mlpwi) are left out: lint would reject them as matching nothing.
+const std::map<std::string, std::string>& presets() {
+  static const std::map<std::string, std::string> p = {
+      {"full", "nothing_saveable"},
+      {"minimal", "save_only_these_names(query_proj, key_proj, value_proj, out_proj, mlpwi_0, mlpwi_1, mlpwo)"},
+      {"minimal_with_context",
+       "save_only_these_names(query_proj, key_proj, value_proj, context, out_proj, mlpwi_0, mlpwi_1, mlpwo)"},
+      {"save_dot_with_context_except_mlp", "save_only_these_names(query_proj, key_proj, value_proj, context, out_proj)"},
+      {"save_dot_except_mlpwi", "save_only_these_names(query_proj, key_proj, value_proj, out_proj, mlpwo)"},
+      {"save_dot_except_mlp", "save_only_these_names(query_proj, key_proj, value_proj, out_proj)"},
+      {"save_qkv_proj", "save_only_these_names(query_proj, key_proj, value_proj)"},
+      {"save_out_proj", "save_only_these_names(out_proj)"},
+      {"qkv_proj_offloaded", "save_and_offload_only_these_names(save=[], offload=[query_proj, key_proj, value_proj])"},
+      {"minimal_offloaded",
+       "save_and_offload_only_these_names(save=[], offload=[query_proj, key_proj, value_proj, out_proj, mlpwi_0, "
+       "mlpwi_1, mlpwo])"},
+  };
+  return p;
+}
+
+struct Tok {
+  enum Kind { ident, string, punct, end } kind;
+  std::string text;
+};
+
+class Parser {
+ public:
+  explicit Parser(const std::string& src) : src_(src) { lex(); }
+
+  Policy policy() {
+    Tok t = next();
+    expect(t.kind == Tok::ident, t, "a policy name");
+    auto preset = presets().find(t.text);
+    if (preset != presets().end()) {
+      Policy p = parse_policy(preset->second);
+      p.preset = t.text;
+      return p;
+    }
+    static const std::map<std::string, Kind> plain = {
+        {"everything_saveable", Kind::everything_saveable},
+        {"nothing_saveable", Kind::nothing_saveable},
+        {"dots_saveable", Kind::dots_saveable},
+        {"dots_with_no_batch_dims_saveable", Kind::dots_with_no_batch_dims_saveable},
+        {"offload_dot_with_no_batch_dims", Kind::offload_dot_with_no_batch_dims},
+    };
+    Policy p;
+    if (auto it = plain.find(t.text); it != plain.end()) {
+      p.kind = it->second;
+    } else if (t.text == "save_only_these_names" || t.text == "save_any_names_but_these") {
+      p.kind = t.text == "save_only_these_names" ? Kind::save_only_these_names : Kind::save_any_names_but_these;
+      p.save_names = name_list(")");
+    } else if (t.text == "save_and_offload_only_these_names") {
+      p.kind = Kind::save_and_offload_only_these_names;
+      open();
+      keyword("save");
+      p.save_names = bracketed();
+      comma();
+      keyword("offload");
+      p.offload_names = bracketed();
+      close();
+      for (const std::string& n : p.save_names)
+        CHECK(std::find(p.offload_names.begin(), p.offload_names.end(), n) == p.offload_names.end(),
+              "remat policy '{}': '{}' is both saved and offloaded; the two name lists must be disjoint", src_, n);
+    } else if (t.text == "save_and_offload_only_these_names_regex") {
+      p.kind = Kind::save_and_offload_regex;
+      open();
+      keyword("save");
+      p.save_regex = string();
+      comma();
+      keyword("offload");
+      p.offload_regex = string();
+      close();
+      for (const std::string* re : {&p.save_regex, &p.offload_regex}) {
+        try {
+          std::regex check(*re);
+        } catch (const std::regex_error& e) {
+          CHECK(false, "remat policy '{}': bad regular expression \"{}\": {}", src_, *re, e.what());
+        }
+      }
+    } else if (t.text == "save_from_both_policies" || t.text == "combine") {
+      p.kind = t.text == "combine" ? Kind::combine : Kind::save_from_both_policies;
+      open();
+      p.first = std::make_shared<Policy>(policy());
+      comma();
+      p.second = std::make_shared<Policy>(policy());
+      if (p.kind == Kind::combine && peek(",")) {
+        comma();
+        keyword("prefer");
+        Tok v = next();
+        expect(v.kind == Tok::ident && (v.text == "save" || v.text == "offload"), v, "prefer=save or prefer=offload");
+        p.prefer = v.text == "save" ? Residency::save : Residency::offload;
+      }
+      close();
+      CHECK(p.kind != Kind::save_from_both_policies || (!p.first->can_offload() && !p.second->can_offload()),
+            "remat policy '{}': save_from_both_policies cannot combine offloading policies (as in JAX); use "
+            "combine(P, Q, prefer=...)",
+            src_);
+    } else if (t.text == "custom") {
+      p.kind = Kind::save_and_offload_only_these_names;
+      p.preset = "custom";
+      std::map<std::string, std::string> where = {{"decoder_layer_input", "device"}};
+      open();
+      for (bool first = true; !peek(")"); first = false) {
+        if (!first) comma();
+        Tok key = next();
+        expect(key.kind == Tok::ident, key, "a checkpoint name");
+        expect(next().text == "=", key, "name=remat|device|offload");
+        Tok v = next();
+        expect(v.kind == Tok::ident && (v.text == "remat" || v.text == "device" || v.text == "offload"), v,
+               "remat, device or offload");
+        where[key.text] = v.text;
+      }
+      close();
+      for (const auto& [name, loc] : where) {
+        if (loc == "device") p.save_names.push_back(name);
+        if (loc == "offload") p.offload_names.push_back(name);
+      }
+    } else {
+      std::vector<std::string> all = preset_names();
+      CHECK(false, "unknown remat policy '{}' in '{}'; {} ({})", t.text, src_, kGrammar, fmt::join(all, ", "));
+    }
+    p.text = canonical(p);
+    return p;
+  }
+
+  void done() {
+    Tok t = next();
+    expect(t.kind == Tok::end, t, "the end of the policy");
+  }
+
+ private:
+  static std::string canonical(const Policy& p) {
+    auto list = [](const std::vector<std::string>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); };
+    switch (p.kind) {
+      case Kind::everything_saveable: return "everything_saveable";
+      case Kind::nothing_saveable: return "nothing_saveable";
+      case Kind::dots_saveable: return "dots_saveable";
+      case Kind::dots_with_no_batch_dims_saveable: return "dots_with_no_batch_dims_saveable";
+      case Kind::offload_dot_with_no_batch_dims: return "offload_dot_with_no_batch_dims";
+      case Kind::save_only_these_names: return fmt::format("save_only_these_names({})", fmt::join(p.save_names, ", "));
+      case Kind::save_any_names_but_these:
+        return fmt::format("save_any_names_but_these({})", fmt::join(p.save_names, ", "));
+      case Kind::save_and_offload_only_these_names:
+        return fmt::format("save_and_offload_only_these_names(save={}, offload={})", list(p.save_names),
+                           list(p.offload_names));
+      case Kind::save_and_offload_regex:
+        return fmt::format("save_and_offload_only_these_names_regex(save=\"{}\", offload=\"{}\")", p.save_regex,
+                           p.offload_regex);
+      case Kind::save_from_both_policies:
+        return fmt::format("save_from_both_policies({}, {})", p.first->text, p.second->text);
+      case Kind::combine:
+        return fmt::format("combine({}, {}{})", p.first->text, p.second->text,
+                           p.prefer ? (*p.prefer == Residency::save ? ", prefer=save" : ", prefer=offload") : "");
+    }
+    return "?";
+  }
+
+  void lex() {
+    size_t i = 0;
+    while (i < src_.size()) {
+      char c = src_[i];
+      if (std::isspace(static_cast<unsigned char>(c))) {
+        ++i;
+      } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-') {
+        size_t s = i;
+        while (i < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[i])) || src_[i] == '_' ||
+                                   src_[i] == '.' || src_[i] == '-'))
+          ++i;
+        toks_.push_back({Tok::ident, src_.substr(s, i - s)});
+      } else if (c == '"') {
+        size_t s = ++i;
+        while (i < src_.size() && src_[i] != '"') ++i;
+        CHECK(i < src_.size(), "remat policy '{}': unterminated string", src_);
+        toks_.push_back({Tok::string, src_.substr(s, i - s)});
+        ++i;
+      } else if (std::string_view("()[],=").find(c) != std::string_view::npos) {
+        toks_.push_back({Tok::punct, std::string(1, c)});
+        ++i;
+      } else {
+        CHECK(false, "remat policy '{}': unexpected character '{}'; {}", src_, c, kGrammar);
+      }
+    }
+    toks_.push_back({Tok::end, "<end>"});
+  }
+  Tok next() { return toks_[pos_ < toks_.size() - 1 ? pos_++ : pos_]; }
+  bool peek(const char* p) const { return toks_[pos_].kind == Tok::punct && toks_[pos_].text == p; }
+  void expect(bool ok, const Tok& t, const std::string& wanted) const {
+    CHECK(ok, "remat policy '{}': expected {}, got '{}'; {}", src_, wanted, t.text, kGrammar);
+  }
+  void punct(const char* p) { expect(peek(p), toks_[pos_], fmt::format("'{}'", p)), ++pos_; }
+  void open() { punct("("); }
+  void close() { punct(")"); }
+  void comma() { punct(","); }
+  void keyword(const char* k) {
+    Tok t = next();
+    expect(t.kind == Tok::ident && t.text == k, t, fmt::format("{}=", k));
+    punct("=");
+  }
+  std::string string() {
+    Tok t = next();
+    expect(t.kind == Tok::string, t, "a quoted regular expression");
+    return t.text;
+  }
+  std::vector<std::string> name_list(const char* closer) {
+    std::vector<std::string> names;
+    if (std::string(closer) == ")") open();
+    while (!peek(closer)) {
+      if (!names.empty()) comma();
+      Tok t = next();
+      expect(t.kind == Tok::ident, t, "a checkpoint name");
+      names.push_back(t.text);
+    }
+    punct(closer);
+    return names;
+  }
+  std::vector<std::string> bracketed() {
+    punct("[");
+    return name_list("]");
+  }
+
+  std::string src_;
+  std::vector<Tok> toks_;
+  size_t pos_ = 0;
+};
+
+bool listed(const std::vector<std::string>& names, const std::string& n) {
+  return std::find(names.begin(), names.end(), n) != names.end();
+}
+
+Verdict recompute(std::string rule) { return {Residency::recompute, std::move(rule)}; }
+
+}  // namespace
+
+bool Policy::can_offload() const {
+  switch (kind) {
+    case Kind::offload_dot_with_no_batch_dims: return true;
+    case Kind::save_and_offload_only_these_names: return !offload_names.empty();
+    case Kind::save_and_offload_regex: return !offload_regex.empty();
+    case Kind::save_from_both_policies:
+    case Kind::combine: return first->can_offload() || second->can_offload();
+    default: return false;
+  }
+}
+
+Policy parse_policy(const std::string& text) {
+  Parser p(text);
+  Policy policy = p.policy();
+  p.done();
+  return policy;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& [k, v] : presets()) names.push_back(k);
+  return names;
+}
+
+Verdict evaluate(const Policy& p, const ir::Graph& graph, const ir::Node& producer, size_t output) {
+  const bool is_dot = producer.op == ir::Op::dot_general;
+  const bool no_batch = is_dot && producer.attrs.int_lists("batch")[0].empty();
+  const bool named = producer.op == ir::Op::name;
+  const std::string name = named ? producer.attrs.str("name") : "";
+  switch (p.kind) {
+    case Kind::everything_saveable: return {Residency::save, "everything_saveable"};
+    case Kind::nothing_saveable: return recompute("nothing_saveable");
+    case Kind::dots_saveable:
+      return is_dot ? Verdict{Residency::save, "dots_saveable: a dot_general"} : recompute("dots_saveable: not a dot");
+    case Kind::dots_with_no_batch_dims_saveable:
+      if (no_batch) return {Residency::save, "dots_with_no_batch_dims_saveable: dot_general without batch dims"};
+      return recompute(is_dot ? "dots_with_no_batch_dims_saveable: dot_general with batch dims"
+                              : "dots_with_no_batch_dims_saveable: not a dot");
+    case Kind::offload_dot_with_no_batch_dims:
+      if (no_batch) return {Residency::offload, "offload_dot_with_no_batch_dims: dot_general without batch dims"};
+      return recompute("offload_dot_with_no_batch_dims: everything else");
+    case Kind::save_only_these_names:
+      if (named && listed(p.save_names, name)) return {Residency::save, fmt::format("{}: '{}' is listed", p.text, name)};
+      return recompute(named ? fmt::format("{}: '{}' is not listed", p.text, name) : p.text + ": unnamed");
+    case Kind::save_any_names_but_these:
+      if (named && !listed(p.save_names, name))
+        return {Residency::save, fmt::format("{}: '{}' is not excluded", p.text, name)};
+      return recompute(named ? fmt::format("{}: '{}' is excluded", p.text, name) : p.text + ": unnamed");
+    case Kind::save_and_offload_only_these_names: {
+      std::string label = p.preset == "custom" ? "custom" : "save_and_offload_only_these_names";
+      if (named && listed(p.save_names, name)) return {Residency::save, fmt::format("{}: '{}' saved", label, name)};
+      if (named && listed(p.offload_names, name))
+        return {Residency::offload, fmt::format("{}: '{}' offloaded", label, name)};
+      return recompute(named ? fmt::format("{}: '{}' not listed", label, name) : label + ": unnamed");
+    }
+    case Kind::save_and_offload_regex: {
+      if (named && !p.save_regex.empty() && std::regex_match(name, std::regex(p.save_regex)))
+        return {Residency::save, fmt::format("regex save=\"{}\" matches '{}'", p.save_regex, name)};
+      if (named && !p.offload_regex.empty() && std::regex_match(name, std::regex(p.offload_regex)))
+        return {Residency::offload, fmt::format("regex offload=\"{}\" matches '{}'", p.offload_regex, name)};
+      return recompute(named ? fmt::format("regex: '{}' matches neither", name) : "regex: unnamed");
+    }
+    case Kind::save_from_both_policies: {
+      Verdict a = evaluate(*p.first, graph, producer, output);
+      if (a.residency == Residency::save) return a;
+      Verdict b = evaluate(*p.second, graph, producer, output);
+      return b.residency == Residency::save ? b : recompute("save_from_both_policies: neither saves");
+    }
+    case Kind::combine: {
+      Verdict a = evaluate(*p.first, graph, producer, output);
+      Verdict b = evaluate(*p.second, graph, producer, output);
+      if (a.residency == Residency::recompute) return b;
+      if (b.residency == Residency::recompute || a.residency == b.residency) return a;
+      CHECK(p.prefer.has_value(),
+            "remat policy '{}' gives two answers for {} (scope '{}'): '{}' and '{}'; add prefer=save or "
+            "prefer=offload",
+            p.text, named ? "'" + name + "'" : std::string(ir::op_name(producer.op)), producer.scope, a.rule, b.rule);
+      return a.residency == *p.prefer ? a : b;
+    }
+  }
+  return recompute("?");
+}
+
+}  // namespace remat::remat

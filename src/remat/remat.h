@@ -1,0 +1,69 @@
+// Public header of the remat stage (DESIGN §4): policies (policy.h), the decider that applies them while
+// autodiff splits remat regions, lint of policies against a traced model, and `remat explain`.
+//
+//   remat::Decider decider;
+//   ir::Graph step = autodiff::grad_graph(forward, wrt, &decider);
+//   for (auto& w : remat::lint(forward, {})) fmt::print("warning: {}\n", w);   // errors throw
+//   fmt::print("{}", remat::explain(decider.records(), step).text());
+#pragma once
+
+#include "remat/policy.h"
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace remat::remat {
+
+// One residual of one remat region, as decided.
+struct ResidualRecord {
+  std::string policy;           // the region's policy (canonical text)
+  std::string what;             // checkpoint name, or "op @ scope", or "input %name"
+  std::string scope;
+  ir::Type type;
+  Residency residency = Residency::save;
+  std::string rule;             // what decided it
+  bool region_input = false;    // a region input (always available)
+  int64_t trip_count = 1;       // executions per step of the region (scan lengths)
+  uint64_t origin = 0;          // the producer's origin (0 for region inputs)
+  uint64_t region = 0;          // the remat region's origin
+};
+
+// Applies the policies of remat regions; keeps a record of every decision.
+class Decider : public autodiff::RematDecider {
+ public:
+  Residency decide(const autodiff::ResidualQuery& q) override;
+  void note_input(const std::string& policy, uint64_t region, const std::string& param_name, const ir::Type& type,
+                  bool parameter_derived, int64_t trip_count) override;
+  const std::vector<ResidualRecord>& records() const { return records_; }
+  const Policy& policy(const std::string& text);  // parsed once per text
+
+ private:
+  std::map<std::string, Policy> cache_;
+  std::vector<ResidualRecord> records_;
+};
+
+struct LintOptions {
+  bool allow_unmatched = false;  // a name or regex that matches no checkpoint name is then only a warning
+};
+
+// Checks the policies of every remat region of `forward` against the checkpoint names it holds: a name or
+// regex matching none is an error listing the names that exist; dots_with_no_batch_dims_saveable where
+// every dot has batch dims is a warning. Returns the warnings.
+std::vector<std::string> lint(const ir::Graph& forward, const LintOptions& options);
+
+struct Explanation {
+  std::vector<ResidualRecord> residuals;
+  std::map<uint64_t, int64_t> runs;  // executions per step by origin, in the differentiated graph
+  double forward_flops = 0, step_flops = 0, recompute_flops = 0;
+
+  std::string text() const;
+  nlohmann::json json() const;
+};
+
+// Explains the decisions recorded while differentiating into `step`.
+Explanation explain(const std::vector<ResidualRecord>& records, const ir::Graph& forward, const ir::Graph& step);
+
+}  // namespace remat::remat
