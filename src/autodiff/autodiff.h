@@ -9,9 +9,9 @@
 //    reads) is then saved (an extra output of the region), offloaded (copied to host inside the region,
 //    reloaded before the backward) or recomputed (its producer chain is cloned into the backward, marked
 //    `recomputed`, back to saved values and region inputs). Region inputs are always available; values
-//    that depend only on the differentiated parameters (and constants) are always recomputed. Because
+//    that depend only on the weights (and constants) are always recomputed. Because
 //    recompute clones the region's own forward, which saves everything its inner backward needs, no
-//    forward op runs more than twice per step.
+//    activation op runs more than twice per step (weight-derived ones are recomputed wherever needed).
 //
 //   ir::Graph step = autodiff::grad_graph(loss_graph, {0, 1}, &decider);
 #pragma once
@@ -32,7 +32,7 @@ struct ResidualQuery {
   const ir::Graph& graph;       // the graph holding `producer`
   const ir::Node& producer;     // the op whose output is the residual (inside a scan body for stacked ones)
   size_t output;                // which output of `producer`
-  bool parameter_derived;       // depends only on differentiated parameters and constants
+  bool parameter_derived;       // depends only on the weights (see grad) and constants
   int64_t trip_count;           // executions per step of the producer's enclosing region (scan lengths)
   uint64_t region;              // the remat node's origin: identifies the region in reports
 };
@@ -49,11 +49,15 @@ class RematDecider {
 
 // Appends d(loss)/d(wrt[i]) for a scalar floating-point `loss`. A value that does not reach the loss gets
 // a zero gradient. Returns one value id per entry of `wrt`. A graph with remat regions needs a decider.
+// `weights` are the model parameters: values computed only from them and constants are never saved
+// (always recomputed where the backward needs them), by scans and remat regions alike.
 std::vector<ir::ValueId> grad(ir::Graph& g, ir::ValueId loss, std::span<const ir::ValueId> wrt,
-                              RematDecider* decider = nullptr);
+                              RematDecider* decider = nullptr, std::span<const ir::ValueId> weights = {});
 
 // A new graph whose results are f's results followed by the gradient of f's first result (a scalar)
-// with respect to f's params at `wrt_params` (indices into f.params). Dead code is removed.
-ir::Graph grad_graph(const ir::Graph& f, std::span<const int> wrt_params, RematDecider* decider = nullptr);
+// with respect to f's params at `wrt_params` (indices into f.params). `weight_params` as grad's weights.
+// Dead code is removed.
+ir::Graph grad_graph(const ir::Graph& f, std::span<const int> wrt_params, RematDecider* decider = nullptr,
+                     std::span<const int> weight_params = {});
 
 }  // namespace remat::autodiff

@@ -9,6 +9,13 @@ namespace remat::autodiff {
 
 using namespace remat::ir;
 
+void mark_recomputed(Graph& g) {
+  for (Node& n : g.nodes) {
+    n.recomputed = true;
+    if (n.body) mark_recomputed(*n.body);
+  }
+}
+
 std::vector<bool> parameter_derived(const Graph& g, size_t num_forward, const std::vector<bool>& param_flags) {
   std::vector<bool> d(g.types.size(), false);
   for (size_t i = 0; i < g.params.size() && i < param_flags.size(); ++i)
@@ -59,7 +66,8 @@ std::vector<Cot> backprop(Builder& b, size_t num_forward, std::span<const std::p
   return result;
 }
 
-std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt, RematDecider* decider) {
+std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt, RematDecider* decider,
+                          std::span<const ValueId> weights) {
   const Type& lt = g.type(loss);
   CHECK(lt.rank() == 0 && is_float(lt.dtype), "grad: the loss must be a floating-point scalar, got {}", type_str(lt));
   for (ValueId v : wrt)
@@ -71,7 +79,7 @@ std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt, 
   std::pair<ValueId, ValueId> seed{loss, one.id};
   Context ctx{decider, {}, 1};
   std::vector<bool> flags(g.params.size(), false);
-  for (ValueId v : wrt)
+  for (ValueId v : weights)
     for (size_t i = 0; i < g.params.size(); ++i)
       if (g.params[i] == v) flags[i] = true;
   ctx.parameter_derived = parameter_derived(g, num_forward, flags);
@@ -81,7 +89,8 @@ std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt, 
   return out;
 }
 
-Graph grad_graph(const Graph& f, std::span<const int> wrt_params, RematDecider* decider) {
+Graph grad_graph(const Graph& f, std::span<const int> wrt_params, RematDecider* decider,
+                 std::span<const int> weight_params) {
   CHECK(!f.results.empty(), "grad_graph: graph @{} has no results to differentiate", f.name);
   Graph g = f.clone();
   std::vector<ValueId> wrt;
@@ -90,7 +99,9 @@ Graph grad_graph(const Graph& f, std::span<const int> wrt_params, RematDecider* 
           p, f.name, f.params.size());
     wrt.push_back(g.params[static_cast<size_t>(p)]);
   }
-  std::vector<ValueId> grads = grad(g, g.results[0], wrt, decider);
+  std::vector<ValueId> weights;
+  for (int p : weight_params) weights.push_back(g.params.at(static_cast<size_t>(p)));
+  std::vector<ValueId> grads = grad(g, g.results[0], wrt, decider, weights);
   g.results.insert(g.results.end(), grads.begin(), grads.end());
   dce(g);
   return g;

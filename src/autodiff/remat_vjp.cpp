@@ -58,11 +58,6 @@ void inline_remats(Graph& g) {
   for (ValueId& r : g.results) r = map(r);
 }
 
-struct Producer {
-  size_t node = 0;
-  size_t output = 0;
-};
-
 // The op a policy judges for output `k` of `n`: for a scan's stacked output, the producer inside the
 // body (recursively), when there is one.
 void resolve(const Graph*& graph, const Node*& node, size_t& output, int64_t& trips) {
@@ -193,8 +188,9 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
     std::vector<Tensor> ins;
     for (ValueId v : m.inputs) ins.push_back(env.at(v));
     b.set_scope(m.scope);
-    std::vector<Tensor> outs =
-        b.emit(m.op, ins, m.attrs, m.body ? std::make_shared<Graph>(m.body->clone()) : nullptr);
+    std::shared_ptr<Graph> body = m.body ? std::make_shared<Graph>(m.body->clone()) : nullptr;
+    if (body && recompute) mark_recomputed(*body);
+    std::vector<Tensor> outs = b.emit(m.op, ins, m.attrs, body);
     Node& made = b.graph().nodes.back();
     made.recomputed = recompute;
     if (recompute) made.origin = m.origin;

@@ -2,8 +2,9 @@
 //  1. Differentiate a copy of the body ("joint" graph J): forward nodes, then their VJP seeded with new
 //     params dh' and dy, plus accumulators dc for the consts' gradients.
 //  2. Residuals are forward values that J's backward part reads. Consts and xs are passed to the reverse
-//     scan as they are; carries and intermediates become extra stacked outputs ([length, ...]) of the
-//     forward scan, whose body is replaced by J's forward part with those extra results.
+//     scan as they are; parameter-derived intermediates are recomputed in the backward body; carries and
+//     other intermediates become extra stacked outputs ([length, ...]) of the forward scan, whose body is
+//     replaced by J's forward part with those extra results.
 //  3. A reverse scan runs J's backward part: consts = residual consts; carries = (dc, dh); xs = (residual
 //     xs, stacked residuals, dy). It yields dc (summed over iterations), dh0 and the stacked dx.
 // A nested scan in the body is differentiated inside step 1, so its residuals become residuals of the
@@ -11,6 +12,8 @@
 #include "autodiff/vjp.h"
 
 #include "base/check.h"
+
+#include <functional>
 
 namespace remat::autodiff {
 
@@ -61,16 +64,30 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
   }
   for (size_t i = 0; i < num_forward; ++i)
     for (ValueId v : joint.nodes[i].outputs) forward_value[static_cast<size_t>(v)] = true;
-  std::vector<bool> seen(joint.types.size(), false);
+  // Parameter-derived intermediates (a cast of a weight slice, a broadcast of a table) are never stacked:
+  // the backward body recomputes them from the consts and xs they come from.
+  const std::vector<bool> derived = parameter_derived(joint, num_forward, flags);
+  std::vector<int> producer(joint.types.size(), -1);
+  for (size_t i = 0; i < num_forward; ++i)
+    for (ValueId v : joint.nodes[i].outputs) producer[static_cast<size_t>(v)] = static_cast<int>(i);
+  std::vector<bool> seen(joint.types.size(), false), recompute(num_forward, false);
   std::vector<size_t> const_res, xs_res;  // body param indices
   std::vector<ValueId> stacked_res;       // carries and intermediates, stacked by the forward scan
-  auto note = [&](ValueId v) {
+  std::function<void(ValueId)> note = [&](ValueId v) {
     if (!forward_value[static_cast<size_t>(v)] || seen[static_cast<size_t>(v)]) return;
     seen[static_cast<size_t>(v)] = true;
     int p = param_index[static_cast<size_t>(v)];
-    if (p >= 0 && static_cast<size_t>(p) < nc) const_res.push_back(static_cast<size_t>(p));
-    else if (p >= 0 && static_cast<size_t>(p) >= nc + nh) xs_res.push_back(static_cast<size_t>(p));
-    else stacked_res.push_back(v);
+    int made_by = producer[static_cast<size_t>(v)];
+    if (p >= 0 && static_cast<size_t>(p) < nc) {
+      const_res.push_back(static_cast<size_t>(p));
+    } else if (p >= 0 && static_cast<size_t>(p) >= nc + nh) {
+      xs_res.push_back(static_cast<size_t>(p));
+    } else if (made_by >= 0 && derived[static_cast<size_t>(v)]) {
+      recompute[static_cast<size_t>(made_by)] = true;
+      for (ValueId in : joint.nodes[static_cast<size_t>(made_by)].inputs) note(in);
+    } else {
+      stacked_res.push_back(v);
+    }
   };
   for (size_t i = num_forward; i < joint.nodes.size(); ++i)
     for (ValueId v : joint.nodes[i].inputs) note(v);
@@ -116,7 +133,18 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
   for (size_t r = 0; r < stacked_res.size(); ++r) add(stacked_res[r], fmt::format("r{}", r));
   for (size_t k = 0; k < ny; ++k)
     if (dy[k] >= 0) add(dy[k], fmt::format("dy{}", k));
-  backward->nodes.assign(std::make_move_iterator(joint.nodes.begin() + static_cast<std::ptrdiff_t>(num_forward)),
+  for (size_t i = 0; i < num_forward; ++i) {
+    if (!recompute[i]) continue;
+    Node copy = joint.nodes[i];  // same value ids: the backward body defines them anew
+    copy.recomputed = true;
+    if (copy.body) {
+      copy.body = std::make_shared<Graph>(copy.body->clone());
+      mark_recomputed(*copy.body);
+    }
+    backward->nodes.push_back(std::move(copy));
+  }
+  backward->nodes.insert(backward->nodes.end(),
+                         std::make_move_iterator(joint.nodes.begin() + static_cast<std::ptrdiff_t>(num_forward)),
                          std::make_move_iterator(joint.nodes.end()));
   backward->results = carry_out;
   backward->results.insert(backward->results.end(), ys_out.begin(), ys_out.end());

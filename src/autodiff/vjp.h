@@ -35,6 +35,9 @@ std::vector<bool> parameter_derived(const ir::Graph& g, size_t num_forward, cons
 std::vector<Cot> backprop(ir::Builder& b, size_t num_forward, std::span<const std::pair<ir::ValueId, ir::ValueId>> seeds,
                           std::span<const ir::ValueId> wrt, Context& ctx);
 
+// Marks every node of a recompute clone's body (recursively) as recomputed.
+void mark_recomputed(ir::Graph& g);
+
 // The region rules (scan_vjp.cpp, remat_vjp.cpp).
 std::vector<Cot> vjp_scan(ir::Builder& b, size_t index, const ir::Node& n, std::span<const Cot> out_cots, Context& ctx);
 std::vector<Cot> vjp_remat(ir::Builder& b, size_t index, const ir::Node& n, std::span<const Cot> out_cots, Context& ctx);

@@ -1,6 +1,6 @@
 #include "remat/remat.h"
 
-namespace remat::remat {
+namespace remat::rematerialize {
 
 const Policy& Decider::policy(const std::string& text) {
   auto it = cache_.find(text);
@@ -42,4 +42,4 @@ void Decider::note_input(const std::string& policy_text, uint64_t region, const 
   records_.push_back(std::move(r));
 }
 
-}  // namespace remat::remat
+}  // namespace remat::rematerialize

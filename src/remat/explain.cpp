@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-namespace remat::remat {
+namespace remat::rematerialize {
 namespace {
 
 void count_runs(const ir::Graph& g, int64_t times, std::map<uint64_t, int64_t>& runs, double& recompute_flops) {
@@ -99,4 +99,4 @@ nlohmann::json Explanation::json() const {
           {"flops", {{"forward", forward_flops}, {"step", step_flops}, {"recompute", recompute_flops}}}};
 }
 
-}  // namespace remat::remat
+}  // namespace remat::rematerialize

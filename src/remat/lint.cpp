@@ -5,7 +5,7 @@
 #include <regex>
 #include <set>
 
-namespace remat::remat {
+namespace remat::rematerialize {
 namespace {
 
 struct Found {
@@ -66,4 +66,4 @@ std::vector<std::string> lint(const ir::Graph& forward, const LintOptions& optio
   return warnings;
 }
 
-}  // namespace remat::remat
+}  // namespace remat::rematerialize

@@ -8,7 +8,7 @@
 #include <regex>
 #include <set>
 
-namespace remat::remat {
+namespace remat::rematerialize {
 namespace {
 
 using Kind = Policy::Kind;
@@ -337,4 +337,4 @@ Verdict evaluate(const Policy& p, const ir::Graph& graph, const ir::Node& produc
   return recompute("?");
 }
 
-}  // namespace remat::remat
+}  // namespace remat::rematerialize

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-namespace remat::remat {
+namespace remat::rematerialize {
 
 using autodiff::Residency;
 
@@ -70,4 +70,4 @@ struct Verdict {
 // The policy's answer for output `output` of `producer` (a node of `graph`).
 Verdict evaluate(const Policy& p, const ir::Graph& graph, const ir::Node& producer, size_t output);
 
-}  // namespace remat::remat
+}  // namespace remat::rematerialize

@@ -1,10 +1,10 @@
 // Public header of the remat stage (DESIGN §4): policies (policy.h), the decider that applies them while
 // autodiff splits remat regions, lint of policies against a traced model, and `remat explain`.
 //
-//   remat::Decider decider;
+//   rematerialize::Decider decider;
 //   ir::Graph step = autodiff::grad_graph(forward, wrt, &decider);
-//   for (auto& w : remat::lint(forward, {})) fmt::print("warning: {}\n", w);   // errors throw
-//   fmt::print("{}", remat::explain(decider.records(), step).text());
+//   for (auto& w : rematerialize::lint(forward, {})) fmt::print("warning: {}\n", w);   // errors throw
+//   fmt::print("{}", rematerialize::explain(decider.records(), step).text());
 #pragma once
 
 #include "remat/policy.h"
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace remat::remat {
+namespace remat::rematerialize {
 
 // One residual of one remat region, as decided.
 struct ResidualRecord {
@@ -66,4 +66,4 @@ struct Explanation {
 // Explains the decisions recorded while differentiating into `step`.
 Explanation explain(const std::vector<ResidualRecord>& records, const ir::Graph& forward, const ir::Graph& step);
 
-}  // namespace remat::remat
+}  // namespace remat::rematerialize

@@ -17,18 +17,18 @@ struct LossAndGrads {
 };
 
 LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params, Tensor inputs,
-                              Tensor targets, remat::Decider& decider) {
+                              Tensor targets, rematerialize::Decider& decider) {
   Tensor loss = nn::trace_loss(b, model, params, inputs, targets);
   std::vector<ValueId> wrt;
   for (Tensor p : params) wrt.push_back(p.id);
   LossAndGrads r{loss, {}};
-  for (ValueId g : autodiff::grad(b.graph(), loss.id, wrt, &decider)) r.grads.push_back(b.wrap(g));
+  for (ValueId g : autodiff::grad(b.graph(), loss.id, wrt, &decider, wrt)) r.grads.push_back(b.wrap(g));
   return r;
 }
 
 // Mean loss and gradients over the k microbatches of inputs/targets [k,B,T].
 LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params,
-                               Tensor inputs, Tensor targets, remat::Decider& decider) {
+                               Tensor inputs, Tensor targets, rematerialize::Decider& decider) {
   const int64_t k = inputs.dim(0);
   const Shape mb = {inputs.dim(1), inputs.dim(2)};
   if (k == 1) return trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider);
@@ -102,8 +102,8 @@ double learning_rate_at(const OptimizerConfig& o, int64_t step) {
   return low + 0.5 * (peak - low) * (1 + std::cos(std::numbers::pi * progress));
 }
 
-Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, remat::Decider* decider) {
-  remat::Decider local;
+Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider) {
+  rematerialize::Decider local;
   Graph g;
   g.name = "grads";
   Builder b(g);
@@ -116,8 +116,8 @@ Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, remat::D
 }
 
 Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
-                 remat::Decider* decider) {
-  remat::Decider local;
+                 rematerialize::Decider* decider) {
+  rematerialize::Decider local;
   Graph g;
   g.name = "train_step";
   Builder b(g);

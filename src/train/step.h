@@ -29,13 +29,13 @@ struct StepShape {
 // (params P..., inputs i32[k,B,T], targets i32[k,B,T]) -> (loss, grads P...): the mean loss and its
 // gradients over k microbatches. k > 1 runs the microbatches under a scan whose carry sums the gradients.
 // Remat regions follow the model's remat_policy; `decider` (optional) records every residual's decision.
-ir::Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, remat::Decider* decider = nullptr);
+ir::Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider = nullptr);
 
 // (params P..., m P..., v P..., step i32[], inputs i32[k,B,T], targets i32[k,B,T])
 //   -> (loss, grad_norm, lr, params' P..., m' P..., v' P...).
 // `step` counts the updates done before this one (0 for the first).
 ir::Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& opt,
-                     remat::Decider* decider = nullptr);
+                     rematerialize::Decider* decider = nullptr);
 
 // The learning rate of update `step` (0-based), the same formula the step graph evaluates.
 double learning_rate_at(const OptimizerConfig& opt, int64_t step);

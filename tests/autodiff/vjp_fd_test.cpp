@@ -180,7 +180,7 @@ class VjpFiniteDifference : public testing::TestWithParam<Case> {};
 TEST_P(VjpFiniteDifference, MatchesCentralDifferences) {
   const Case& c = GetParam();
   Built built = build(c);
-  remat::Decider decider;
+  rematerialize::Decider decider;
   Graph g = autodiff::grad_graph(built.f, built.wrt, &decider);
   verify(g);
   std::mt19937 rng(42);
