@@ -8,7 +8,7 @@
 
 namespace remat::ir {
 
-const Type& Tensor::type() const {
+Type Tensor::type() const {
   ASSERT(b != nullptr);
   return b->graph().type(id);
 }

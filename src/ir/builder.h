@@ -22,12 +22,14 @@ namespace remat::ir {
 
 class Builder;
 
+// A handle to a value being traced. type() and shape() return copies: tracing appends values, which
+// moves the graph's type table, so a reference into it would dangle.
 struct Tensor {
   Builder* b = nullptr;
   ValueId id = -1;
 
-  const Type& type() const;
-  const Shape& shape() const { return type().shape; }
+  Type type() const;
+  Shape shape() const { return type().shape; }
   DType dtype() const { return type().dtype; }
   int64_t rank() const { return type().rank(); }
   int64_t dim(int64_t i) const;  // negative i counts from the back
