@@ -35,6 +35,7 @@ struct ResidualQuery {
   bool parameter_derived;       // depends only on the weights (see grad) and constants
   int64_t trip_count;           // executions per step of the producer's enclosing region (scan lengths)
   uint64_t region;              // the remat node's origin: identifies the region in reports
+  int position;                 // the producer's index in the region's (flattened) body: report order
 };
 
 // Decides each residual's residency. The remat stage implements the policy vocabulary (remat/).
@@ -43,7 +44,7 @@ class RematDecider {
   virtual ~RematDecider() = default;
   virtual Residency decide(const ResidualQuery& q) = 0;
   // A region input the backward reads: always available (saved by whoever produced it). For reports.
-  virtual void note_input(const std::string& policy, uint64_t region, const std::string& param_name,
+  virtual void note_input(const std::string& policy, uint64_t region, int index, const std::string& param_name,
                           const ir::Type& type, bool parameter_derived, int64_t trip_count) = 0;
 };
 

@@ -121,30 +121,65 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   std::vector<Residency> residency(joint.types.size(), Residency::save);
   std::vector<bool> is_residual(joint.types.size(), false);
   for (ValueId r : results) is_residual[static_cast<size_t>(r)] = true;  // region outputs exist outside anyway
-  std::vector<ValueId> saved, offloaded, recomputed;
+  std::vector<ValueId> saved, offloaded, recomputed;  // in the order decided
+  std::vector<ValueId> residuals;  // F values the backward reads, in first-use order
   auto note = [&](ValueId v) {
     size_t u = static_cast<size_t>(v);
     if (is_residual[u]) return;  // an output, or seen
     is_residual[u] = true;
-    if (producer_of[u] < 0) {  // a region input or a seed
-      auto p = std::find(params.begin(), params.end(), v);
-      if (p != params.end())
-        ctx.decider->note_input(policy, n.origin, n.body->param_names[static_cast<size_t>(p - params.begin())], joint.type(v),
-                                derived[u], ctx.trip_count);
-      return;
-    }
-    const Graph* graph = &joint;
-    const Node* node = &joint.nodes[static_cast<size_t>(producer_of[u])];
-    size_t output = output_of[u];
-    int64_t trips = ctx.trip_count;
-    resolve(graph, node, output, trips);
-    residency[u] = ctx.decider->decide(ResidualQuery{policy, *graph, *node, output, derived[u], trips, n.origin});
-    (residency[u] == Residency::save ? saved : residency[u] == Residency::offload ? offloaded : recomputed).push_back(v);
+    residuals.push_back(v);
   };
   for (size_t i = num_forward; i < joint.nodes.size(); ++i)
     for (ValueId v : joint.nodes[i].inputs) note(v);
   for (const Cot& c : cots)
     if (c) note(c->id);
+  // Decide, as JAX's partial evaluation does, every value the backward needs: a value the policy keeps is a
+  // residual; a recomputed one needs its producer's inputs, which are decided in turn. So a recompute
+  // chain stops at the first value the policy saves (the backward of `minimal` recomputes x + out_proj from
+  // the saved out_proj, not the attention behind it). Values are decided latest first, so that every
+  // consumer of a value is decided before the value itself.
+  std::vector<bool> available(joint.types.size(), false);  // without recomputing: inputs, outputs, kept residuals
+  for (ValueId p : params) available[static_cast<size_t>(p)] = true;
+  for (ValueId r : results) available[static_cast<size_t>(r)] = true;
+  std::vector<bool> needed(num_forward, false), input_read(np, false), queued(joint.types.size(), false);
+  auto earlier = [&](ValueId a, ValueId b) {  // heap order: the latest value on top
+    auto key = [&](ValueId v) { return std::pair(producer_of[static_cast<size_t>(v)], output_of[static_cast<size_t>(v)]); };
+    return key(a) < key(b);
+  };
+  std::vector<ValueId> heap;
+  auto want = [&](ValueId v) {
+    size_t u = static_cast<size_t>(v);
+    auto p = std::find(params.begin(), params.end(), v);
+    if (p != params.end()) input_read[static_cast<size_t>(p - params.begin())] = true;
+    if (available[u] || queued[u] || producer_of[u] < 0) return;
+    queued[u] = true;
+    heap.push_back(v);
+    std::push_heap(heap.begin(), heap.end(), earlier);
+  };
+  for (ValueId v : residuals) want(v);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), earlier);
+    ValueId v = heap.back();
+    heap.pop_back();
+    size_t u = static_cast<size_t>(v);
+    const Graph* graph = &joint;
+    const Node* node = &joint.nodes[static_cast<size_t>(producer_of[u])];
+    size_t output = output_of[u];
+    int64_t trips = ctx.trip_count;
+    resolve(graph, node, output, trips);
+    residency[u] = ctx.decider->decide(
+        ResidualQuery{policy, *graph, *node, output, derived[u], trips, n.origin, producer_of[u]});
+    (residency[u] == Residency::save ? saved : residency[u] == Residency::offload ? offloaded : recomputed).push_back(v);
+    if (residency[u] != Residency::recompute) continue;
+    size_t m = static_cast<size_t>(producer_of[u]);
+    if (needed[m]) continue;
+    needed[m] = true;
+    for (ValueId in : joint.nodes[m].inputs) want(in);
+  }
+  for (size_t p = 0; p < np; ++p)
+    if (input_read[p])
+      ctx.decider->note_input(policy, n.origin, static_cast<int>(p), n.body->param_names[p], joint.type(params[p]),
+                              derived[static_cast<size_t>(params[p])], ctx.trip_count);
 
   // 4a. The region's forward: F, returning the saved residuals and host copies of the offloaded ones.
   auto forward = std::make_shared<Graph>();
@@ -199,18 +234,6 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   for (size_t k = 0; k < offloaded.size(); ++k) {
     b.set_scope(n.scope);
     env.emplace(offloaded[k], b.emit1(Op::reload, std::array{host[k]}));
-  }
-  std::vector<bool> needed(num_forward, false);
-  std::vector<ValueId> stack(recomputed.begin(), recomputed.end());
-  while (!stack.empty()) {
-    ValueId v = stack.back();
-    stack.pop_back();
-    if (env.count(v)) continue;
-    int p = producer_of[static_cast<size_t>(v)];
-    ASSERT(p >= 0);
-    if (needed[static_cast<size_t>(p)]) continue;
-    needed[static_cast<size_t>(p)] = true;
-    for (ValueId in : joint.nodes[static_cast<size_t>(p)].inputs) stack.push_back(in);
   }
   for (size_t i = 0; i < num_forward; ++i)
     if (needed[i]) emit_clone(joint.nodes[i], true);

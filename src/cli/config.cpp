@@ -1,6 +1,8 @@
 #include "cli/config.h"
 
 #include "base/check.h"
+#include "nn/nn.h"
+#include "remat/remat.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -37,6 +39,16 @@ T parse_value(const std::string& key, const std::string& raw, const std::string&
   return v;
 }
 
+// A string key whose value must be one of `allowed`.
+Key bind_enum(std::string name, std::vector<std::string> allowed, std::function<std::string&(Config&)> field) {
+  std::string kind = fmt::format("one of {}", fmt::join(allowed, ", "));
+  return Key{name, kind, [name, field, allowed, kind](Config& c, const std::string& raw, const std::string& where) {
+               CHECK(std::find(allowed.begin(), allowed.end(), raw) != allowed.end(),
+                     "config key '{}' expects {}, got '{}' ({})", name, kind, raw, where);
+               field(c) = raw;
+             }};
+}
+
 template <class T>
 Key bind(std::string name, std::function<T&(Config&)> field) {
   const char* kind = std::is_same_v<T, bool>          ? "true or false"
@@ -46,6 +58,12 @@ Key bind(std::string name, std::function<T&(Config&)> field) {
   return Key{name, kind, [name, field, kind](Config& c, const std::string& raw, const std::string& where) {
                field(c) = parse_value<T>(name, raw, where, kind);
              }};
+}
+
+// Where remat_policy=custom keeps one checkpoint name (MaxText's per-tensor keys).
+Key custom_key(const std::string& name) {
+  return bind_enum(name, {"remat", "device", "offload"},
+                   [name](Config& c) -> std::string& { return c.custom_remat[name]; });
 }
 
 const std::vector<Key>& keys() {
@@ -62,6 +80,9 @@ const std::vector<Key>& keys() {
       bind<double>("normalization_layer_epsilon", [](Config& c) -> double& { return c.run.model.rms_eps; }),
       bind<bool>("logits_via_embedding", [](Config& c) -> bool& { return c.run.model.logits_via_embedding; }),
       bind<bool>("scan_layers", [](Config& c) -> bool& { return c.run.model.scan_layers; }),
+      bind<int64_t>("layers_per_group", [](Config& c) -> int64_t& { return c.run.model.layers_per_group; }),
+      bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.run.model.remat_policy; }),
+      bind<bool>("remat_allow_unmatched", [](Config& c) -> bool& { return c.run.remat_allow_unmatched; }),
       bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }),
       bind<int64_t>("max_target_length", [](Config& c) -> int64_t& { return c.run.shape.seq; }),
       bind<int64_t>("gradient_accumulation_steps", [](Config& c) -> int64_t& { return c.run.shape.accumulation; }),
@@ -84,6 +105,15 @@ const std::vector<Key>& keys() {
       bind<int64_t>("log_period", [](Config& c) -> int64_t& { return c.run.log_period; }),
       bind<std::string>("run_name", [](Config& c) -> std::string& { return c.run_name; }),
       bind<std::string>("base_output_directory", [](Config& c) -> std::string& { return c.base_output_directory; }),
+      custom_key("decoder_layer_input"),
+      custom_key("query_proj"),
+      custom_key("key_proj"),
+      custom_key("value_proj"),
+      custom_key("context"),
+      custom_key("out_proj"),
+      custom_key("mlpwi_0"),
+      custom_key("mlpwi_1"),
+      custom_key("mlpwo"),
       bind<std::string>("sample_prompt", [](Config& c) -> std::string& { return c.run.sample_prompt; }),
       bind<int64_t>("sample_length", [](Config& c) -> int64_t& { return c.run.sample_length; }),
       bind<double>("sample_temperature", [](Config& c) -> double& { return c.run.sample_temperature; }),
@@ -191,6 +221,20 @@ Config load_config(const std::string& base_path, const std::vector<std::string>&
     find_key(k, fmt::format("argument '{}'", overrides[i])).set(c, v, fmt::format("argument '{}'", overrides[i]));
   }
   nn::validate(c.run.model);
+  std::string& policy = c.run.model.remat_policy;
+  if (policy == "custom") {
+    std::vector<std::string> items;
+    for (std::string_view name : nn::names::kAll)
+      items.push_back(fmt::format("{}={}", name, c.custom_remat[std::string(name)]));
+    policy = fmt::format("custom({})", fmt::join(items, ", "));
+  }
+  if (policy != "none") {
+    try {
+      rematerialize::parse_policy(policy);
+    } catch (const Error& e) {
+      CHECK(false, "config key 'remat_policy': {}", e.what());
+    }
+  }
   c.run.optimizer.schedule_steps = c.run.steps;
   c.run.run_dir = (fs::path(c.base_output_directory) / (c.run_name.empty() ? c.model : c.run_name)).string();
   return c;

@@ -7,6 +7,7 @@
 
 #include "train/trainer.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@ namespace remat::cli {
 
 struct Config {
   train::RunConfig run;
+  std::map<std::string, std::string> custom_remat;  // checkpoint name -> remat|device|offload (remat_policy=custom)
   std::string model = "tiny";                 // preset name (configs/models/<model>.yml)
   std::string run_name;                       // "" = the model name
   std::string base_output_directory = "runs"; // runs go to <base_output_directory>/<run_name>

@@ -1,5 +1,6 @@
 // `remat`: the command-line entry point.
 //   remat train [CONFIG.yml] [key=value ...]   trains the configured decoder (default: configs/base.yml)
+//   remat explain [CONFIG.yml] [key=value ...] [--json]   every residual of the step and its remat decision
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
 #include "cli/commands.h"
 #include "cli/config.h"
@@ -11,15 +12,19 @@
 
 namespace {
 
-// Splits train's positional arguments into an optional leading config file and key=value overrides.
-int train_command(const std::vector<std::string>& args) {
+// Splits positional arguments into an optional leading config file and key=value overrides.
+remat::cli::Config config_from(const std::vector<std::string>& args) {
   std::string base;
   std::vector<std::string> overrides = args;
   if (!overrides.empty() && overrides[0].find('=') == std::string::npos) {
     base = overrides[0];
     overrides.erase(overrides.begin());
   }
-  remat::cli::Config config = remat::cli::load_config(base, overrides);
+  return remat::cli::load_config(base, overrides);
+}
+
+int train_command(const std::vector<std::string>& args) {
+  remat::cli::Config config = config_from(args);
   remat::train::RunResult r = remat::train::run(config.run);
   fmt::print("final: train loss {:.4f}, validation loss {:.4f} nats/byte\n", r.train_loss, r.validation_loss);
   return 0;
@@ -33,6 +38,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> train_args;
   CLI::App* train_cmd = app.add_subcommand("train", "train the configured decoder: remat train [CONFIG.yml] [key=value ...]");
   train_cmd->add_option("args", train_args, "an optional base config file, then key=value overrides");
+  std::vector<std::string> explain_args;
+  bool explain_json = false;
+  CLI::App* explain_cmd =
+      app.add_subcommand("explain", "every residual of the training step and its remat decision: remat explain [CONFIG.yml] [key=value ...]");
+  explain_cmd->add_option("args", explain_args, "an optional base config file, then key=value overrides");
+  explain_cmd->add_flag("--json", explain_json, "machine-readable output");
   remat::cli::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
   demo_cmd->add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
@@ -41,6 +52,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (train_cmd->parsed()) return train_command(train_args);
+    if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args), explain_json);
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
   } catch (const remat::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());

@@ -174,12 +174,16 @@ std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> con
 }
 
 std::vector<Tensor> checkpoint(Builder& b, std::span<const Tensor> inputs, const RematBody& body,
-                               const std::string& policy, const std::string& name) {
+                               const std::string& policy, const std::string& name,
+                               std::span<const std::string> param_names) {
+  CHECK(param_names.empty() || param_names.size() == inputs.size(), "checkpoint '{}': {} param names for {} inputs",
+        name, param_names.size(), inputs.size());
   auto g = std::make_shared<Graph>();
   g->name = name;
   Builder bb(*g, b.current_scope());
   std::vector<Tensor> params;
-  for (size_t i = 0; i < inputs.size(); ++i) params.push_back(bb.param(fmt::format("a{}", i), inputs[i].type()));
+  for (size_t i = 0; i < inputs.size(); ++i)
+    params.push_back(bb.param(param_names.empty() ? fmt::format("a{}", i) : param_names[i], inputs[i].type()));
   for (Tensor r : body(bb, params)) bb.result(r);
   return b.emit(Op::remat, inputs, Attrs().set("policy", policy), std::move(g));
 }

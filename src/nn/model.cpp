@@ -159,7 +159,12 @@ Tensor layer_slice(Tensor stacked, int64_t l) {
   return reshape(slice(stacked, start, limit), per_layer);
 }
 
-// One layer, inside a remat region unless the policy is "none". Region inputs: x, 9 weights, 3 tables.
+// The inputs of a layer's (or group's) remat region: x, the 9 layer weights, the 3 tables.
+const std::array<std::string, 13> kRegionInputs = {
+    "x",  "pre_self_attention_norm", "query", "key",     "value",    "out",         "post_self_attention_norm",
+    "wi_0", "wi_1",                  "wo",    "rope_cos", "rope_sin", "causal_mask"};
+
+// One layer, inside a remat region unless the policy is "none".
 Tensor checkpointed_layer(Builder& b, const ModelConfig& c, Tensor x, std::span<const Tensor> w, const LayerConsts& k) {
   if (c.remat_policy == "none") return decoder_layer(b, c, x, layer_weights(w), k);
   std::vector<Tensor> in{x};
@@ -169,7 +174,7 @@ Tensor checkpointed_layer(Builder& b, const ModelConfig& c, Tensor x, std::span<
     LayerConsts kb{a[10], a[11], a[12]};
     return std::vector<Tensor>{decoder_layer(rb, c, a[0], layer_weights(a.subspan(1, 9)), kb)};
   };
-  return checkpoint(b, in, body, c.remat_policy, "decoder_layer")[0];
+  return checkpoint(b, in, body, c.remat_policy, "decoder_layer", kRegionInputs)[0];
 }
 
 // A scan over stacked layers [n, ...]: carry x, consts the tables.
@@ -203,7 +208,7 @@ Tensor scan_groups(Builder& b, const ModelConfig& c, Tensor x, std::span<const T
       return std::vector<Tensor>{scan_layers(rb, c, a[0], a.subspan(1, 9), kb, "decoder_layer")};
     };
     if (c.remat_policy == "none") return group(gb, in);
-    return checkpoint(gb, in, group, c.remat_policy, "layer_group");
+    return checkpoint(gb, in, group, c.remat_policy, "layer_group", kRegionInputs);
   };
   return scan(b, groups, std::array{k.cos, k.sin, k.mask}, std::array{x}, grouped, body, "layer_group")[0];
 }

@@ -20,14 +20,16 @@ Residency Decider::decide(const autodiff::ResidualQuery& q) {
   r.type = q.graph.type(q.producer.outputs[q.output]);
   r.residency = v.residency;
   r.rule = v.rule;
+  r.parameter_derived = q.parameter_derived;
   r.trip_count = q.trip_count;
   r.origin = q.producer.origin;
+  r.position = q.position;
   r.region = q.region;
   records_.push_back(std::move(r));
   return v.residency;
 }
 
-void Decider::note_input(const std::string& policy_text, uint64_t region, const std::string& param_name,
+void Decider::note_input(const std::string& policy_text, uint64_t region, int index, const std::string& param_name,
                          const ir::Type& type, bool parameter_derived, int64_t trip_count) {
   const Policy& p = policy(policy_text);
   ResidualRecord r;
@@ -35,10 +37,12 @@ void Decider::note_input(const std::string& policy_text, uint64_t region, const 
   r.what = "input %" + param_name;
   r.type = type;
   r.residency = Residency::save;
-  r.rule = parameter_derived ? "region input (parameter-derived: kept by the caller)" : "region input: always saved";
+  r.rule = parameter_derived ? "region input, weight-derived: no activation memory" : "region input: always saved";
   r.region_input = true;
+  r.parameter_derived = parameter_derived;
   r.trip_count = trip_count;
   r.region = region;
+  r.position = index - (1 << 20);  // before every produced value
   records_.push_back(std::move(r));
 }
 

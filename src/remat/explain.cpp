@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace remat::rematerialize {
 namespace {
 
@@ -34,6 +36,12 @@ const char* residency_str(Residency r) {
 Explanation explain(const std::vector<ResidualRecord>& records, const ir::Graph& forward, const ir::Graph& step) {
   Explanation e;
   e.residuals = records;
+  // Regions in the order they were differentiated; rows of a region in forward order, inputs first.
+  std::map<uint64_t, size_t> first_seen;
+  for (size_t i = 0; i < records.size(); ++i) first_seen.emplace(records[i].region, i);
+  std::stable_sort(e.residuals.begin(), e.residuals.end(), [&](const ResidualRecord& a, const ResidualRecord& b) {
+    return std::pair(first_seen[a.region], a.position) < std::pair(first_seen[b.region], b.position);
+  });
   count_runs(step, 1, e.runs, e.recompute_flops);
   e.forward_flops = ir::flops(forward);
   e.step_flops = ir::flops(step);
@@ -49,16 +57,17 @@ std::string Explanation::text() const {
     size_t end = i;
     while (end < residuals.size() && residuals[end].region == first.region) ++end;
     out += fmt::format("remat region (policy {}), runs {}x per step\n", first.policy, first.trip_count);
-    out += fmt::format("  {:<44} {:<18} {:<5} {:>10}  {:<9} {:>9}  {}\n", "residual", "shape", "dtype", "bytes",
+    out += fmt::format("  {:<56} {:<16} {:<5} {:>10}  {:<9} {:>9}  {}\n", "residual", "shape", "dtype", "bytes",
                        "decision", "runs/step", "rule");
     double saved = 0, offloaded = 0, recomputed = 0;
     for (size_t k = i; k < end; ++k) {
       const ResidualRecord& r = residuals[k];
       double b = static_cast<double>(r.type.bytes());
-      (r.residency == Residency::save ? saved : r.residency == Residency::offload ? offloaded : recomputed) += b;
+      if (!(r.region_input && r.parameter_derived))
+        (r.residency == Residency::save ? saved : r.residency == Residency::offload ? offloaded : recomputed) += b;
       auto runs_it = runs.find(r.origin);
       std::string run_count = r.region_input ? "-" : fmt::format("{}", runs_it == runs.end() ? 0 : runs_it->second);
-      out += fmt::format("  {:<44} {:<18} {:<5} {:>10}  {:<9} {:>9}  {}\n", r.what, ir::shape_str(r.type.shape),
+      out += fmt::format("  {:<56} {:<16} {:<5} {:>10}  {:<9} {:>9}  {}\n", r.what, ir::shape_str(r.type.shape),
                          dtype_name(r.type.dtype), bytes_str(b), residency_str(r.residency), run_count, r.rule);
     }
     const double t = static_cast<double>(first.trip_count);

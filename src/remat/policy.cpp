@@ -296,12 +296,14 @@ Verdict evaluate(const Policy& p, const ir::Graph& graph, const ir::Node& produc
       if (no_batch) return {Residency::offload, "offload_dot_with_no_batch_dims: dot_general without batch dims"};
       return recompute("offload_dot_with_no_batch_dims: everything else");
     case Kind::save_only_these_names:
-      if (named && listed(p.save_names, name)) return {Residency::save, fmt::format("{}: '{}' is listed", p.text, name)};
-      return recompute(named ? fmt::format("{}: '{}' is not listed", p.text, name) : p.text + ": unnamed");
+      if (named && listed(p.save_names, name)) return {Residency::save, fmt::format("save_only_these_names: '{}' listed", name)};
+      return recompute(named ? fmt::format("save_only_these_names: '{}' not listed", name)
+                             : "save_only_these_names: unnamed");
     case Kind::save_any_names_but_these:
       if (named && !listed(p.save_names, name))
-        return {Residency::save, fmt::format("{}: '{}' is not excluded", p.text, name)};
-      return recompute(named ? fmt::format("{}: '{}' is excluded", p.text, name) : p.text + ": unnamed");
+        return {Residency::save, fmt::format("save_any_names_but_these: '{}' not excluded", name)};
+      return recompute(named ? fmt::format("save_any_names_but_these: '{}' excluded", name)
+                             : "save_any_names_but_these: unnamed");
     case Kind::save_and_offload_only_these_names: {
       std::string label = p.preset == "custom" ? "custom" : "save_and_offload_only_these_names";
       if (named && listed(p.save_names, name)) return {Residency::save, fmt::format("{}: '{}' saved", label, name)};

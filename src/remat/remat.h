@@ -26,17 +26,19 @@ struct ResidualRecord {
   Residency residency = Residency::save;
   std::string rule;             // what decided it
   bool region_input = false;    // a region input (always available)
+  bool parameter_derived = false;  // computed from weights and constants only: no activation memory
   int64_t trip_count = 1;       // executions per step of the region (scan lengths)
   uint64_t origin = 0;          // the producer's origin (0 for region inputs)
   uint64_t region = 0;          // the remat region's origin
+  int position = 0;             // report order within the region: inputs (negative) first, then forward order
 };
 
 // Applies the policies of remat regions; keeps a record of every decision.
 class Decider : public autodiff::RematDecider {
  public:
   Residency decide(const autodiff::ResidualQuery& q) override;
-  void note_input(const std::string& policy, uint64_t region, const std::string& param_name, const ir::Type& type,
-                  bool parameter_derived, int64_t trip_count) override;
+  void note_input(const std::string& policy, uint64_t region, int index, const std::string& param_name,
+                  const ir::Type& type, bool parameter_derived, int64_t trip_count) override;
   const std::vector<ResidualRecord>& records() const { return records_; }
   const Policy& policy(const std::string& text);  // parsed once per text
 

@@ -108,7 +108,13 @@ RunResult run(const RunConfig& c) {
   Evaluator evaluator(c, data);
 
   const int64_t k = c.shape.accumulation, B = c.shape.batch, T = c.shape.seq;
-  ir::Graph step = step_graph(c.model, c.shape, c.optimizer);
+  ir::Graph forward = nn::loss_graph(c.model, B, T);
+  for (const std::string& w : rematerialize::lint(forward, {.allow_unmatched = c.remat_allow_unmatched}))
+    fmt::print("warning: {}\n", w);
+  rematerialize::Decider decider;
+  ir::Graph step = step_graph(c.model, c.shape, c.optimizer, &decider);
+  std::string explained = rematerialize::explain(decider.records(), forward, step).text();
+  fmt::print("remat: policy {}; {}", c.model.remat_policy, explained.substr(explained.rfind("step: ") + 6));
   std::vector<exec::Array> params = nn::init_params(c.model, c.init_seed);
   const size_t np = params.size();
   std::vector<exec::Array> m, v;

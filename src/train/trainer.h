@@ -25,6 +25,7 @@ struct RunConfig {
   std::string sample_prompt = "The ";  // generation at the end
   int64_t sample_length = 200;         // bytes to generate
   double sample_temperature = 0.0;     // 0 = greedy
+  bool remat_allow_unmatched = false;  // policy names matching no checkpoint name: warn instead of fail
 };
 
 struct RunResult {

@@ -1,0 +1,37 @@
+#include "cli/commands.h"
+#include "cli/config.h"
+
+#include <fmt/format.h>
+
+namespace remat::cli {
+
+int run_explain(const Config& config, bool json) {
+  const train::RunConfig& run = config.run;
+  ir::Graph forward = nn::loss_graph(run.model, run.shape.batch, run.shape.seq);
+  std::vector<std::string> warnings = rematerialize::lint(forward, {.allow_unmatched = run.remat_allow_unmatched});
+  rematerialize::Decider decider;
+  ir::Graph step = train::grads_graph(run.model, run.shape, &decider);
+  rematerialize::Explanation e = rematerialize::explain(decider.records(), forward, step);
+  if (json) {
+    nlohmann::json out = e.json();
+    out["model"] = config.model;
+    out["remat_policy"] = run.model.remat_policy;
+    out["warnings"] = warnings;
+    fmt::print("{}\n", out.dump(2));
+    return 0;
+  }
+  for (const std::string& w : warnings) fmt::print("warning: {}\n", w);
+  fmt::print("model {}: {} layers{}, batch {} x {} tokens, remat_policy {}\n", config.model,
+             run.model.num_decoder_layers,
+             !run.model.scan_layers           ? " (unrolled)"
+             : run.model.layers_per_group > 0 ? fmt::format(" (scan of {} groups of {})",
+                                                            run.model.num_decoder_layers / run.model.layers_per_group,
+                                                            run.model.layers_per_group)
+                                              : " (scanned)",
+             run.shape.batch, run.shape.seq, run.model.remat_policy);
+  if (e.residuals.empty()) fmt::print("no remat regions (remat_policy none): the backward keeps every residual\n");
+  fmt::print("{}", e.text());
+  return 0;
+}
+
+}  // namespace remat::cli
