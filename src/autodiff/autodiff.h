@@ -36,6 +36,7 @@ struct ResidualQuery {
   int64_t trip_count;           // executions per step of the producer's enclosing region (scan lengths)
   uint64_t region;              // the remat node's origin: identifies the region in reports
   int position;                 // the producer's index in the region's (flattened) body: report order
+  bool alias_of_input;          // a checkpoint name on a region input: the same bytes, kept whatever the answer
 };
 
 // Decides each residual's residency. The remat stage implements the policy vocabulary (remat/).

@@ -122,6 +122,7 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   std::vector<bool> is_residual(joint.types.size(), false);
   for (ValueId r : results) is_residual[static_cast<size_t>(r)] = true;  // region outputs exist outside anyway
   std::vector<ValueId> saved, offloaded, recomputed;  // in the order decided
+  std::vector<ValueId> aliases;                      // checkpoint names on region inputs
   std::vector<ValueId> residuals;  // F values the backward reads, in first-use order
   auto note = [&](ValueId v) {
     size_t u = static_cast<size_t>(v);
@@ -167,8 +168,16 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
     size_t output = output_of[u];
     int64_t trips = ctx.trip_count;
     resolve(graph, node, output, trips);
+    const Node& made_by = joint.nodes[static_cast<size_t>(producer_of[u])];
+    const bool alias = made_by.op == Op::name &&
+                       std::find(params.begin(), params.end(), made_by.inputs[0]) != params.end();
     residency[u] = ctx.decider->decide(
-        ResidualQuery{policy, *graph, *node, output, derived[u], trips, n.origin, producer_of[u]});
+        ResidualQuery{policy, *graph, *node, output, derived[u], trips, n.origin, producer_of[u], alias});
+    if (alias) {  // name(input) is the input itself: no region output, no recompute
+      aliases.push_back(v);
+      want(made_by.inputs[0]);
+      continue;
+    }
     (residency[u] == Residency::save ? saved : residency[u] == Residency::offload ? offloaded : recomputed).push_back(v);
     if (residency[u] != Residency::recompute) continue;
     size_t m = static_cast<size_t>(producer_of[u]);
@@ -212,6 +221,10 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
       else host.push_back(b.wrap(out));
     }
     g.nodes[index].body = forward;
+  }
+  for (ValueId v : aliases) {
+    const Node& m = joint.nodes[static_cast<size_t>(producer_of[static_cast<size_t>(v)])];
+    env.emplace(v, env.at(m.inputs[0]));
   }
   for (size_t k = 0; k < results.size(); ++k) {
     env.emplace(results[k], b.wrap(n.outputs[k]));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace remat::cli {
 
@@ -16,6 +17,7 @@ struct Config;
 // `remat explain`: traces the configured training step, applies the remat policy and prints every
 // residual with its decision (a table, or JSON with `json`). Lint errors fail; warnings are printed.
 int run_explain(const Config& config, bool json);
+std::string explain_report(const Config& config, bool json);
 
 // Trains an MLP (16 -> 64 -> 64 -> 1, tanh) on y = sin(x . a) + 0.5 cos(x . b), reporting train and
 // held-out MSE. The whole step (forward, backward, momentum update) is one graph run by the executor.

@@ -5,7 +5,7 @@
 
 namespace remat::cli {
 
-int run_explain(const Config& config, bool json) {
+std::string explain_report(const Config& config, bool json) {
   const train::RunConfig& run = config.run;
   ir::Graph forward = nn::loss_graph(run.model, run.shape.batch, run.shape.seq);
   std::vector<std::string> warnings = rematerialize::lint(forward, {.allow_unmatched = run.remat_allow_unmatched});
@@ -17,11 +17,11 @@ int run_explain(const Config& config, bool json) {
     out["model"] = config.model;
     out["remat_policy"] = run.model.remat_policy;
     out["warnings"] = warnings;
-    fmt::print("{}\n", out.dump(2));
-    return 0;
+    return out.dump(2) + "\n";
   }
-  for (const std::string& w : warnings) fmt::print("warning: {}\n", w);
-  fmt::print("model {}: {} layers{}, batch {} x {} tokens, remat_policy {}\n", config.model,
+  std::string text;
+  for (const std::string& w : warnings) text += fmt::format("warning: {}\n", w);
+  text += fmt::format("model {}: {} layers{}, batch {} x {} tokens, remat_policy {}\n", config.model,
              run.model.num_decoder_layers,
              !run.model.scan_layers           ? " (unrolled)"
              : run.model.layers_per_group > 0 ? fmt::format(" (scan of {} groups of {})",
@@ -29,8 +29,12 @@ int run_explain(const Config& config, bool json) {
                                                             run.model.layers_per_group)
                                               : " (scanned)",
              run.shape.batch, run.shape.seq, run.model.remat_policy);
-  if (e.residuals.empty()) fmt::print("no remat regions (remat_policy none): the backward keeps every residual\n");
-  fmt::print("{}", e.text());
+  if (e.residuals.empty()) text += "no remat regions (remat_policy none): the backward keeps every residual\n";
+  return text + e.text();
+}
+
+int run_explain(const Config& config, bool json) {
+  fmt::print("{}", explain_report(config, json));
   return 0;
 }
 

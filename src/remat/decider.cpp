@@ -18,9 +18,10 @@ Residency Decider::decide(const autodiff::ResidualQuery& q) {
                                          : fmt::format("{} @ {}", ir::op_name(q.producer.op), q.producer.scope);
   r.scope = q.producer.scope;
   r.type = q.graph.type(q.producer.outputs[q.output]);
-  r.residency = v.residency;
-  r.rule = v.rule;
+  r.residency = q.alias_of_input ? Residency::save : v.residency;
+  r.rule = q.alias_of_input ? v.rule + "; an alias of the region input, kept with it" : v.rule;
   r.parameter_derived = q.parameter_derived;
+  r.alias = q.alias_of_input;
   r.trip_count = q.trip_count;
   r.origin = q.producer.origin;
   r.position = q.position;

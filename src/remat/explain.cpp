@@ -48,10 +48,22 @@ Explanation explain(const std::vector<ResidualRecord>& records, const ir::Graph&
   return e;
 }
 
+namespace {
+double step_bytes(const std::vector<ResidualRecord>& rows, Residency which) {
+  double total = 0;
+  for (const ResidualRecord& r : rows)
+    if (r.residency == which && !(r.region_input && r.parameter_derived) && !r.alias)
+      total += static_cast<double>(r.type.bytes()) * static_cast<double>(r.trip_count);
+  return total;
+}
+}  // namespace
+
+double Explanation::saved_bytes() const { return step_bytes(residuals, Residency::save); }
+double Explanation::offloaded_bytes() const { return step_bytes(residuals, Residency::offload); }
+
 std::string Explanation::text() const {
   std::string out;
   size_t i = 0;
-  double step_saved = 0, step_offloaded = 0;
   while (i < residuals.size()) {
     const ResidualRecord& first = residuals[i];
     size_t end = i;
@@ -63,7 +75,7 @@ std::string Explanation::text() const {
     for (size_t k = i; k < end; ++k) {
       const ResidualRecord& r = residuals[k];
       double b = static_cast<double>(r.type.bytes());
-      if (!(r.region_input && r.parameter_derived))
+      if (!(r.region_input && r.parameter_derived) && !r.alias)
         (r.residency == Residency::save ? saved : r.residency == Residency::offload ? offloaded : recomputed) += b;
       auto runs_it = runs.find(r.origin);
       std::string run_count = r.region_input ? "-" : fmt::format("{}", runs_it == runs.end() ? 0 : runs_it->second);
@@ -75,15 +87,13 @@ std::string Explanation::text() const {
                        bytes_str(recomputed));
     out += fmt::format("  per step:  saved {}, offloaded {}, recomputed {}\n", bytes_str(saved * t),
                        bytes_str(offloaded * t), bytes_str(recomputed * t));
-    step_saved += saved * t;
-    step_offloaded += offloaded * t;
     i = end;
   }
   const double backward = step_flops - forward_flops - recompute_flops;
   out += fmt::format(
       "step: saved {} on device, {} offloaded to host; {:.3f} GFLOP forward, {:.3f} GFLOP backward and update, "
       "{:.3f} GFLOP recompute ({:.1f}% of the step)\n",
-      bytes_str(step_saved), bytes_str(step_offloaded), forward_flops / 1e9, backward / 1e9, recompute_flops / 1e9,
+      bytes_str(saved_bytes()), bytes_str(offloaded_bytes()), forward_flops / 1e9, backward / 1e9, recompute_flops / 1e9,
       step_flops > 0 ? 100 * recompute_flops / step_flops : 0.0);
   return out;
 }
@@ -105,6 +115,7 @@ nlohmann::json Explanation::json() const {
                     {"producer_runs_per_step", r.region_input || runs_it == runs.end() ? 0 : runs_it->second}});
   }
   return {{"residuals", rows},
+          {"bytes_per_step", {{"saved", saved_bytes()}, {"offloaded", offloaded_bytes()}}},
           {"flops", {{"forward", forward_flops}, {"step", step_flops}, {"recompute", recompute_flops}}}};
 }
 

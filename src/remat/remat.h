@@ -27,6 +27,7 @@ struct ResidualRecord {
   std::string rule;             // what decided it
   bool region_input = false;    // a region input (always available)
   bool parameter_derived = false;  // computed from weights and constants only: no activation memory
+  bool alias = false;              // a checkpoint name on a region input: no memory of its own
   int64_t trip_count = 1;       // executions per step of the region (scan lengths)
   uint64_t origin = 0;          // the producer's origin (0 for region inputs)
   uint64_t region = 0;          // the remat region's origin
@@ -61,6 +62,10 @@ struct Explanation {
   std::map<uint64_t, int64_t> runs;  // executions per step by origin, in the differentiated graph
   double forward_flops = 0, step_flops = 0, recompute_flops = 0;
 
+  // Activation bytes per step kept on device / on host by the policy (region inputs included,
+  // weight-derived inputs excluded; stacked residuals count once per layer).
+  double saved_bytes() const;
+  double offloaded_bytes() const;
   std::string text() const;
   nlohmann::json json() const;
 };
