@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <random>
+#include <functional>
 #include <set>
 
 namespace remat {
@@ -133,6 +134,54 @@ INSTANTIATE_TEST_SUITE_P(Policies, AllPolicies,
                          testing::Combine(testing::Values(Layout::scanned, Layout::unrolled, Layout::nested),
                                           testing::ValuesIn(all_policies())),
                          label);
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+// The double scan of seed 000 (2 groups of 2 layers, remat on both levels): JAX, MaxText and marin rerun
+// the inner forward a third time; here the group's recompute keeps every inner residual, so each forward
+// activation op runs exactly twice per layer (forward, recompute) and never more.
+TEST(NestedScan, EveryForwardOpRunsAtMostTwicePerLayer) {
+  nn::ModelConfig c = model(Layout::nested, "full");
+  c.num_decoder_layers = 4;
+  c.layers_per_group = 2;
+  std::vector<exec::Array> args = args_for(c);
+  ir::Graph g = train::grads_graph(c, {2, 16, 1});
+  exec::Profile profile;
+  exec::run(g, args, {.profile = &profile});
+  std::map<uint64_t, int64_t> original;
+  count_original_runs(g, 1, original);
+  std::set<uint64_t> derived;
+  derived_origins(g, std::vector<bool>(nn::param_specs(c).size(), true), derived);
+  // The forward layer ops: everything inside the first (forward) scan over groups.
+  std::set<uint64_t> forward;
+  std::function<void(const ir::Graph&)> collect = [&](const ir::Graph& body) {
+    for (const ir::Node& n : body.nodes) {
+      forward.insert(n.origin);
+      if (n.body) collect(*n.body);
+    }
+  };
+  for (const ir::Node& n : g.nodes) {
+    if (n.op != ir::Op::scan) continue;
+    collect(*n.body);
+    break;
+  }
+  int layer_ops = 0, twice = 0;
+  for (const auto& [origin, once] : original) {
+    if (!forward.count(origin) || derived.count(origin) || !profile.runs_by_origin.count(origin)) continue;
+    const int64_t runs = profile.runs_by_origin[origin];
+    EXPECT_LE(runs, 2 * once) << "origin " << origin;
+    if (once == 4) {  // an op of the layer body: 2 groups x 2 layers
+      ++layer_ops;
+      twice += runs == 8;
+    }
+  }
+  EXPECT_GT(layer_ops, 50);
+  EXPECT_EQ(twice, layer_ops) << "under full remat every layer op is recomputed exactly once";
+}
 
 }  // namespace
 }  // namespace remat
