@@ -3,6 +3,7 @@
 // model (unrolled, without a remat region, so the layer is inline). Set REMAT_PRINT_GOLDEN=1 to print it.
 #include "nn/nn.h"
 #include "support/filecheck.h"
+#include "support/models.h"
 
 #include <gtest/gtest.h>
 
@@ -12,18 +13,8 @@
 namespace remat {
 namespace {
 
-nn::ModelConfig one_layer(bool scan) {
-  nn::ModelConfig c;
-  c.emb_dim = 16;
-  c.num_decoder_layers = 1;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.mlp_dim = 32;
-  c.scan_layers = scan;
-  c.remat_policy = "none";  // the layer inline, not inside a remat region
-  return c;
-}
+// The layer inline, not inside a remat region.
+nn::ModelConfig one_layer(bool scan) { return testing_support::micro_model(1, scan, "none"); }
 
 void count_names(const ir::Graph& g, std::map<std::string, int>& counts, int multiplier) {
   for (const ir::Node& n : g.nodes) {

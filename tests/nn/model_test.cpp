@@ -3,6 +3,7 @@
 #include "autodiff/autodiff.h"
 #include "nn/nn.h"
 #include "remat/remat.h"
+#include "support/models.h"
 
 #include <gtest/gtest.h>
 
@@ -12,17 +13,7 @@
 namespace remat {
 namespace {
 
-nn::ModelConfig small(bool scan) {
-  nn::ModelConfig c;
-  c.emb_dim = 32;
-  c.num_decoder_layers = 3;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.mlp_dim = 64;
-  c.scan_layers = scan;
-  return c;
-}
+nn::ModelConfig small(bool scan) { return testing_support::small_model(3, scan, "full"); }
 
 std::vector<exec::Array> batch(int64_t b, int64_t t, uint64_t seed) {
   std::mt19937 rng(static_cast<uint32_t>(seed));

@@ -2,6 +2,7 @@
 // unless allowed; a no-batch-dims dot policy on a model whose dots all have batch dims is a warning.
 #include "nn/nn.h"
 #include "remat/remat.h"
+#include "support/models.h"
 
 #include <gtest/gtest.h>
 
@@ -9,15 +10,7 @@ namespace remat {
 namespace {
 
 ir::Graph model_with(const std::string& policy) {
-  nn::ModelConfig c;
-  c.emb_dim = 16;
-  c.num_decoder_layers = 2;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.mlp_dim = 32;
-  c.remat_policy = policy;
-  return nn::loss_graph(c, 1, 4);
+  return nn::loss_graph(testing_support::micro_model(2, true, policy), 1, 4);
 }
 
 std::string lint_error(const ir::Graph& g, bool allow = false) {

@@ -1,6 +1,7 @@
 // Every built-in policy and preset gives bit-identical gradients to everything_saveable, for scanned,
 // unrolled and double-scanned layers (a 2-layer model), and each forward op runs at most twice.
 #include "remat/remat.h"
+#include "support/models.h"
 #include "train/step.h"
 
 #include <gtest/gtest.h>
@@ -16,16 +17,8 @@ namespace {
 enum class Layout { scanned, unrolled, nested };
 
 nn::ModelConfig model(Layout layout, const std::string& policy) {
-  nn::ModelConfig c;
-  c.emb_dim = 32;
-  c.num_decoder_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.mlp_dim = 64;
-  c.scan_layers = layout != Layout::unrolled;
+  nn::ModelConfig c = testing_support::small_model(2, layout != Layout::unrolled, policy);
   c.layers_per_group = layout == Layout::nested ? 1 : 0;
-  c.remat_policy = policy;
   return c;
 }
 

@@ -3,6 +3,7 @@
 // and holds CHECK lines against the printed gradient graph. Set REMAT_PRINT_GOLDEN=1 to print it.
 #include "remat/remat.h"
 #include "support/filecheck.h"
+#include "support/models.h"
 #include "train/step.h"
 
 #include <gtest/gtest.h>
@@ -15,18 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nn::ModelConfig one_layer(const std::string& policy) {
-  nn::ModelConfig c;
-  c.emb_dim = 16;
-  c.num_decoder_layers = 1;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.mlp_dim = 32;
-  c.scan_layers = false;
-  c.remat_policy = policy;
-  return c;
-}
+nn::ModelConfig one_layer(const std::string& policy) { return testing_support::micro_model(1, false, policy); }
 
 ir::Graph layer_grads(const std::string& policy) { return train::grads_graph(one_layer(policy), {1, 4, 1}); }
 

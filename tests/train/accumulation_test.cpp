@@ -1,5 +1,6 @@
 // Gradient accumulation over k microbatches equals one batch k times as large: same tokens, same mean.
 // Tolerance: |accumulated - single| <= 1e-5 * max|single| per tensor (the sums run in a different order).
+#include "support/models.h"
 #include "train/step.h"
 
 #include <gtest/gtest.h>
@@ -10,13 +11,7 @@ namespace remat {
 namespace {
 
 TEST(Accumulation, FourMicrobatchesMatchOneBigBatch) {
-  nn::ModelConfig m;
-  m.emb_dim = 32;
-  m.num_decoder_layers = 2;
-  m.num_heads = 4;
-  m.num_kv_heads = 2;
-  m.head_dim = 8;
-  m.mlp_dim = 64;
+  nn::ModelConfig m = testing_support::small_model(2, true, "full");
   const int64_t k = 4, B = 2, T = 16;
   std::mt19937 rng(11);
   std::uniform_int_distribution<int32_t> tok(0, 255);
