@@ -24,40 +24,6 @@ using namespace remat::ir;
 
 namespace {
 
-// Replaces every remat node of g (and of its scans' bodies) by its body's nodes.
-void inline_remats(Graph& g) {
-  std::unordered_map<ValueId, ValueId> subst;
-  auto map = [&](ValueId v) {
-    auto it = subst.find(v);
-    return it == subst.end() ? v : it->second;
-  };
-  std::vector<Node> out;
-  for (Node& n : g.nodes) {
-    for (ValueId& v : n.inputs) v = map(v);
-    if (n.op == Op::scan) inline_remats(*n.body);
-    if (n.op != Op::remat) {
-      out.push_back(std::move(n));
-      continue;
-    }
-    Graph body = n.body->clone();
-    inline_remats(body);
-    std::unordered_map<ValueId, ValueId> local;  // body value -> g value
-    for (size_t i = 0; i < body.params.size(); ++i) local[body.params[i]] = n.inputs[i];
-    for (Node& inner : body.nodes) {
-      for (ValueId& v : inner.inputs) v = local.at(v);
-      for (ValueId& v : inner.outputs) {
-        ValueId fresh = g.new_value(body.type(v));
-        local[v] = fresh;
-        v = fresh;
-      }
-      out.push_back(std::move(inner));
-    }
-    for (size_t k = 0; k < n.outputs.size(); ++k) subst[n.outputs[k]] = local.at(body.results[k]);
-  }
-  g.nodes = std::move(out);
-  for (ValueId& r : g.results) r = map(r);
-}
-
 // The op a policy judges for output `k` of `n`: for a scan's stacked output, the producer inside the
 // body (recursively), when there is one.
 void resolve(const Graph*& graph, const Node*& node, size_t& output, int64_t& trips) {
@@ -89,7 +55,7 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
         "{}: differentiating a remat region (policy '{}') needs a remat decider; pass one to autodiff::grad",
         describe_node(b.graph(), index), policy);
   Graph body = n.body->clone();
-  inline_remats(body);
+  ir::inline_remat_regions(body);
   const size_t np = body.params.size();
 
   // 2. The joint graph.

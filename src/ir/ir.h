@@ -7,6 +7,7 @@
 #include "ir/cost.h"
 #include "ir/dce.h"
 #include "ir/graph.h"
+#include "ir/inline.h"
 #include "ir/ops.h"
 #include "ir/shape_rules.h"
 #include "ir/text.h"

@@ -1,0 +1,173 @@
+#include "exec/executable.h"
+
+#include "exec/kernels/kernels.h"
+
+#include <cstring>
+
+namespace remat::exec {
+
+using ir::Graph;
+using ir::Node;
+using ir::Op;
+
+struct Executable::Frame {
+  std::vector<Array> values;                 // by value id
+  std::vector<Array> ins, outs, body_args;   // scratch, reused
+  std::vector<int> first_write, last_read;   // by buffer, for the measured peak (top graph only)
+};
+
+namespace {
+
+void copy_bytes(const Array& from, const Array& to, int64_t byte_offset = 0) {
+  if (from.bytes() == to.bytes() + byte_offset) return;
+  std::memmove(to.bytes() + byte_offset, from.bytes(), static_cast<size_t>(from.type().bytes()));
+}
+
+// Copies the body's carry results into the outer carry buffers. A carry result that is another carry's
+// buffer (carries passed on in a different order) is staged first, so no carry is overwritten before read.
+void copy_carries(const Graph& body, const std::vector<Array>& values, std::span<Array> outs, size_t nh) {
+  bool crossed = false;
+  for (size_t k = 0; k < nh; ++k)
+    for (size_t j = 0; j < nh; ++j)
+      crossed = crossed || (j != k && values[static_cast<size_t>(body.results[k])].bytes() == outs[j].bytes());
+  if (!crossed) {
+    for (size_t k = 0; k < nh; ++k) copy_bytes(values[static_cast<size_t>(body.results[k])], outs[k]);
+    return;
+  }
+  std::vector<Array> staged;
+  for (size_t k = 0; k < nh; ++k) staged.push_back(values[static_cast<size_t>(body.results[k])].clone());
+  for (size_t k = 0; k < nh; ++k) copy_bytes(staged[k], outs[k]);
+}
+
+}  // namespace
+
+Executable::Executable(Graph graph, plan::Plan plan, Options options)
+    : graph_(std::move(graph)), plan_(std::move(plan)), options_(options) {
+  device_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[0], 1)}});
+  host_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[1], 1)}});
+}
+
+Executable::~Executable() = default;
+
+Executable::Frame& Executable::frame_for(const Graph& g) {
+  auto it = frames_.find(&g);
+  if (it == frames_.end()) {
+    auto f = std::make_unique<Frame>();
+    f->values.resize(g.types.size());
+    it = frames_.emplace(&g, std::move(f)).first;
+  }
+  return *it->second;
+}
+
+std::vector<Array> Executable::run(std::span<const Array> args) {
+  const Graph& g = graph_;
+  CHECK(args.size() == g.params.size(), "graph @{} takes {} arguments, got {}", g.name, g.params.size(), args.size());
+  for (size_t i = 0; i < args.size(); ++i)
+    CHECK(args[i].type() == g.type(g.params[i]), "graph @{}: argument {} (%{}) is {} but the graph expects {}", g.name,
+          i, g.param_names[i], ir::type_str(args[i].type()), ir::type_str(g.type(g.params[i])));
+  Frame& f = frame_for(g);
+  f.first_write.assign(plan_.buffers.size(), -1);
+  f.last_read.assign(plan_.buffers.size(), -1);
+  run_graph(g, plan_, 0, 0, f, args, true);
+  std::vector<Array> results;
+  for (size_t r = 0; r < g.results.size(); ++r) {
+    const int p = plan_.donated_param[r];
+    results.push_back(p >= 0 ? args[static_cast<size_t>(p)] : f.values[static_cast<size_t>(g.results[r])]);
+  }
+  // The measured peak: buffers live from their first write to their last read (results: to the end).
+  const int end = static_cast<int>(plan_.schedule.size());
+  for (ir::ValueId r : g.results)
+    if (int b = plan_.buffer_of[static_cast<size_t>(plan_.root[static_cast<size_t>(r)])]; b >= 0) f.last_read[static_cast<size_t>(b)] = end;
+  for (int sp = 0; sp < 2; ++sp) {
+    std::vector<int64_t> live(static_cast<size_t>(end + 1), 0);
+    for (size_t b = 0; b < plan_.buffers.size(); ++b) {
+      const plan::Buffer& x = plan_.buffers[b];
+      if (static_cast<int>(x.space) != sp || f.first_write[b] < 0) continue;
+      for (int s = f.first_write[b]; s <= std::max(f.first_write[b], f.last_read[b]); ++s) live[static_cast<size_t>(s)] += x.bytes;
+    }
+    measured_[sp] = *std::max_element(live.begin(), live.end());
+  }
+  return results;
+}
+
+void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_base, int64_t host_base, Frame& f,
+                           std::span<const Array> args, bool top) {
+  for (size_t i = 0; i < args.size(); ++i) f.values[static_cast<size_t>(g.params[i])] = args[i];
+  std::vector<Array>& vals = f.values;
+  // A value's storage: its planned arena slot, or (donated results) its argument's buffer.
+  auto storage = [&](ir::ValueId v) -> Array {
+    const int b = p.buffer_of[static_cast<size_t>(v)];
+    if (b == -1) {  // donated: the argument's buffer
+      for (size_t r = 0; r < g.results.size(); ++r)
+        if (g.results[r] == v && p.donated_param[r] >= 0) return args[static_cast<size_t>(p.donated_param[r])];
+      ASSERT(false);
+    }
+    const plan::Buffer& x = p.buffers[static_cast<size_t>(b)];
+    return (x.space == plan::Space::device ? device_ : host_)
+        .view(g.type(v), (x.space == plan::Space::device ? device_base : host_base) + x.offset);
+  };
+  for (size_t s = 0; s < p.schedule.size(); ++s) {
+    const int i = p.schedule[s];
+    const Node& n = g.nodes[static_cast<size_t>(i)];
+    f.ins.clear();
+    f.outs.clear();
+    for (ir::ValueId v : n.inputs) f.ins.push_back(vals[static_cast<size_t>(v)]);
+    const bool alias = n.op == Op::reshape || n.op == Op::name;
+    for (ir::ValueId v : n.outputs) f.outs.push_back(alias ? Array::unallocated(g.type(v)) : storage(v));
+    if (top) {
+      for (ir::ValueId v : n.inputs)
+        if (int b = p.buffer_of[static_cast<size_t>(v)]; b >= 0) f.last_read[static_cast<size_t>(b)] = static_cast<int>(s);
+      for (ir::ValueId v : n.outputs)
+        if (int b = p.buffer_of[static_cast<size_t>(v)]; b >= 0 && f.first_write[static_cast<size_t>(b)] < 0)
+          f.first_write[static_cast<size_t>(b)] = static_cast<int>(s);
+      for (const auto* m : {&p.body_buffer, &p.body_host_buffer})
+        if (auto it = m->find(i); it != m->end()) {
+          f.first_write[static_cast<size_t>(it->second)] = static_cast<int>(s);
+          f.last_read[static_cast<size_t>(it->second)] = static_cast<int>(s);
+        }
+    }
+    try {
+      if (n.op == Op::scan) {
+        const plan::Plan& bp = p.bodies.at(i);
+        auto sub = [&](const std::map<int, int>& m, int64_t base) {
+          auto it = m.find(i);
+          return it == m.end() ? base : base + p.buffers[static_cast<size_t>(it->second)].offset;
+        };
+        const int64_t body_device = sub(p.body_buffer, device_base), body_host = sub(p.body_host_buffer, host_base);
+        const Graph& body = *n.body;
+        Frame& bf = frame_for(body);
+        const int64_t length = n.attrs.integer("length");
+        const size_t nc = static_cast<size_t>(n.attrs.integer("num_consts"));
+        const size_t nh = static_cast<size_t>(n.attrs.integer("num_carry"));
+        for (size_t k = 0; k < nh; ++k) copy_bytes(f.ins[nc + k], f.outs[k]);
+        for (int64_t step = 0; step < length; ++step) {
+          const int64_t t = n.attrs.boolean("reverse") ? length - 1 - step : step;
+          f.body_args.clear();
+          for (size_t q = 0; q < f.ins.size(); ++q)
+            f.body_args.push_back(q < nc ? f.ins[q] : q < nc + nh ? f.outs[q - nc] : f.ins[q].slice0(t));
+          run_graph(body, bp, body_device, body_host, bf, f.body_args, false);
+          // ys first: a y may be a carry param, which is the outer carry buffer the carries overwrite next.
+          for (size_t k = nh; k < n.outputs.size(); ++k) {
+            const Array& r = bf.values[static_cast<size_t>(body.results[k])];
+            copy_bytes(r, f.outs[k], t * r.type().bytes());
+          }
+          copy_carries(body, bf.values, f.outs, nh);
+        }
+      } else {
+        switch (n.op) {
+#define X(e, arity)                                \
+  case Op::e:                                      \
+    kernel_##e(n, f.ins, f.outs, options_);        \
+    break;
+          REMAT_OPS(X)
+#undef X
+        }
+      }
+    } catch (const Error& e) {
+      CHECK(false, "{}: {}", ir::describe_node(g, static_cast<size_t>(i)), e.what());
+    }
+    for (size_t k = 0; k < n.outputs.size(); ++k) vals[static_cast<size_t>(n.outputs[k])] = f.outs[k];
+  }
+}
+
+}  // namespace remat::exec

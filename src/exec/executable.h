@@ -1,0 +1,48 @@
+// A graph compiled against its memory plan: one device arena and one host arena allocated at construction
+// (2 MiB-aligned, MADV_HUGEPAGE), every kernel reading and writing at planned offsets, scan bodies in
+// their sub-arenas. Donated results (updated parameters and moments) are written into their argument
+// buffers in place. Other results are views into the arena, valid until the next run().
+//
+//   exec::Executable step(graph, plan::build(graph, {.donate = pairs}));
+//   std::vector<exec::Array> out = step.run(args);   // args[p] is overwritten for each donated p
+#pragma once
+
+#include "exec/exec.h"
+#include "plan/plan.h"
+
+#include <map>
+#include <memory>
+
+namespace remat::exec {
+
+class Executable {
+ public:
+  Executable(ir::Graph graph, plan::Plan plan, Options options = {});
+  ~Executable();
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+
+  std::vector<Array> run(std::span<const Array> args);
+
+  const ir::Graph& graph() const { return graph_; }
+  const plan::Plan& plan() const { return plan_; }
+  // Peak of the live arena bytes observed while running (a buffer is live from the step that first writes
+  // it to the step that last reads it; results to the end), per memory space. Meant to equal the plan's
+  // lower_bound: the check that liveness was planned right.
+  int64_t measured_peak(plan::Space space) const { return measured_[static_cast<int>(space)]; }
+
+ private:
+  struct Frame;  // per-graph execution state, reused every run (no steady-state allocation)
+  void run_graph(const ir::Graph& g, const plan::Plan& p, int64_t device_base, int64_t host_base, Frame& f,
+                 std::span<const Array> args, bool top);
+  Frame& frame_for(const ir::Graph& g);
+
+  ir::Graph graph_;
+  plan::Plan plan_;
+  Options options_;
+  Array device_, host_;
+  std::map<const ir::Graph*, std::unique_ptr<Frame>> frames_;
+  int64_t measured_[2] = {0, 0};
+};
+
+}  // namespace remat::exec

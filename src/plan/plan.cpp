@@ -1,0 +1,242 @@
+#include "plan/plan.h"
+
+#include "base/check.h"
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+
+namespace remat::plan {
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::Op;
+using ir::ValueId;
+
+int64_t aligned(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment; }
+
+bool is_alias(Op op) { return op == Op::reshape || op == Op::name; }
+
+// The given order, except that nodes reading only params and constants move to just before their first
+// consumer: constants and weight broadcasts then live for one step instead of the whole forward.
+std::vector<int> schedule(const Graph& g) {
+  const int n = static_cast<int>(g.nodes.size());
+  std::vector<int> producer(g.types.size(), -1);
+  for (int i = 0; i < n; ++i)
+    for (ValueId v : g.nodes[static_cast<size_t>(i)].outputs) producer[static_cast<size_t>(v)] = i;
+  std::vector<bool> floating(static_cast<size_t>(n), false);
+  for (int i = 0; i < n; ++i) {
+    bool all = true;
+    for (ValueId v : g.nodes[static_cast<size_t>(i)].inputs) {
+      int p = producer[static_cast<size_t>(v)];
+      all = all && (p < 0 || floating[static_cast<size_t>(p)]);
+    }
+    floating[static_cast<size_t>(i)] = all && !g.nodes[static_cast<size_t>(i)].body;
+  }
+  std::vector<std::vector<int>> consumers(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)
+    for (ValueId v : g.nodes[static_cast<size_t>(i)].inputs)
+      if (int p = producer[static_cast<size_t>(v)]; p >= 0) consumers[static_cast<size_t>(p)].push_back(i);
+  std::vector<bool> placed(static_cast<size_t>(n), false);
+  std::vector<int> order;
+  // Place a floating node (and, first, its floating inputs) right before node `before` needs it.
+  std::function<void(int)> place = [&](int i) {
+    if (placed[static_cast<size_t>(i)]) return;
+    for (ValueId v : g.nodes[static_cast<size_t>(i)].inputs)
+      if (int p = producer[static_cast<size_t>(v)]; p >= 0) place(p);
+    placed[static_cast<size_t>(i)] = true;
+    order.push_back(i);
+  };
+  for (int i = 0; i < n; ++i) {
+    bool used = !consumers[static_cast<size_t>(i)].empty();
+    if (floating[static_cast<size_t>(i)] && used) continue;  // placed by its first consumer
+    place(i);
+  }
+  return order;
+}
+
+// Offsets by a best-fit heap, in the given order of buffers; returns the arena size.
+int64_t place(std::vector<Buffer>& buffers, const std::vector<int>& order) {
+  int64_t top = 0;
+  std::vector<int> done;
+  for (int b : order) {
+    Buffer& x = buffers[static_cast<size_t>(b)];
+    std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, offset+bytes) of time-overlapping buffers
+    for (int d : done) {
+      const Buffer& y = buffers[static_cast<size_t>(d)];
+      if (y.start <= x.end && x.start <= y.end) busy.emplace_back(y.offset, y.offset + y.bytes);
+    }
+    std::sort(busy.begin(), busy.end());
+    int64_t best = -1, best_gap = INT64_MAX, cursor = 0;
+    for (const auto& [lo, hi] : busy) {
+      if (lo - cursor >= x.bytes && lo - cursor < best_gap) best = cursor, best_gap = lo - cursor;
+      cursor = std::max(cursor, hi);
+    }
+    x.offset = best >= 0 ? best : cursor;
+    top = std::max(top, x.offset + x.bytes);
+    done.push_back(b);
+  }
+  return top;
+}
+
+// Tries size-ordered and start-ordered placement and keeps the smaller arena (as XLA's heap simulator does).
+void assign_offsets(Plan& p, Space space) {
+  std::vector<int> ids;
+  for (size_t b = 0; b < p.buffers.size(); ++b)
+    if (p.buffers[b].space == space) ids.push_back(static_cast<int>(b));
+  std::vector<int> by_size = ids, by_start = ids;
+  std::stable_sort(by_size.begin(), by_size.end(), [&](int a, int b) {
+    return p.buffers[static_cast<size_t>(a)].bytes > p.buffers[static_cast<size_t>(b)].bytes;
+  });
+  std::stable_sort(by_start.begin(), by_start.end(), [&](int a, int b) {
+    const Buffer &x = p.buffers[static_cast<size_t>(a)], &y = p.buffers[static_cast<size_t>(b)];
+    return std::pair(x.start, -(x.end - x.start)) < std::pair(y.start, -(y.end - y.start));
+  });
+  std::vector<Buffer> trial = p.buffers;
+  int64_t a = place(p.buffers, by_size), b = place(trial, by_start);
+  if (b < a) p.buffers = trial;
+  p.arena[static_cast<int>(space)] = std::min(a, b);
+}
+
+
+}  // namespace
+
+int64_t argument_bytes(const Graph& g) {
+  int64_t total = 0;
+  for (ValueId v : g.params) total += g.type(v).bytes();
+  return total;
+}
+
+Plan build(const Graph& g, const Options& options) {
+  Plan p;
+  const int n = static_cast<int>(g.nodes.size());
+  for (const Node& node : g.nodes)
+    CHECK(node.op != Op::remat, "plan::build: graph @{} still has remat regions; inline them first", g.name);
+  p.schedule = schedule(g);
+  p.position.assign(static_cast<size_t>(n), -1);
+  for (int s = 0; s < static_cast<int>(p.schedule.size()); ++s) p.position[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])] = s;
+  const int end = static_cast<int>(p.schedule.size());  // results live through the last step
+
+  p.root.resize(g.types.size());
+  std::iota(p.root.begin(), p.root.end(), 0);
+  std::vector<int> def(g.types.size(), -1), last(g.types.size(), -1);
+  std::vector<Space> space(g.types.size(), Space::device);
+  for (int s = 0; s < end; ++s) {
+    const Node& node = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])];
+    for (ValueId v : node.inputs) last[static_cast<size_t>(p.root[static_cast<size_t>(v)])] = s;
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      ValueId v = node.outputs[k];
+      if (is_alias(node.op)) {
+        p.root[static_cast<size_t>(v)] = p.root[static_cast<size_t>(node.inputs[0])];
+        space[static_cast<size_t>(v)] = space[static_cast<size_t>(node.inputs[0])];
+      } else {
+        def[static_cast<size_t>(v)] = s;
+        if (node.op == Op::offload) space[static_cast<size_t>(v)] = Space::host;
+        if (node.op == Op::scan && k >= static_cast<size_t>(node.attrs.integer("num_carry"))) {
+          const Graph& body = *node.body;
+          // A stacked output lives where the body's result does (an offload in the body: host).
+          ValueId r = body.results[k];
+          for (const Node& m : body.nodes)
+            if (m.op == Op::offload && m.outputs[0] == r) space[static_cast<size_t>(v)] = Space::host;
+        }
+      }
+    }
+  }
+  for (ValueId r : g.results) last[static_cast<size_t>(p.root[static_cast<size_t>(r)])] = end;
+
+  // Donation: a result written into a param's storage, when that param is dead by the result's definition.
+  p.donated_param.assign(g.results.size(), -1);
+  std::vector<int> donated_into(g.types.size(), -1);
+  for (const auto& [ri, pi] : options.donate) {
+    ValueId r = g.results.at(static_cast<size_t>(ri)), param = g.params.at(static_cast<size_t>(pi));
+    ValueId rr = p.root[static_cast<size_t>(r)];
+    bool ok = def[static_cast<size_t>(rr)] >= 0 && g.type(r) == g.type(param) &&
+              last[static_cast<size_t>(param)] <= def[static_cast<size_t>(rr)] && donated_into[static_cast<size_t>(rr)] < 0 &&
+              std::count(g.results.begin(), g.results.end(), r) == 1 && rr == r;
+    // The defining node must not read the param (it would be overwritten while read), unless elementwise.
+    if (ok) {
+      const Node& d = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(def[static_cast<size_t>(rr)])])];
+      bool reads = std::find(d.inputs.begin(), d.inputs.end(), param) != d.inputs.end();
+      ok = !reads || ir::is_elementwise_binary(d.op) || ir::is_elementwise_unary(d.op);
+    }
+    if (ok) {
+      p.donated_param[static_cast<size_t>(ri)] = pi;
+      donated_into[static_cast<size_t>(rr)] = pi;
+    }
+  }
+
+  p.buffer_of.assign(g.types.size(), -2);
+  for (ValueId v : g.params) p.buffer_of[static_cast<size_t>(v)] = -1;
+  for (int s = 0; s < end; ++s) {
+    const int i = p.schedule[static_cast<size_t>(s)];
+    const Node& node = g.nodes[static_cast<size_t>(i)];
+    if (node.op == Op::scan) {
+      Plan body = build(*node.body);
+      for (Space sp : {Space::device, Space::host}) {
+        if (body.arena[static_cast<int>(sp)] == 0) continue;
+        Buffer sub;
+        sub.node = i;
+        sub.bytes = aligned(body.arena[static_cast<int>(sp)]);
+        sub.start = sub.end = s;
+        sub.space = sp;
+        (sp == Space::device ? p.body_buffer : p.body_host_buffer)[i] = static_cast<int>(p.buffers.size());
+        p.buffers.push_back(sub);
+      }
+      p.bodies.emplace(i, std::move(body));
+    }
+    if (is_alias(node.op)) continue;
+    for (ValueId v : node.outputs) {
+      if (donated_into[static_cast<size_t>(v)] >= 0) {
+        p.buffer_of[static_cast<size_t>(v)] = -1;
+        continue;
+      }
+      Buffer b;
+      b.value = v;
+      b.node = i;
+      b.bytes = aligned(g.type(v).bytes());
+      b.start = s;
+      b.end = std::max(s, last[static_cast<size_t>(v)]);  // an output nobody reads still needs its step
+      b.space = space[static_cast<size_t>(v)];
+      p.buffer_of[static_cast<size_t>(v)] = static_cast<int>(p.buffers.size());
+      p.buffers.push_back(b);
+    }
+  }
+  for (size_t v = 0; v < g.types.size(); ++v)
+    if (p.root[v] != static_cast<ValueId>(v)) p.buffer_of[v] = p.buffer_of[static_cast<size_t>(p.root[v])];
+
+  for (Space sp : {Space::device, Space::host}) {
+    std::vector<int64_t>& live = p.live[static_cast<int>(sp)];
+    live.assign(static_cast<size_t>(end + 1), 0);
+    for (const Buffer& b : p.buffers)
+      if (b.space == sp)
+        for (int s = b.start; s <= b.end; ++s) live[static_cast<size_t>(s)] += b.bytes;
+    p.lower_bound[static_cast<int>(sp)] = live.empty() ? 0 : *std::max_element(live.begin(), live.end());
+    assign_offsets(p, sp);
+  }
+  return p;
+}
+
+std::string trace(const Plan& p, const Graph& g) {
+  std::string out;
+  std::vector<std::vector<int>> frees(p.schedule.size() + 1);
+  for (size_t b = 0; b < p.buffers.size(); ++b) frees[static_cast<size_t>(p.buffers[b].end)].push_back(static_cast<int>(b));
+  auto name = [&](const Buffer& b) {
+    return b.value >= 0 ? fmt::format("%{}", b.value) : fmt::format("body of node #{}", b.node);
+  };
+  for (size_t s = 0; s < p.schedule.size(); ++s) {
+    const int i = p.schedule[s];
+    out += fmt::format("step {}: node #{} {}\n", s, i, ir::op_name(g.nodes[static_cast<size_t>(i)].op));
+    for (size_t b = 0; b < p.buffers.size(); ++b) {
+      const Buffer& x = p.buffers[b];
+      if (x.start == static_cast<int>(s))
+        out += fmt::format("  alloc {} {} B @{}{}\n", name(x), x.bytes, x.offset, x.space == Space::host ? " host" : "");
+    }
+    for (int b : frees[s]) out += fmt::format("  free  {}\n", name(p.buffers[static_cast<size_t>(b)]));
+  }
+  for (int b : frees[p.schedule.size()]) out += fmt::format("end: keep {}\n", name(p.buffers[static_cast<size_t>(b)]));
+  out += fmt::format("arena {} B (lower bound {} B), host {} B\n", p.arena[0], p.lower_bound[0], p.arena[1]);
+  return out;
+}
+
+}  // namespace remat::plan

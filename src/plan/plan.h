@@ -1,0 +1,69 @@
+// Public header of the memory planner (DESIGN §5): from a graph's shapes alone, a schedule, the live
+// range of every buffer and its offset in one arena per memory space (device; host for offloaded values),
+// so that the executor allocates each arena once and the planned peak is the real peak.
+//
+// Invariants:
+//  - The graph has no remat regions (inline them first: ir::inline_remat_regions).
+//  - reshape and name outputs alias their operand's storage; a value's buffer lives from its definition
+//    to the last use of it or of any alias (results: to the end).
+//  - A scan body is planned once, into its own sub-arena reused by every iteration; in the outer plan that
+//    sub-arena is one buffer live at the scan's step. Stacked outputs are outer buffers, planned once.
+//  - Graph params are arguments (not in the arenas). A donated result (an updated parameter or moment)
+//    is written into its argument's storage, never a second copy.
+//
+//   plan::Plan p = plan::build(graph, {.donate = {{3, 0}, ...}});
+//   fmt::print("{}", plan::report(p, graph, {}).text());
+#pragma once
+
+#include "ir/ir.h"
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace remat::plan {
+
+enum class Space { device, host };
+
+inline constexpr int64_t kAlignment = 64;  // every buffer starts on a 64-byte boundary
+
+struct Buffer {
+  ir::ValueId value = -1;   // the value (alias root) it holds; -1 for a scan's sub-arena
+  int node = -1;            // index (in the graph) of the node that defines it
+  int64_t bytes = 0;        // rounded up to kAlignment
+  int start = 0, end = 0;   // schedule positions, inclusive
+  Space space = Space::device;
+  int64_t offset = 0;       // in its space's arena
+};
+
+struct Plan {
+  std::vector<int> schedule;              // node indices in execution order
+  std::vector<int> position;              // node index -> schedule position
+  std::vector<int> buffer_of;             // value id -> buffer index; -1: argument (or donated), -2: none
+  std::vector<ir::ValueId> root;          // value id -> the value whose storage it is (itself unless an alias)
+  std::vector<Buffer> buffers;
+  std::map<int, Plan> bodies;             // scan node index -> the body's plan
+  std::map<int, int> body_buffer;         // scan node index -> its sub-arena buffer (device)
+  std::map<int, int> body_host_buffer;    // scan node index -> its host sub-arena buffer, if any
+  std::vector<int> donated_param;         // result index -> param index it is written into, or -1
+  int64_t arena[2] = {0, 0};              // bytes per Space
+  int64_t lower_bound[2] = {0, 0};        // max live bytes over the schedule, per Space
+  std::vector<int64_t> live[2];           // live arena bytes at each schedule position, per Space
+};
+
+struct Options {
+  // (result index, param index) pairs: the result may be written into the param's storage when the param
+  // is dead by then (checked; otherwise it is an ordinary output).
+  std::vector<std::pair<int, int>> donate;
+};
+
+Plan build(const ir::Graph& g, const Options& options = {});
+
+// Bytes of the graph's params (the arguments), and of the outputs that are not donated.
+int64_t argument_bytes(const ir::Graph& g);
+
+// The alloc/free event trace of a plan (golden tests): "alloc %v 256 B @0 [node #3 dot_general]" ...
+std::string trace(const Plan& p, const ir::Graph& g);
+
+}  // namespace remat::plan
