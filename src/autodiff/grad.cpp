@@ -29,6 +29,31 @@ std::vector<bool> parameter_derived(const Graph& g, size_t num_forward, const st
   return d;
 }
 
+std::vector<bool> differentiable(const Graph& g, size_t num_forward, const std::vector<bool>& param_flags) {
+  std::vector<bool> d(g.types.size(), false);
+  for (size_t i = 0; i < g.params.size() && i < param_flags.size(); ++i)
+    d[static_cast<size_t>(g.params[i])] = param_flags[i] && is_float(g.type(g.params[i]).dtype);
+  for (size_t i = 0; i < num_forward; ++i) {
+    const Node& n = g.nodes[i];
+    bool any = false;
+    for (ValueId v : n.inputs) any = any || d[static_cast<size_t>(v)];
+    for (ValueId v : n.outputs) d[static_cast<size_t>(v)] = any && is_float(g.type(v).dtype);
+  }
+  return d;
+}
+
+std::vector<bool> live_backward(const Graph& g, size_t num_forward, std::vector<ValueId> needed) {
+  std::vector<bool> want(g.types.size(), false), live(g.nodes.size(), false);
+  for (ValueId v : needed) want[static_cast<size_t>(v)] = true;
+  for (size_t i = g.nodes.size(); i-- > num_forward;) {
+    const Node& n = g.nodes[i];
+    for (ValueId v : n.outputs) live[i] = live[i] || want[static_cast<size_t>(v)];
+    if (live[i])
+      for (ValueId v : n.inputs) want[static_cast<size_t>(v)] = true;
+  }
+  return live;
+}
+
 std::vector<Cot> backprop(Builder& b, size_t num_forward, std::span<const std::pair<ValueId, ValueId>> seeds,
                           std::span<const ValueId> wrt, Context& ctx) {
   std::unordered_map<ValueId, Tensor> cot;
@@ -52,7 +77,7 @@ std::vector<Cot> backprop(Builder& b, size_t num_forward, std::span<const std::p
     std::vector<Cot> in_cots = vjp_rule(n.op)(b, i, n, out_cots, ctx);
     ASSERT(in_cots.size() == n.inputs.size());
     for (size_t k = 0; k < n.inputs.size(); ++k) {
-      if (!in_cots[k] || !is_float(b.graph().type(n.inputs[k]).dtype)) continue;
+      if (!in_cots[k] || !ctx.differentiable[static_cast<size_t>(n.inputs[k])]) continue;
       ASSERT(in_cots[k]->type() == b.graph().type(n.inputs[k]));
       accumulate(n.inputs[k], *in_cots[k]);
     }
@@ -77,12 +102,17 @@ std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt, 
   Builder b(g);
   Tensor one = full(b, lt, 1.0);
   std::pair<ValueId, ValueId> seed{loss, one.id};
-  Context ctx{decider, {}, 1};
+  Context ctx{decider, {}, 1, {}};
   std::vector<bool> flags(g.params.size(), false);
   for (ValueId v : weights)
     for (size_t i = 0; i < g.params.size(); ++i)
       if (g.params[i] == v) flags[i] = true;
   ctx.parameter_derived = parameter_derived(g, num_forward, flags);
+  std::vector<bool> wrt_flags(g.params.size(), false);
+  for (ValueId v : wrt)
+    for (size_t i = 0; i < g.params.size(); ++i)
+      if (g.params[i] == v) wrt_flags[i] = true;
+  ctx.differentiable = differentiable(g, num_forward, wrt_flags);
   std::vector<Cot> cots = backprop(b, num_forward, std::span(&seed, 1), wrt, ctx);
   std::vector<ValueId> out;
   for (size_t i = 0; i < wrt.size(); ++i) out.push_back(cots[i] ? cots[i]->id : zeros_like(b.wrap(wrt[i])).id);

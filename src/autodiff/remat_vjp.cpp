@@ -72,8 +72,15 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   }
   std::vector<bool> flags;
   for (size_t p = 0; p < np; ++p) flags.push_back(ctx.parameter_derived[static_cast<size_t>(n.inputs[p])]);
-  Context inner{ctx.decider, parameter_derived(joint, num_forward, flags), ctx.trip_count};
+  std::vector<bool> diff_flags;
+  for (size_t p = 0; p < np; ++p) diff_flags.push_back(ctx.differentiable[static_cast<size_t>(n.inputs[p])]);
+  Context inner{ctx.decider, parameter_derived(joint, num_forward, flags), ctx.trip_count,
+                differentiable(joint, num_forward, diff_flags)};
   std::vector<Cot> cots = backprop(jb, num_forward, seeds, params, inner);
+  std::vector<ValueId> wanted;
+  for (const Cot& c : cots)
+    if (c) wanted.push_back(c->id);
+  const std::vector<bool> live = live_backward(joint, num_forward, wanted);
 
   // 3. Residuals and their residency.
   std::vector<int> producer_of(joint.types.size(), -1);  // F node index
@@ -97,7 +104,8 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
     residuals.push_back(v);
   };
   for (size_t i = num_forward; i < joint.nodes.size(); ++i)
-    for (ValueId v : joint.nodes[i].inputs) note(v);
+    if (live[i])
+      for (ValueId v : joint.nodes[i].inputs) note(v);
   for (const Cot& c : cots)
     if (c) note(c->id);
   // Decide, as JAX's partial evaluation does, every value the backward needs: a value the policy keeps is a
@@ -216,7 +224,8 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   }
   for (size_t i = 0; i < num_forward; ++i)
     if (needed[i]) emit_clone(joint.nodes[i], true);
-  for (size_t i = num_forward; i < joint.nodes.size(); ++i) emit_clone(joint.nodes[i], false);
+  for (size_t i = num_forward; i < joint.nodes.size(); ++i)
+    if (live[i]) emit_clone(joint.nodes[i], false);
   b.set_scope(n.scope);
 
   std::vector<Cot> in_cots(n.inputs.size());

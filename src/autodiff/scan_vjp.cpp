@@ -44,7 +44,17 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
     if (is_float(body.type(body.params[k]).dtype)) dc[k] = joint.add_param(fmt::format("dc{}", k), body.type(body.params[k]));
   std::vector<bool> flags;
   for (size_t p = 0; p < np; ++p) flags.push_back(ctx.parameter_derived[static_cast<size_t>(n.inputs[p])]);
-  Context inner{ctx.decider, parameter_derived(joint, num_forward, flags), ctx.trip_count * length};
+  // A carry is differentiable if its initial value is, or if the body makes it so (a fixed point).
+  std::vector<bool> diff_flags;
+  for (size_t p = 0; p < np; ++p) diff_flags.push_back(ctx.differentiable[static_cast<size_t>(n.inputs[p])]);
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::vector<bool> d = differentiable(joint, num_forward, diff_flags);
+    for (size_t k = 0; k < nh; ++k)
+      if (!diff_flags[nc + k] && d[static_cast<size_t>(body.results[k])]) diff_flags[nc + k] = changed = true;
+  }
+  Context inner{ctx.decider, parameter_derived(joint, num_forward, flags), ctx.trip_count * length,
+                differentiable(joint, num_forward, diff_flags)};
   std::vector<Cot> cots = backprop(jb, num_forward, seeds, body.params, inner);
   auto cot_or_zero = [&](size_t p) { return cots[p] ? *cots[p] : zeros_like(jb.wrap(body.params[p])); };
   std::vector<ValueId> carry_out, ys_out;
@@ -89,8 +99,12 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
       stacked_res.push_back(v);
     }
   };
+  std::vector<ValueId> needed = carry_out;
+  needed.insert(needed.end(), ys_out.begin(), ys_out.end());
+  const std::vector<bool> live = live_backward(joint, num_forward, needed);
   for (size_t i = num_forward; i < joint.nodes.size(); ++i)
-    for (ValueId v : joint.nodes[i].inputs) note(v);
+    if (live[i])
+      for (ValueId v : joint.nodes[i].inputs) note(v);
   for (ValueId v : carry_out) note(v);
   for (ValueId v : ys_out) note(v);
 
@@ -143,9 +157,8 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
     }
     backward->nodes.push_back(std::move(copy));
   }
-  backward->nodes.insert(backward->nodes.end(),
-                         std::make_move_iterator(joint.nodes.begin() + static_cast<std::ptrdiff_t>(num_forward)),
-                         std::make_move_iterator(joint.nodes.end()));
+  for (size_t i = num_forward; i < joint.nodes.size(); ++i)
+    if (live[i]) backward->nodes.push_back(std::move(joint.nodes[i]));
   backward->results = carry_out;
   backward->results.insert(backward->results.end(), ys_out.begin(), ys_out.end());
 

@@ -18,6 +18,9 @@ struct Context {
   RematDecider* decider = nullptr;
   std::vector<bool> parameter_derived;
   int64_t trip_count = 1;  // executions per step of the swept graph (product of enclosing scan lengths)
+  // Values that depend on a differentiated value: only these receive cotangents (the rest, e.g. rope
+  // tables built from iota, would only feed dead gradients and ask for needless residuals).
+  std::vector<bool> differentiable;
 };
 
 // One rule per op: input cotangents from output cotangents. Rules run with at least one output cotangent
@@ -29,6 +32,12 @@ VjpRule vjp_rule(ir::Op op);
 
 // Marks which values of g's forward nodes [0, num_forward) are parameter-derived, given the flags of g's params.
 std::vector<bool> parameter_derived(const ir::Graph& g, size_t num_forward, const std::vector<bool>& param_flags);
+
+// Marks which values of g's forward nodes depend on a param flagged in `param_flags`.
+std::vector<bool> differentiable(const ir::Graph& g, size_t num_forward, const std::vector<bool>& param_flags);
+
+// The nodes of g past `num_forward` (the backward part) that contribute to `needed`.
+std::vector<bool> live_backward(const ir::Graph& g, size_t num_forward, std::vector<ir::ValueId> needed);
 
 // Reverse sweep over nodes [0, num_forward) of g, seeded with (value, cotangent) pairs. Returns the
 // cotangent of each `wrt` value (nullopt where none reaches it).

@@ -19,6 +19,11 @@ struct Config;
 int run_explain(const Config& config, bool json);
 std::string explain_report(const Config& config, bool json);
 
+// `remat plan`: plans the configured training step from shapes alone (nothing allocated) and prints the
+// memory report; with hbm_limit it fails like a compile-time OOM (exit status 3). `timeline`: an SVG path.
+int run_plan(const Config& config, bool json, const std::string& timeline);
+std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits);
+
 // Trains an MLP (16 -> 64 -> 64 -> 1, tanh) on y = sin(x . a) + 0.5 cos(x . b), reporting train and
 // held-out MSE. The whole step (forward, backward, momentum update) is one graph run by the executor.
 int run_demo(const DemoOptions& options);

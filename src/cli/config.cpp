@@ -105,6 +105,7 @@ const std::vector<Key>& keys() {
       bind<int64_t>("log_period", [](Config& c) -> int64_t& { return c.run.log_period; }),
       bind<std::string>("run_name", [](Config& c) -> std::string& { return c.run_name; }),
       bind<std::string>("base_output_directory", [](Config& c) -> std::string& { return c.base_output_directory; }),
+      bind<std::string>("hbm_limit", [](Config& c) -> std::string& { return c.hbm_limit; }),
       custom_key("decoder_layer_input"),
       custom_key("query_proj"),
       custom_key("key_proj"),

@@ -19,6 +19,7 @@ struct Config {
   std::string model = "tiny";                 // preset name (configs/models/<model>.yml)
   std::string run_name;                       // "" = the model name
   std::string base_output_directory = "runs"; // runs go to <base_output_directory>/<run_name>
+  std::string hbm_limit;                      // device memory for `remat plan` ("16GiB"); "" = no limit
 };
 
 // Every key the config accepts, in documentation order.

@@ -1,6 +1,7 @@
 // `remat`: the command-line entry point.
 //   remat train [CONFIG.yml] [key=value ...]   trains the configured decoder (default: configs/base.yml)
 //   remat explain [CONFIG.yml] [key=value ...] [--json]   every residual of the step and its remat decision
+//   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg]   the memory plan of the step
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
 #include "cli/commands.h"
 #include "cli/config.h"
@@ -44,6 +45,14 @@ int main(int argc, char** argv) {
       app.add_subcommand("explain", "every residual of the training step and its remat decision: remat explain [CONFIG.yml] [key=value ...]");
   explain_cmd->add_option("args", explain_args, "an optional base config file, then key=value overrides");
   explain_cmd->add_flag("--json", explain_json, "machine-readable output");
+  std::vector<std::string> plan_args;
+  bool plan_json = false;
+  std::string timeline;
+  CLI::App* plan_cmd = app.add_subcommand(
+      "plan", "the memory plan of the training step, from shapes alone: remat plan [CONFIG.yml] [key=value ...]");
+  plan_cmd->add_option("args", plan_args, "an optional base config file, then key=value overrides");
+  plan_cmd->add_flag("--json", plan_json, "machine-readable output");
+  plan_cmd->add_option("--timeline", timeline, "write an SVG of live bytes over the schedule to this file");
   remat::cli::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
   demo_cmd->add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
@@ -52,6 +61,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (train_cmd->parsed()) return train_command(train_args);
+    if (plan_cmd->parsed()) return remat::cli::run_plan(config_from(plan_args), plan_json, timeline);
     if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args), explain_json);
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
   } catch (const remat::Error& e) {

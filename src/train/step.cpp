@@ -94,6 +94,13 @@ Tensor schedule(Builder& b, const OptimizerConfig& o, Tensor step) {
 
 }  // namespace
 
+std::vector<std::pair<int, int>> step_donation(const nn::ModelConfig& model) {
+  std::vector<std::pair<int, int>> d;
+  const int np = static_cast<int>(nn::param_specs(model).size());
+  for (int i = 0; i < 3 * np; ++i) d.emplace_back(3 + i, i);
+  return d;
+}
+
 double learning_rate_at(const OptimizerConfig& o, int64_t step) {
   const double peak = o.learning_rate, low = peak * o.final_lr_fraction;
   if (step < o.warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(std::max<int64_t>(1, o.warmup_steps));

@@ -37,6 +37,9 @@ ir::Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, rema
 ir::Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& opt,
                      rematerialize::Decider* decider = nullptr);
 
+// step_graph's donation: params', m', v' (results 3 ...) are written into params, m, v (params 0 ...).
+std::vector<std::pair<int, int>> step_donation(const nn::ModelConfig& model);
+
 // The learning rate of update `step` (0-based), the same formula the step graph evaluates.
 double learning_rate_at(const OptimizerConfig& opt, int64_t step);
 

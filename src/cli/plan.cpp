@@ -1,0 +1,47 @@
+#include "cli/commands.h"
+#include "cli/config.h"
+
+#include "plan/report.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+
+namespace remat::cli {
+
+std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
+  const train::RunConfig& run = config.run;
+  ir::Graph forward = nn::loss_graph(run.model, run.shape.batch, run.shape.seq);
+  rematerialize::lint(forward, {.allow_unmatched = run.remat_allow_unmatched});
+  rematerialize::Decider decider;
+  ir::Graph step = train::step_graph(run.model, run.shape, run.optimizer, &decider);
+  rematerialize::Explanation e = rematerialize::explain(decider.records(), forward, step);
+  ir::inline_remat_regions(step);
+  plan::Plan p = plan::build(step, {.donate = train::step_donation(run.model)});
+  plan::ReportOptions o;
+  o.title = fmt::format("model {} ({:.2f}B parameters), batch {} x {} tokens{}, remat_policy {}", config.model,
+                        static_cast<double>(nn::param_count(run.model)) / 1e9, run.shape.batch, run.shape.seq,
+                        run.shape.accumulation > 1 ? fmt::format(" x {} microbatches", run.shape.accumulation) : "",
+                        run.model.remat_policy);
+  o.limit = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit");
+  o.forward_flops = e.forward_flops;
+  o.recompute_flops = e.recompute_flops;
+  o.backward_flops = e.step_flops - e.forward_flops - e.recompute_flops;
+  plan::Report r = plan::report(p, step, o);
+  if (fits) *fits = r.fits();
+  if (!timeline.empty()) {
+    std::ofstream out(timeline);
+    CHECK(out.good(), "cannot write the timeline to '{}'", timeline);
+    out << r.svg();
+  }
+  return json ? r.json().dump(2) + "\n" : r.text();
+}
+
+int run_plan(const Config& config, bool json, const std::string& timeline) {
+  bool fits = true;
+  std::string text = plan_report(config, json, timeline, &fits);
+  fmt::print("{}", text);
+  return fits ? 0 : 3;
+}
+
+}  // namespace remat::cli

@@ -1,0 +1,228 @@
+#include "plan/report.h"
+
+#include "base/check.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+namespace remat::plan {
+namespace {
+
+using ir::Graph;
+using ir::Node;
+using ir::Op;
+
+enum Category { kParameters, kOptimizer, kBatch, kResiduals, kGradients, kTemporaries };
+const char* kCategoryNames[] = {"parameters", "optimizer state", "batch", "saved residuals", "gradients", "temporaries"};
+const char* kColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#9c9c9c"};
+
+Category argument_kind(const std::string& name) {
+  if (name.rfind("opt_m/", 0) == 0 || name.rfind("opt_v/", 0) == 0) return kOptimizer;
+  if (name == "inputs" || name == "targets" || name == "step") return kBatch;
+  return kParameters;
+}
+
+// The checkpoint name a buffer's value carries, if any: a name op aliasing it, or, for a scan's stacked
+// output, the name its body result carries.
+std::string checkpoint_name(const Graph& g, const Plan& p, const Buffer& b) {
+  if (b.value < 0) return "";
+  for (const Node& n : g.nodes)
+    if (n.op == Op::name && p.root[static_cast<size_t>(n.outputs[0])] == b.value) return n.attrs.str("name");
+  const Node& def = g.nodes[static_cast<size_t>(b.node)];
+  if (def.op == Op::scan) {
+    size_t k = static_cast<size_t>(std::find(def.outputs.begin(), def.outputs.end(), b.value) - def.outputs.begin());
+    ir::ValueId r = def.body->results[k];
+    for (const Node& m : def.body->nodes)
+      if (m.op == Op::name && m.outputs[0] == r) return m.attrs.str("name");
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string bytes_str(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.2f} {}", b, units[u]);
+}
+
+int64_t parse_bytes(const std::string& text, const std::string& key) {
+  double value = 0;
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(begin, end, value);
+  std::string unit(p, end);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }), unit.end());
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"", 1},         {"B", 1},         {"KB", 1e3},         {"MB", 1e6},        {"GB", 1e9},
+      {"TB", 1e12},    {"KiB", 1 << 10}, {"MiB", 1 << 20},    {"GiB", 1 << 30},   {"TiB", 1099511627776.0}};
+  for (const auto& [u, scale] : units)
+    if (ec == std::errc() && unit == u && value >= 0) return static_cast<int64_t>(value * scale);
+  CHECK(false, "config key '{}' expects a size such as 16GiB, 512MiB, 80GB or a byte count, got '{}'", key, text);
+  return 0;
+}
+
+Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
+  Report r;
+  r.options = options;
+  std::array<int64_t, 6> args{};
+  for (size_t i = 0; i < g.params.size(); ++i)
+    args[argument_kind(g.param_names[i])] += g.type(g.params[i]).bytes();
+  r.parameters = args[kParameters];
+  r.optimizer_state = args[kOptimizer];
+  r.batch = args[kBatch];
+  for (size_t k = 0; k < g.results.size(); ++k) {
+    int64_t b = g.type(g.results[k]).bytes();
+    (p.donated_param[k] >= 0 ? r.donated : r.outputs) += b;
+  }
+  r.temporaries = p.arena[0];
+  r.lower_bound = p.lower_bound[0];
+  r.host = p.arena[1];
+  r.total = r.parameters + r.optimizer_state + r.batch + r.temporaries;
+
+  // Categories of arena buffers: saved residuals cross the loss (defined up to it, read after it);
+  // after the loss, weight-shaped values outside the optimizer are gradients; the rest are temporaries.
+  int loss_step = 0;
+  if (!g.results.empty())
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      for (ir::ValueId v : g.nodes[i].outputs)
+        if (v == g.results[0]) loss_step = p.position[i];
+  std::vector<ir::Type> weight_types;
+  for (size_t i = 0; i < g.params.size(); ++i)
+    if (argument_kind(g.param_names[i]) == kParameters) weight_types.push_back(g.type(g.params[i]));
+  const int steps = static_cast<int>(p.schedule.size());
+  r.timeline.assign(static_cast<size_t>(steps + 1), std::array<int64_t, 6>{args[kParameters], args[kOptimizer], args[kBatch], 0, 0, 0});
+  for (const Buffer& b : p.buffers) {
+    if (b.space != Space::device) continue;
+    Category c = kTemporaries;
+    if (b.start <= loss_step && b.end > loss_step && b.value >= 0) {
+      c = kResiduals;
+    } else if (b.start > loss_step && b.value >= 0) {
+      const Node& def = g.nodes[static_cast<size_t>(b.node)];
+      const bool weight_shaped =
+          std::find(weight_types.begin(), weight_types.end(), g.type(b.value)) != weight_types.end();
+      if (weight_shaped && def.scope.rfind("optimizer", 0) != 0) c = kGradients;
+    }
+    for (int s = b.start; s <= b.end; ++s) r.timeline[static_cast<size_t>(s)][c] += b.bytes;
+  }
+  int64_t best = -1;
+  for (int s = 0; s <= steps; ++s) {
+    int64_t sum = 0;
+    for (int64_t x : r.timeline[static_cast<size_t>(s)]) sum += x;
+    if (sum > best) best = sum, r.peak_step = s;
+  }
+
+  std::vector<const Buffer*> order;
+  for (const Buffer& b : p.buffers) order.push_back(&b);
+  std::stable_sort(order.begin(), order.end(), [](const Buffer* a, const Buffer* b) { return a->bytes > b->bytes; });
+  for (const Buffer* b : order) {
+    if (static_cast<int>(r.largest.size()) >= options.top) break;
+    const Node& def = g.nodes[static_cast<size_t>(b->node)];
+    Allocation a;
+    a.bytes = b->bytes;
+    a.op = b->value < 0 ? "scan body (sub-arena)" : std::string(ir::op_name(def.op));
+    a.scope = def.scope;
+    a.name = checkpoint_name(g, p, *b);
+    a.shape = b->value < 0 ? "" : ir::shape_str(g.type(b->value).shape);
+    a.dtype = b->value < 0 ? "" : std::string(dtype_name(g.type(b->value).dtype));
+    a.start = b->start;
+    a.end = b->end;
+    a.space = b->space;
+    r.largest.push_back(a);
+  }
+  return r;
+}
+
+std::string Report::text() const {
+  std::string out;
+  if (!options.title.empty()) out += options.title + "\n";
+  if (!fits())
+    out += fmt::format("Out of memory: needs {} of {} (over by {})\n", bytes_str(static_cast<double>(total)),
+                       bytes_str(static_cast<double>(options.limit)), bytes_str(static_cast<double>(total - options.limit)));
+  out += fmt::format("Total device memory: {}\n", bytes_str(static_cast<double>(total)));
+  out += fmt::format("  arguments: {} (parameters {}, optimizer state {}, batch {})\n",
+                     bytes_str(static_cast<double>(parameters + optimizer_state + batch)),
+                     bytes_str(static_cast<double>(parameters)), bytes_str(static_cast<double>(optimizer_state)),
+                     bytes_str(static_cast<double>(batch)));
+  out += fmt::format("  outputs and aliases: {} written in place into their arguments (donated); {} other outputs\n",
+                     bytes_str(static_cast<double>(donated)), bytes_str(static_cast<double>(outputs)));
+  out += fmt::format("  temporaries (arena): {}; lower bound {}; fragmentation {}\n",
+                     bytes_str(static_cast<double>(temporaries)), bytes_str(static_cast<double>(lower_bound)),
+                     temporaries > 0 ? fmt::format("{:.1f}%", 100.0 * static_cast<double>(temporaries - lower_bound) /
+                                                                 static_cast<double>(temporaries))
+                                     : std::string("0%"));
+  out += fmt::format("Host memory (offloaded residuals): {}\n", bytes_str(static_cast<double>(host)));
+  out += fmt::format("FLOPs per step: forward {:.4g} G, backward and update {:.4g} G, recompute {:.4g} G\n",
+                     options.forward_flops / 1e9, options.backward_flops / 1e9, options.recompute_flops / 1e9);
+  out += fmt::format("Largest program allocations ({}):\n", largest.size());
+  for (size_t i = 0; i < largest.size(); ++i) {
+    const Allocation& a = largest[i];
+    out += fmt::format("  {:>2}. {:>11}  {}{}{}{}  [{}, {}]{}\n", i + 1, bytes_str(static_cast<double>(a.bytes)), a.op,
+                       a.name.empty() ? "" : " '" + a.name + "'", a.shape.empty() ? "" : " " + a.dtype + a.shape,
+                       a.scope.empty() ? "" : " scope=" + a.scope, a.start, a.end,
+                       a.space == Space::host ? " host" : "");
+  }
+  return out;
+}
+
+nlohmann::json Report::json() const {
+  nlohmann::json largest_rows = nlohmann::json::array();
+  for (const Allocation& a : largest)
+    largest_rows.push_back({{"bytes", a.bytes}, {"op", a.op}, {"scope", a.scope}, {"name", a.name}, {"shape", a.shape},
+                            {"dtype", a.dtype}, {"live", {a.start, a.end}},
+                            {"space", a.space == Space::host ? "host" : "device"}});
+  return {{"title", options.title},
+          {"total", total},
+          {"limit", options.limit},
+          {"fits", fits()},
+          {"arguments", {{"parameters", parameters}, {"optimizer_state", optimizer_state}, {"batch", batch}}},
+          {"outputs", {{"donated", donated}, {"other", outputs}}},
+          {"temporaries", temporaries},
+          {"lower_bound", lower_bound},
+          {"host", host},
+          {"flops", {{"forward", options.forward_flops}, {"backward", options.backward_flops}, {"recompute", options.recompute_flops}}},
+          {"largest", largest_rows}};
+}
+
+std::string Report::svg() const {
+  const double width = 960, height = 420, left = 80, right = 200, top = 30, bottom = 40;
+  const double plot_w = width - left - right, plot_h = height - top - bottom;
+  int64_t peak = 0;
+  for (const auto& row : timeline) {
+    int64_t s = 0;
+    for (int64_t x : row) s += x;
+    peak = std::max(peak, s);
+  }
+  const size_t n = timeline.size();
+  auto x_at = [&](size_t s) { return left + plot_w * (n <= 1 ? 0.0 : static_cast<double>(s) / static_cast<double>(n - 1)); };
+  auto y_at = [&](int64_t b) { return top + plot_h * (1.0 - (peak > 0 ? static_cast<double>(b) / static_cast<double>(peak) : 0)); };
+  std::string out = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"18\">{}</text>\n",
+      width, height, left, options.title.empty() ? "live device bytes over the schedule" : options.title);
+  std::vector<int64_t> below(n, 0);
+  for (int c = 0; c < 6; ++c) {
+    std::string points;
+    for (size_t s = 0; s < n; ++s) points += fmt::format("{:.1f},{:.1f} ", x_at(s), y_at(below[s] + timeline[s][static_cast<size_t>(c)]));
+    for (size_t s = n; s-- > 0;) points += fmt::format("{:.1f},{:.1f} ", x_at(s), y_at(below[s]));
+    for (size_t s = 0; s < n; ++s) below[s] += timeline[s][static_cast<size_t>(c)];
+    out += fmt::format("<polygon points=\"{}\" fill=\"{}\" stroke=\"none\"/>\n", points, kColors[c]);
+    out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n",
+                       width - right + 16, top + 20.0 * c, kColors[c], width - right + 34, top + 20.0 * c + 11, kCategoryNames[c]);
+  }
+  out += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"black\" stroke-dasharray=\"4\"/>\n",
+                     x_at(static_cast<size_t>(peak_step)), top, top + plot_h);
+  out += fmt::format("<text x=\"{:.1f}\" y=\"{}\">peak {} at step {}</text>\n", x_at(static_cast<size_t>(peak_step)) + 4,
+                     top + 14, bytes_str(static_cast<double>(peak)), peak_step);
+  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\"/>\n", left, top, top + plot_h);
+  out += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"black\"/>\n", left, top + plot_h, left + plot_w);
+  out += fmt::format("<text x=\"4\" y=\"{}\">{}</text>\n<text x=\"4\" y=\"{}\">0</text>\n", top + 10,
+                     bytes_str(static_cast<double>(peak)), top + plot_h);
+  out += fmt::format("<text x=\"{}\" y=\"{}\">schedule step (0 .. {})</text>\n</svg>\n", left + plot_w / 2 - 60,
+                     height - 10, n - 1);
+  return out;
+}
+
+}  // namespace remat::plan

@@ -1,0 +1,58 @@
+// What XLA prints on a compile-time OOM, before running: total memory, arguments (parameters, optimizer
+// state, batch), outputs and aliases, temporaries with fragmentation and lower bound, host bytes, the
+// largest allocations with op, scope, checkpoint name, shape, dtype, size and live range, and FLOPs; as
+// text, JSON, or an SVG timeline of live bytes stacked by category with the peak marked.
+#pragma once
+
+#include "plan/plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace remat::plan {
+
+struct ReportOptions {
+  std::string title;             // first line, e.g. "model llama2-7b, batch 1 x 4096, remat_policy full"
+  int64_t limit = 0;             // device bytes available (hbm_limit); 0: no limit
+  int top = 20;                  // largest allocations listed
+  double forward_flops = 0, backward_flops = 0, recompute_flops = 0;  // per step
+};
+
+struct Allocation {
+  int64_t bytes;
+  std::string op, scope, name, shape, dtype;
+  int start, end;
+  Space space;
+};
+
+struct Report {
+  ReportOptions options;
+  int64_t parameters = 0, optimizer_state = 0, batch = 0;  // argument bytes by kind
+  int64_t donated = 0;            // outputs written into their arguments (aliases: no extra memory)
+  int64_t outputs = 0;            // other outputs (in the arena)
+  int64_t temporaries = 0;        // the device arena
+  int64_t lower_bound = 0;        // max live device bytes (no fragmentation)
+  int64_t host = 0;               // the host arena (offloaded residuals)
+  int64_t total = 0;              // device: arguments + arena
+  std::vector<Allocation> largest;
+  // Live device bytes per schedule step, by category: parameters, optimizer state, batch, saved
+  // residuals, gradients, temporaries.
+  std::vector<std::array<int64_t, 6>> timeline;
+  int peak_step = 0;
+
+  bool fits() const { return options.limit <= 0 || total <= options.limit; }
+  std::string text() const;
+  nlohmann::json json() const;
+  std::string svg() const;
+};
+
+// Parameters are the graph params not named opt_m/..., opt_v/..., inputs, targets or step.
+Report report(const Plan& p, const ir::Graph& g, const ReportOptions& options);
+
+// "21.91 GiB"
+std::string bytes_str(double bytes);
+// Parses "16GiB", "16 GB", "512MiB", "1073741824" (bytes); errors name the config key.
+int64_t parse_bytes(const std::string& text, const std::string& key);
+
+}  // namespace remat::plan
