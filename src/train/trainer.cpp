@@ -1,5 +1,8 @@
 #include "train/trainer.h"
 
+#include "exec/executable.h"
+#include "plan/report.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -112,11 +115,16 @@ RunResult run(const RunConfig& c) {
   for (const std::string& w : rematerialize::lint(forward, {.allow_unmatched = c.remat_allow_unmatched}))
     fmt::print("warning: {}\n", w);
   rematerialize::Decider decider;
-  ir::Graph step = step_graph(c.model, c.shape, c.optimizer, &decider);
-  std::string explained = rematerialize::explain(decider.records(), forward, step).text();
+  ir::Graph traced = step_graph(c.model, c.shape, c.optimizer, &decider);
+  std::string explained = rematerialize::explain(decider.records(), forward, traced).text();
   fmt::print("remat: policy {}; {}", c.model.remat_policy, explained.substr(explained.rfind("step: ") + 6));
+  ir::inline_remat_regions(traced);
+  plan::Plan memory = plan::build(traced, {.donate = step_donation(c.model)});
+  fmt::print("plan: arena {} device (lower bound {}), {} host; parameters, moments updated in place\n",
+             plan::bytes_str(static_cast<double>(memory.arena[0])), plan::bytes_str(static_cast<double>(memory.lower_bound[0])),
+             plan::bytes_str(static_cast<double>(memory.arena[1])));
+  exec::Executable step(std::move(traced), std::move(memory));
   std::vector<exec::Array> params = nn::init_params(c.model, c.init_seed);
-  const size_t np = params.size();
   std::vector<exec::Array> m, v;
   for (const exec::Array& p : params) m.push_back(exec::Array::zeros(p.type()));
   for (const exec::Array& p : params) v.push_back(exec::Array::zeros(p.type()));
@@ -146,12 +154,8 @@ RunResult run(const RunConfig& c) {
     args.push_back(step_index);
     args.push_back(tokens.inputs);
     args.push_back(tokens.targets);
-    std::vector<exec::Array> out = exec::run(step, args);
-    for (size_t i = 0; i < np; ++i) {
-      params[i] = std::move(out[3 + i]);
-      m[i] = std::move(out[3 + np + i]);
-      v[i] = std::move(out[3 + 2 * np + i]);
-    }
+    // params, m and v are donated: the step writes their new values into these same buffers.
+    std::vector<exec::Array> out = step.run(args);
     const double loss = out[0].get(0), norm = out[1].get(0), lr = out[2].get(0);
     CHECK(std::isfinite(loss), "training diverged at step {}: loss is {}; lower learning_rate", s + 1, loss);
     result.train_loss = loss;
@@ -178,7 +182,9 @@ RunResult run(const RunConfig& c) {
     metrics << row.dump() << "\n";
     metrics.flush();
   }
-  fmt::print("done in {}; metrics in {}\n", duration_str(seconds_since(start)), metrics_path);
+  fmt::print("done in {}; metrics in {}; measured peak {} device (planned {})\n", duration_str(seconds_since(start)),
+             metrics_path, plan::bytes_str(static_cast<double>(step.measured_peak(plan::Space::device))),
+             plan::bytes_str(static_cast<double>(step.plan().lower_bound[0])));
   fmt::print("sample ({}, prompt \"{}\"):\n{}\n", c.sample_temperature > 0 ? fmt::format("temperature {}", c.sample_temperature) : "greedy",
              printable(c.sample_prompt), printable(sample(c, params)));
   return result;
