@@ -15,25 +15,28 @@ namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 }  // namespace
 
-Array::Array(Type type) : type_(std::move(type)) {
-  const size_t bytes = static_cast<size_t>(type_.bytes());
+const ir::Type Array::kNoType{};
+
+Array::Array(Type type) : owned_type_(std::make_shared<const Type>(std::move(type))) {
+  type_ = owned_type_.get();
+  const size_t bytes = static_cast<size_t>(type_->bytes());
   const size_t align = bytes >= kHugePage ? kHugePage : 64;
   const size_t rounded = bytes == 0 ? align : (bytes + align - 1) / align * align;
   auto* p = static_cast<std::byte*>(std::aligned_alloc(align, rounded));
   if (p != nullptr && align == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);
-  CHECK(p != nullptr, "out of host memory allocating {} ({} bytes)", ir::type_str(type_), bytes);
+  CHECK(p != nullptr, "out of host memory allocating {} ({} bytes)", ir::type_str(*type_), bytes);
   storage_ = std::shared_ptr<std::byte>(p, [](std::byte* q) { std::free(q); });
   ptr_ = p;
 }
 
 Array Array::zeros(Type type) {
   Array a(std::move(type));
-  std::memset(a.ptr_, 0, static_cast<size_t>(a.type_.bytes()));
+  std::memset(a.ptr_, 0, static_cast<size_t>(a.type_->bytes()));
   return a;
 }
 
 double Array::get(int64_t i) const {
-  switch (type_.dtype) {
+  switch (type_->dtype) {
     case DType::f64: return data<double>()[i];
     case DType::f32: return data<float>()[i];
     case DType::bf16: return bf16_to_float(data<bf16_t>()[i]);
@@ -45,7 +48,7 @@ double Array::get(int64_t i) const {
 }
 
 void Array::set(int64_t i, double v) {
-  switch (type_.dtype) {
+  switch (type_->dtype) {
     case DType::f64: data<double>()[i] = v; break;
     case DType::f32: data<float>()[i] = static_cast<float>(v); break;
     case DType::bf16: data<bf16_t>()[i] = float_to_bf16(static_cast<float>(v)); break;
@@ -55,30 +58,48 @@ void Array::set(int64_t i, double v) {
   }
 }
 
-Array Array::unallocated(Type type) {
+Array Array::unallocated(const Type* type) {
   Array a;
-  a.type_ = std::move(type);
+  a.type_ = type;
   return a;
 }
 
 Array Array::view(Type type, int64_t byte_offset) const {
-  ASSERT(byte_offset + type.bytes() <= type_.bytes());
+  Array a = view(&type, byte_offset);
+  a.owned_type_ = std::make_shared<const Type>(std::move(type));
+  a.type_ = a.owned_type_.get();
+  return a;
+}
+
+Array Array::view(const Type* type, int64_t byte_offset) const {
+  ASSERT(byte_offset + type->bytes() <= type_->bytes());
   Array a;
-  a.type_ = std::move(type);
+  a.type_ = type;
   a.storage_ = storage_;
   a.ptr_ = ptr_ + byte_offset;
   return a;
 }
 
+Array Array::view_as(const Array& typed) const {
+  Array a = view(typed.type_);
+  a.owned_type_ = typed.owned_type_;
+  return a;
+}
+
 Array Array::slice0(int64_t i) const {
-  ASSERT(type_.rank() >= 1 && i >= 0 && i < type_.shape[0]);
-  Type row{type_.dtype, ir::Shape(type_.shape.begin() + 1, type_.shape.end())};
-  return view(row, i * row.bytes());
+  ASSERT(type_->rank() >= 1);
+  return view(Type{type_->dtype, ir::Shape(type_->shape.begin() + 1, type_->shape.end())},
+              i * (type_->bytes() / type_->shape[0]));
+}
+
+Array Array::slice0(int64_t i, const Type* row) const {
+  ASSERT(type_->rank() >= 1 && i >= 0 && i < type_->shape[0]);
+  return view(row, i * row->bytes());
 }
 
 Array Array::clone() const {
-  Array a(type_);
-  std::memcpy(a.ptr_, ptr_, static_cast<size_t>(type_.bytes()));
+  Array a(*type_);
+  std::memcpy(a.ptr_, ptr_, static_cast<size_t>(type_->bytes()));
   return a;
 }
 

@@ -1,5 +1,7 @@
 // Array: a typed host buffer (64-byte aligned). Copies share storage; arrays are immutable once a kernel
 // has written them, which is what makes sharing (views, aliases) safe.
+// The type is either owned (shared, immutable) or borrowed from a graph that outlives the array: the
+// executor's views borrow, so a steady-state step copies arrays without touching the heap.
 //   Array a = Array::from<float>({2, 3}, {1, 2, 3, 4, 5, 6});
 //   float* p = a.data<float>();  Array row = a.slice0(1);  // f32[3], a view
 #pragma once
@@ -17,15 +19,15 @@ class Array {
   Array() = default;
   explicit Array(ir::Type type);  // uninitialized contents
   static Array zeros(ir::Type type);
-  static Array unallocated(ir::Type type);  // a type without storage, for kernels that set their output
+  static Array unallocated(const ir::Type* type);  // a borrowed type without storage (kernels set it)
   template <class T>
   static Array from(ir::Shape shape, const std::vector<T>& values);
 
-  const ir::Type& type() const { return type_; }
+  const ir::Type& type() const { return *type_; }
   std::byte* bytes() const { return ptr_; }
   template <class T>
   T* data() const { return reinterpret_cast<T*>(ptr_); }
-  int64_t size() const { return type_.num_elements(); }
+  int64_t size() const { return type_->num_elements(); }
 
   // Element `i` (row-major) of any dtype, as a double: for tests and printing.
   double get(int64_t i) const;
@@ -34,11 +36,16 @@ class Array {
   std::vector<T> to_vector() const { return std::vector<T>(data<T>(), data<T>() + size()); }
 
   Array view(ir::Type type, int64_t byte_offset = 0) const;  // shares storage
+  Array view(const ir::Type* type, int64_t byte_offset = 0) const;  // shares storage, borrows the type
+  Array view_as(const Array& typed) const;  // shares storage, with typed's type (an alias: reshape, name)
   Array slice0(int64_t i) const;                              // row i along axis 0, a view
+  Array slice0(int64_t i, const ir::Type* row) const;        // the same, borrowing the row's type
   Array clone() const;                                        // deep copy
 
  private:
-  ir::Type type_;
+  const ir::Type* type_ = &kNoType;
+  std::shared_ptr<const ir::Type> owned_type_;  // set when the type is owned
+  static const ir::Type kNoType;
   std::shared_ptr<std::byte> storage_;
   std::byte* ptr_ = nullptr;
 };

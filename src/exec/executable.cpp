@@ -59,7 +59,7 @@ Executable::Frame& Executable::frame_for(const Graph& g) {
   return *it->second;
 }
 
-std::vector<Array> Executable::run(std::span<const Array> args) {
+const std::vector<Array>& Executable::run(std::span<const Array> args) {
   const Graph& g = graph_;
   CHECK(args.size() == g.params.size(), "graph @{} takes {} arguments, got {}", g.name, g.params.size(), args.size());
   for (size_t i = 0; i < args.size(); ++i)
@@ -69,17 +69,18 @@ std::vector<Array> Executable::run(std::span<const Array> args) {
   f.first_write.assign(plan_.buffers.size(), -1);
   f.last_read.assign(plan_.buffers.size(), -1);
   run_graph(g, plan_, 0, 0, f, args, true);
-  std::vector<Array> results;
+  results_.clear();
   for (size_t r = 0; r < g.results.size(); ++r) {
     const int p = plan_.donated_param[r];
-    results.push_back(p >= 0 ? args[static_cast<size_t>(p)] : f.values[static_cast<size_t>(g.results[r])]);
+    results_.push_back(p >= 0 ? args[static_cast<size_t>(p)] : f.values[static_cast<size_t>(g.results[r])]);
   }
   // The measured peak: buffers live from their first write to their last read (results: to the end).
   const int end = static_cast<int>(plan_.schedule.size());
   for (ir::ValueId r : g.results)
     if (int b = plan_.buffer_of[static_cast<size_t>(plan_.root[static_cast<size_t>(r)])]; b >= 0) f.last_read[static_cast<size_t>(b)] = end;
   for (int sp = 0; sp < 2; ++sp) {
-    std::vector<int64_t> live(static_cast<size_t>(end + 1), 0);
+    std::vector<int64_t>& live = live_[sp];
+    live.assign(static_cast<size_t>(end + 1), 0);
     for (size_t b = 0; b < plan_.buffers.size(); ++b) {
       const plan::Buffer& x = plan_.buffers[b];
       if (static_cast<int>(x.space) != sp || f.first_write[b] < 0) continue;
@@ -87,7 +88,7 @@ std::vector<Array> Executable::run(std::span<const Array> args) {
     }
     measured_[sp] = *std::max_element(live.begin(), live.end());
   }
-  return results;
+  return results_;
 }
 
 void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_base, int64_t host_base, Frame& f,
@@ -104,7 +105,7 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
     }
     const plan::Buffer& x = p.buffers[static_cast<size_t>(b)];
     return (x.space == plan::Space::device ? device_ : host_)
-        .view(g.type(v), (x.space == plan::Space::device ? device_base : host_base) + x.offset);
+        .view(&g.type(v), (x.space == plan::Space::device ? device_base : host_base) + x.offset);
   };
   for (size_t s = 0; s < p.schedule.size(); ++s) {
     const int i = p.schedule[s];
@@ -113,7 +114,7 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
     f.outs.clear();
     for (ir::ValueId v : n.inputs) f.ins.push_back(vals[static_cast<size_t>(v)]);
     const bool alias = n.op == Op::reshape || n.op == Op::name;
-    for (ir::ValueId v : n.outputs) f.outs.push_back(alias ? Array::unallocated(g.type(v)) : storage(v));
+    for (ir::ValueId v : n.outputs) f.outs.push_back(alias ? Array::unallocated(&g.type(v)) : storage(v));
     if (top) {
       for (ir::ValueId v : n.inputs)
         if (int b = p.buffer_of[static_cast<size_t>(v)]; b >= 0) f.last_read[static_cast<size_t>(b)] = static_cast<int>(s);
@@ -144,7 +145,9 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
           const int64_t t = n.attrs.boolean("reverse") ? length - 1 - step : step;
           f.body_args.clear();
           for (size_t q = 0; q < f.ins.size(); ++q)
-            f.body_args.push_back(q < nc ? f.ins[q] : q < nc + nh ? f.outs[q - nc] : f.ins[q].slice0(t));
+            f.body_args.push_back(q < nc        ? f.ins[q]
+                                  : q < nc + nh ? f.outs[q - nc]
+                                                : f.ins[q].slice0(t, &body.type(body.params[q])));
           run_graph(body, bp, body_device, body_host, bf, f.body_args, false);
           // ys first: a y may be a carry param, which is the outer carry buffer the carries overwrite next.
           for (size_t k = nh; k < n.outputs.size(); ++k) {

@@ -4,7 +4,7 @@
 // buffers in place. Other results are views into the arena, valid until the next run().
 //
 //   exec::Executable step(graph, plan::build(graph, {.donate = pairs}));
-//   std::vector<exec::Array> out = step.run(args);   // args[p] is overwritten for each donated p
+//   const std::vector<exec::Array>& out = step.run(args);   // args[p] is overwritten for each donated p
 #pragma once
 
 #include "exec/exec.h"
@@ -22,7 +22,8 @@ class Executable {
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
 
-  std::vector<Array> run(std::span<const Array> args);
+  // The results stay valid until the next run (their vector is reused: a steady-state run allocates nothing).
+  const std::vector<Array>& run(std::span<const Array> args);
 
   const ir::Graph& graph() const { return graph_; }
   const plan::Plan& plan() const { return plan_; }
@@ -30,6 +31,8 @@ class Executable {
   // it to the step that last reads it; results to the end), per memory space. Meant to equal the plan's
   // lower_bound: the check that liveness was planned right.
   int64_t measured_peak(plan::Space space) const { return measured_[static_cast<int>(space)]; }
+  // The instrumented record: live arena bytes at each schedule step of the last run, per memory space.
+  const std::vector<int64_t>& measured_live(plan::Space space) const { return live_[static_cast<int>(space)]; }
 
  private:
   struct Frame;  // per-graph execution state, reused every run (no steady-state allocation)
@@ -43,6 +46,8 @@ class Executable {
   Array device_, host_;
   std::map<const ir::Graph*, std::unique_ptr<Frame>> frames_;
   int64_t measured_[2] = {0, 0};
+  std::vector<int64_t> live_[2];
+  std::vector<Array> results_;
 };
 
 }  // namespace remat::exec

@@ -92,7 +92,7 @@ std::vector<Array> run(const Graph& g, std::span<const Array> args, const Option
     for (ir::ValueId v : n.inputs) ins.push_back(values[static_cast<size_t>(v)]);
     for (ir::ValueId v : n.outputs) {
       const ir::Type& t = g.type(v);
-      outs.push_back(allocates_own_outputs(n.op) ? Array::unallocated(t) : Array(t));
+      outs.push_back(allocates_own_outputs(n.op) ? Array::unallocated(&t) : Array(t));
     }
     try {
       if (options.profile && !ir::has_body(n.op)) {

@@ -155,7 +155,7 @@ RunResult run(const RunConfig& c) {
     args.push_back(tokens.inputs);
     args.push_back(tokens.targets);
     // params, m and v are donated: the step writes their new values into these same buffers.
-    std::vector<exec::Array> out = step.run(args);
+    const std::vector<exec::Array>& out = step.run(args);
     const double loss = out[0].get(0), norm = out[1].get(0), lr = out[2].get(0);
     CHECK(std::isfinite(loss), "training diverged at step {}: loss is {}; lower learning_rate", s + 1, loss);
     result.train_loss = loss;

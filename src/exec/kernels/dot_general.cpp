@@ -1,8 +1,10 @@
 // dot_general through oneDNN's batched matmul. The operands are viewed as lhs (B, M, K) and rhs (B, K, N);
 // when an operand's dims are stored as [batch, free, contract] or [batch, contract, free] the view is just
-// strides (a transpose folded into the descriptor), otherwise the operand is first copied into that order.
-// The output [batch, lhs free, rhs free] is (B, M, N) row-major. oneDNN has no f64 or i32 matmul on CPU:
-// those dtypes use the reference kernel.
+// strides (a transpose folded into the descriptor), otherwise the operand is first copied into that order
+// (into a reused scratch buffer). The output [batch, lhs free, rhs free] is (B, M, N) row-major.
+// Everything that depends only on the shapes (the layout analysis, the primitive, its memory objects) is
+// made once per node and reused, so a steady-state call allocates nothing. oneDNN has no f64 or i32
+// matmul on CPU: those dtypes use the reference kernel.
 #include "exec/kernels/kernels.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -10,18 +12,12 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <tuple>
 
 namespace remat::exec {
 namespace {
 
-struct Operand {
-  ir::IntList order;        // dims in [batch, free, contract] (lhs) or [batch, contract, free] (rhs) order
-  int64_t batch = 1, rows = 1, cols = 1;  // sizes of the three groups in that order
-};
-
-ir::IntList free_dims(int64_t rank, const ir::IntList& contract, const ir::IntList& batch) {
-  ir::IntList f;
+Dims free_dims(int64_t rank, const ir::IntList& contract, const ir::IntList& batch) {
+  Dims f;
   for (int64_t d = 0; d < rank; ++d)
     if (std::find(contract.begin(), contract.end(), d) == contract.end() &&
         std::find(batch.begin(), batch.end(), d) == batch.end())
@@ -29,40 +25,40 @@ ir::IntList free_dims(int64_t rank, const ir::IntList& contract, const ir::IntLi
   return f;
 }
 
-int64_t product(const ir::Shape& s, const ir::IntList& dims) {
+int64_t product(const ir::Shape& s, const Dims& dims) {
   int64_t p = 1;
   for (int64_t d : dims) p *= s[static_cast<size_t>(d)];
   return p;
 }
 
-// Groups: [batch, g1, g2]. Returns the operand in that order, copied only if strides cannot express it.
-// `swapped` reports that memory holds [batch, g2, g1] (a transposed matrix), which costs no copy.
-struct Prepared {
-  Array data;
-  bool swapped = false;
+// How one operand is fed to the matmul: as it is (possibly with swapped matrix strides), or copied
+// into [batch, g1, g2] order.
+struct Layout {
+  bool swapped = false;      // memory holds [batch, g2, g1]: a transposed matrix, no copy
+  bool copy = false;         // neither order matches: copy with these strides into that order
+  Dims copy_src_strides, copy_shape;
 };
 
-Prepared prepare(const Array& x, const ir::IntList& batch, const ir::IntList& g1, const ir::IntList& g2) {
-  auto concat = [](std::initializer_list<const ir::IntList*> parts) {
-    ir::IntList out;
-    for (const ir::IntList* p : parts) out.insert(out.end(), p->begin(), p->end());
-    return out;
-  };
-  ir::IntList identity(static_cast<size_t>(x.type().rank()));
-  for (size_t i = 0; i < identity.size(); ++i) identity[i] = static_cast<int64_t>(i);
-  ir::IntList straight = concat({&batch, &g1, &g2});
-  if (straight == identity) return {x, false};
-  if (concat({&batch, &g2, &g1}) == identity) return {x, true};
-  const ir::Shape& s = x.type().shape;
-  ir::IntList in_strides = strides_of(s), src;
-  ir::Shape shape;
-  for (int64_t d : straight) {
-    src.push_back(in_strides[static_cast<size_t>(d)]);
-    shape.push_back(s[static_cast<size_t>(d)]);
+Layout analyze(const ir::Shape& s, const ir::IntList& batch, const Dims& g1, const ir::IntList& g2_list) {
+  Dims g2(g2_list), order, swapped, identity;
+  for (int64_t d : batch) order.push_back(d), swapped.push_back(d);
+  for (int64_t d : g1) order.push_back(d);
+  for (int64_t d : g2) order.push_back(d), swapped.push_back(d);
+  for (int64_t d : g1) swapped.push_back(d);
+  for (size_t i = 0; i < s.size(); ++i) identity.push_back(static_cast<int64_t>(i));
+  Layout l;
+  if (order == identity) return l;
+  if (swapped == identity) {
+    l.swapped = true;
+    return l;
   }
-  Array copy(ir::Type{x.type().dtype, shape});
-  copy_strided(x.bytes(), 0, src, copy.bytes(), 0, strides_of(shape), shape, dtype_size(x.type().dtype));
-  return {copy, false};
+  l.copy = true;
+  Dims strides = strides_of(Dims(s));
+  for (int64_t d : order) {
+    l.copy_src_strides.push_back(strides[static_cast<size_t>(d)]);
+    l.copy_shape.push_back(s[static_cast<size_t>(d)]);
+  }
+  return l;
 }
 
 dnnl::memory::data_type dnnl_type(DType d) {
@@ -78,9 +74,6 @@ dnnl::memory::data_type dnnl_type(DType d) {
 struct Engine {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::mutex mutex;
-  // Primitive cache: (dtype, B, M, K, N, lhs swapped, rhs swapped) -> matmul.
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, bool>, dnnl::matmul> cache;
 };
 
 Engine& engine() {
@@ -88,41 +81,86 @@ Engine& engine() {
   return e;
 }
 
-}  // namespace
+// Everything a node's matmul needs, made on its first call.
+struct Entry {
+  ir::Type lhs, rhs;           // the operand types and dimension numbers it was made for: a node address
+  ir::IntLists contract, batch;  // reused by another graph, or new shapes, remake it
+  Layout a_layout, b_layout;
+  dnnl::matmul matmul;
+  dnnl::memory a, b, c, pad;
+  std::vector<dnnl_exec_arg_t> args;  // for the C API: the C++ execute() builds this vector on every call
+  size_t pad_bytes = 0;
+};
 
-void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options) {
-  if (options.reference_kernels) return ref::dot_general(n, in, out, options);
-  const DType dtype = in[0].type().dtype;
-  if (dtype != DType::f32) return ref::dot_general(n, in, out, options);
+Entry make_entry(const ir::Node& n, const Array& lhs, const Array& rhs) {
   const ir::IntLists& ct = n.attrs.int_lists("contract");
   const ir::IntLists& bt = n.attrs.int_lists("batch");
-  const ir::Shape& ls = in[0].type().shape;
-  const ir::Shape& rs = in[1].type().shape;
-  ir::IntList lf = free_dims(in[0].type().rank(), ct[0], bt[0]);
-  ir::IntList rf = free_dims(in[1].type().rank(), ct[1], bt[1]);
+  const ir::Shape& ls = lhs.type().shape;
+  const ir::Shape& rs = rhs.type().shape;
+  Dims lf = free_dims(lhs.type().rank(), ct[0], bt[0]), rf = free_dims(rhs.type().rank(), ct[1], bt[1]);
   const int64_t B = product(ls, bt[0]), M = product(ls, lf), K = product(ls, ct[0]), N = product(rs, rf);
-  Prepared a = prepare(in[0], bt[0], lf, ct[0]);  // (B, M, K), or (B, K, M) in memory when swapped
-  Prepared b = prepare(in[1], bt[1], ct[1], rf);  // (B, K, N), or (B, N, K) in memory when swapped
+  Entry e;
+  e.lhs = lhs.type();
+  e.rhs = rhs.type();
+  e.contract = ct;
+  e.batch = bt;
+  e.a_layout = analyze(ls, bt[0], lf, ct[0]);  // (B, M, K), or (B, K, M) in memory when swapped
+  Dims contract_rhs(ct[1]);
+  ir::IntList rf_list(rf.begin(), rf.end());
+  e.b_layout = analyze(rs, bt[1], contract_rhs, rf_list);  // (B, K, N), or (B, N, K) in memory when swapped
   using dims = dnnl::memory::dims;
-  auto dt = dnnl_type(dtype);
+  auto dt = dnnl_type(lhs.type().dtype);
   // Without batch dims the descriptors are 2-D: oneDNN picks faster kernels for plain matrices.
   auto md = [&](int64_t rows, int64_t cols, bool swapped) {
     dims strides = swapped ? dims{1, rows} : dims{cols, 1};
     if (B == 1) return dnnl::memory::desc(dims{rows, cols}, dt, strides);
     return dnnl::memory::desc(dims{B, rows, cols}, dt, dims{rows * cols, strides[0], strides[1]});
   };
-  dnnl::memory::desc a_md = md(M, K, a.swapped), b_md = md(K, N, b.swapped), c_md = md(M, N, false);
-  Engine& e = engine();
-  std::lock_guard<std::mutex> lock(e.mutex);
-  auto key = std::make_tuple(static_cast<int>(dtype), B, M, K, N, a.swapped, b.swapped);
-  auto it = e.cache.find(key);
-  if (it == e.cache.end()) {
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), e.engine);
-    it = e.cache.emplace(key, dnnl::matmul(pd)).first;
-  }
-  dnnl::memory am(a_md, e.engine, a.data.bytes()), bm(b_md, e.engine, b.data.bytes()), cm(c_md, e.engine, out[0].bytes());
-  it->second.execute(e.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  e.stream.wait();
+  dnnl::memory::desc a_md = md(M, K, e.a_layout.swapped), b_md = md(K, N, e.b_layout.swapped), c_md = md(M, N, false);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine().engine);
+  e.matmul = dnnl::matmul(pd);
+  e.a = dnnl::memory(a_md, engine().engine, DNNL_MEMORY_NONE);
+  e.b = dnnl::memory(b_md, engine().engine, DNNL_MEMORY_NONE);
+  e.c = dnnl::memory(c_md, engine().engine, DNNL_MEMORY_NONE);
+  e.pad = dnnl::memory(pd.scratchpad_desc(), engine().engine, DNNL_MEMORY_NONE);
+  e.pad_bytes = pd.scratchpad_desc().get_size();
+  e.args = {{DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()},
+            {DNNL_ARG_SCRATCHPAD, e.pad.get()}};
+  return e;
+}
+
+// The operand's bytes in the layout the matmul reads: in place, or copied into scratch `slot`.
+void* feed(const Array& x, const Layout& l, size_t slot) {
+  if (!l.copy) return x.bytes();
+  const int64_t es = dtype_size(x.type().dtype);
+  std::byte* dst = scratch(slot, static_cast<size_t>(x.type().bytes()));
+  copy_strided(x.bytes(), 0, l.copy_src_strides, dst, 0, strides_of(l.copy_shape), l.copy_shape, es);
+  return dst;
+}
+
+}  // namespace
+
+void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options) {
+  if (options.reference_kernels || in[0].type().dtype != DType::f32) return ref::dot_general(n, in, out, options);
+  // One entry per node; a different graph at the same address, or new shapes, remakes it.
+  static std::mutex mutex;
+  static std::map<const ir::Node*, Entry> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(&n);
+  if (it == cache.end() || !(it->second.lhs == in[0].type()) || !(it->second.rhs == in[1].type()) ||
+      it->second.contract != n.attrs.int_lists("contract") || it->second.batch != n.attrs.int_lists("batch"))
+    it = cache.insert_or_assign(&n, make_entry(n, in[0], in[1])).first;
+  Entry& e = it->second;
+  e.a.set_data_handle(feed(in[0], e.a_layout, 1));
+  e.b.set_data_handle(feed(in[1], e.b_layout, 2));
+  e.c.set_data_handle(out[0].bytes());
+  e.pad.set_data_handle(scratch(3, std::max<size_t>(e.pad_bytes, 64)));
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(e.matmul.get(), engine().stream.get(), static_cast<int>(e.args.size()),
+                                                 e.args.data()),
+                          "could not execute a matmul");
+  engine().stream.wait();
 }
 
 }  // namespace remat::exec

@@ -5,6 +5,8 @@
 
 #include "exec/exec.h"
 
+#include <algorithm>
+#include <array>
 #include <span>
 
 namespace remat::exec {
@@ -19,13 +21,43 @@ namespace ref {
 void dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options);
 }  // namespace ref
 
+// A short list of dims or strides with inline storage: kernels build these per call without touching the
+// heap (a steady-state step allocates nothing).
+class Dims {
+ public:
+  static constexpr size_t kMax = 8;
+  Dims() = default;
+  explicit Dims(size_t count, int64_t fill = 0);
+  Dims(const std::vector<int64_t>& x);  // NOLINT: implicit from ir::Shape / ir::IntList
+  void push_back(int64_t x);
+  int64_t& operator[](size_t i) { return v_[i]; }
+  int64_t operator[](size_t i) const { return v_[i]; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  const int64_t* begin() const { return v_.data(); }
+  const int64_t* end() const { return v_.data() + n_; }
+  int64_t back() const { return v_[n_ - 1]; }
+  int64_t front() const { return v_[0]; }
+  bool operator==(const Dims& o) const { return std::equal(begin(), end(), o.begin(), o.end()); }
+
+ private:
+  std::array<int64_t, kMax> v_{};
+  size_t n_ = 0;
+};
+
+int64_t num_elements(const Dims& shape);
+
 // Row-major strides (in elements) of a shape.
-ir::IntList strides_of(const ir::Shape& shape);
+Dims strides_of(const Dims& shape);
 
 // dst[dst_base + sum(i_d * dst_strides_d)] = src[src_base + sum(i_d * src_strides_d)] for every index i
 // of `shape`. Offsets and strides are in elements of `elem_size` bytes.
-void copy_strided(const std::byte* src, int64_t src_base, const ir::IntList& src_strides, std::byte* dst,
-                  int64_t dst_base, const ir::IntList& dst_strides, const ir::Shape& shape, int64_t elem_size);
+void copy_strided(const std::byte* src, int64_t src_base, const Dims& src_strides, std::byte* dst, int64_t dst_base,
+                  const Dims& dst_strides, const Dims& shape, int64_t elem_size);
+
+// A growable per-thread scratch buffer for kernels that need a temporary copy: it grows to the largest
+// request and is then reused, so steady-state steps do not allocate. `slot` separates simultaneous uses.
+std::byte* scratch(size_t slot, size_t bytes);
 
 // Calls f(T{}) with T the storage type of a float dtype (f64, f32); a CHECK error otherwise.
 template <class F>

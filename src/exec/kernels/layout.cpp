@@ -10,9 +10,8 @@ namespace {
 int64_t elem(const Array& a) { return dtype_size(a.type().dtype); }
 
 // lax clamps dynamic start indices so the window stays inside the operand.
-std::vector<int64_t> clamped_starts(std::span<const Array> in, size_t first, const ir::Shape& operand,
-                                    const ir::Shape& window) {
-  std::vector<int64_t> s;
+Dims clamped_starts(std::span<const Array> in, size_t first, const ir::Shape& operand, const ir::Shape& window) {
+  Dims s;
   for (size_t d = 0; d < operand.size(); ++d) {
     int64_t v = in[first + d].data<int32_t>()[0];
     s.push_back(std::clamp<int64_t>(v, 0, operand[d] - window[d]));
@@ -20,7 +19,7 @@ std::vector<int64_t> clamped_starts(std::span<const Array> in, size_t first, con
   return s;
 }
 
-int64_t offset_of(const std::vector<int64_t>& index, const ir::IntList& strides) {
+int64_t offset_of(const Dims& index, const Dims& strides) {
   int64_t o = 0;
   for (size_t d = 0; d < index.size(); ++d) o += index[d] * strides[d];
   return o;
@@ -35,8 +34,8 @@ void copy_all(const Array& from, Array& to) {
 void kernel_broadcast_in_dim(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
   const ir::IntList& dims = n.attrs.ints("dims");
   const ir::Shape& xs = in[0].type().shape;
-  ir::IntList x_strides = strides_of(xs);
-  ir::IntList src(out[0].type().shape.size(), 0);
+  Dims x_strides = strides_of(xs);
+  Dims src(out[0].type().shape.size(), 0);
   for (size_t i = 0; i < dims.size(); ++i)
     if (xs[i] != 1) src[static_cast<size_t>(dims[i])] = x_strides[i];
   copy_strided(in[0].bytes(), 0, src, out[0].bytes(), 0, strides_of(out[0].type().shape), out[0].type().shape,
@@ -45,9 +44,11 @@ void kernel_broadcast_in_dim(const ir::Node& n, std::span<const Array> in, std::
 
 // reshape and name alias their operand: the output is a view of the same bytes.
 void kernel_reshape(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
-  out[0] = in[0].view(out[0].type());
+  out[0] = in[0].view_as(out[0]);
 }
-void kernel_name(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) { out[0] = in[0].view(out[0].type()); }
+void kernel_name(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  out[0] = in[0].view_as(out[0]);
+}
 
 // Memory-space moves. On the CPU backend both spaces are host memory, so these are copies into a buffer
 // of the destination space; the planner accounts host and device bytes separately.
@@ -60,21 +61,21 @@ void kernel_reload(const ir::Node&, std::span<const Array> in, std::span<Array> 
 
 void kernel_transpose(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
   const ir::IntList& perm = n.attrs.ints("perm");
-  ir::IntList in_strides = strides_of(in[0].type().shape), src;
+  Dims in_strides = strides_of(in[0].type().shape), src;
   for (int64_t p : perm) src.push_back(in_strides[static_cast<size_t>(p)]);
   copy_strided(in[0].bytes(), 0, src, out[0].bytes(), 0, strides_of(out[0].type().shape), out[0].type().shape,
                elem(in[0]));
 }
 
 void kernel_slice(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
-  ir::IntList strides = strides_of(in[0].type().shape);
+  Dims strides = strides_of(in[0].type().shape);
   copy_strided(in[0].bytes(), offset_of(n.attrs.ints("start"), strides), strides, out[0].bytes(), 0,
                strides_of(out[0].type().shape), out[0].type().shape, elem(in[0]));
 }
 
 void kernel_dynamic_slice(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
   const ir::Shape& window = out[0].type().shape;
-  ir::IntList strides = strides_of(in[0].type().shape);
+  Dims strides = strides_of(in[0].type().shape);
   auto starts = clamped_starts(in, 1, in[0].type().shape, window);
   copy_strided(in[0].bytes(), offset_of(starts, strides), strides, out[0].bytes(), 0, strides_of(window), window,
                elem(in[0]));
@@ -83,7 +84,7 @@ void kernel_dynamic_slice(const ir::Node&, std::span<const Array> in, std::span<
 void kernel_dynamic_update_slice(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
   copy_all(in[0], out[0]);
   const ir::Shape& window = in[1].type().shape;
-  ir::IntList strides = strides_of(in[0].type().shape);
+  Dims strides = strides_of(in[0].type().shape);
   auto starts = clamped_starts(in, 2, in[0].type().shape, window);
   copy_strided(in[1].bytes(), 0, strides_of(window), out[0].bytes(), offset_of(starts, strides), strides, window,
                elem(in[0]));
@@ -91,7 +92,7 @@ void kernel_dynamic_update_slice(const ir::Node&, std::span<const Array> in, std
 
 void kernel_concatenate(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
   const size_t dim = static_cast<size_t>(n.attrs.integer("dim"));
-  ir::IntList out_strides = strides_of(out[0].type().shape);
+  Dims out_strides = strides_of(out[0].type().shape);
   int64_t at = 0;
   for (const Array& x : in) {
     copy_strided(x.bytes(), 0, strides_of(x.type().shape), out[0].bytes(), at * out_strides[dim], out_strides,
@@ -135,7 +136,7 @@ void kernel_scatter_add(const ir::Node& n, std::span<const Array> in, std::span<
 void kernel_iota(const ir::Node& n, std::span<const Array>, std::span<Array> out, const Options&) {
   const ir::Shape& shape = out[0].type().shape;
   const size_t dim = static_cast<size_t>(n.attrs.integer("dim"));
-  const int64_t inner = strides_of(shape)[dim];
+  const int64_t inner = strides_of(Dims(shape))[dim];
   for (int64_t i = 0; i < out[0].size(); ++i) out[0].set(i, static_cast<double>((i / inner) % shape[dim]));
 }
 

@@ -9,8 +9,8 @@ namespace remat::exec {
 namespace {
 
 struct Plan {
-  ir::Shape kept_shape, red_shape;
-  ir::IntList kept_strides, red_strides;  // input strides of kept and reduced dims
+  Dims kept_shape, red_shape;
+  Dims kept_strides, red_strides;  // input strides of kept and reduced dims
   int64_t outputs = 1, window = 1;
   bool contiguous = false;  // the reduced dims are the trailing ones: each window is one run of memory
   bool leading = false;     // the reduced dims are the leading ones: the kept dims are one run of memory
@@ -18,14 +18,14 @@ struct Plan {
 
 Plan plan_reduction(const ir::Shape& shape, const ir::IntList& axes) {
   Plan p;
-  ir::IntList strides = strides_of(shape);
+  Dims strides = strides_of(Dims(shape));
   for (size_t d = 0; d < shape.size(); ++d) {
     bool reduced = std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end();
     (reduced ? p.red_shape : p.kept_shape).push_back(shape[d]);
     (reduced ? p.red_strides : p.kept_strides).push_back(strides[d]);
   }
-  p.outputs = ir::num_elements(p.kept_shape);
-  p.window = ir::num_elements(p.red_shape);
+  p.outputs = num_elements(p.kept_shape);
+  p.window = num_elements(p.red_shape);
   p.contiguous = p.red_shape.empty() || (p.red_strides.back() == 1 && p.red_strides.front() * p.red_shape.front() == p.window);
   p.leading = !p.red_shape.empty() && !p.kept_shape.empty() && p.kept_strides.back() == 1 &&
               p.kept_strides.front() * p.kept_shape.front() == p.outputs && p.red_strides.back() == p.outputs &&
@@ -33,7 +33,7 @@ Plan plan_reduction(const ir::Shape& shape, const ir::IntList& axes) {
   return p;
 }
 
-int64_t unravel(int64_t i, const ir::Shape& shape, const ir::IntList& strides) {
+int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
   int64_t off = 0;
   for (size_t d = shape.size(); d-- > 0;) {
     off += (i % shape[d]) * strides[d];
@@ -47,13 +47,14 @@ void reduce_loop(const Array& x, Array& y, const Plan& p, Acc init, Combine comb
   const T* a = x.data<T>();
   T* o = y.data<T>();
   if (p.leading) {  // x viewed as [window, outputs]: accumulate whole rows, vectorised over outputs
-    std::vector<Acc> acc(static_cast<size_t>(p.outputs), init);
+    Acc* acc = reinterpret_cast<Acc*>(scratch(0, static_cast<size_t>(p.outputs) * sizeof(Acc)));
+    std::fill(acc, acc + p.outputs, init);
     for (int64_t r = 0; r < p.window; ++r) {
       const T* row = a + r * p.outputs;
 #pragma omp parallel for simd if (p.outputs >= kParallelMin)
-      for (int64_t i = 0; i < p.outputs; ++i) acc[static_cast<size_t>(i)] = combine(acc[static_cast<size_t>(i)], static_cast<Acc>(row[i]));
+      for (int64_t i = 0; i < p.outputs; ++i) acc[i] = combine(acc[i], static_cast<Acc>(row[i]));
     }
-    for (int64_t i = 0; i < p.outputs; ++i) o[i] = static_cast<T>(acc[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < p.outputs; ++i) o[i] = static_cast<T>(acc[i]);
     return;
   }
 #pragma omp parallel for if (p.outputs * p.window >= kParallelMin)

@@ -1,19 +1,59 @@
 #include "exec/kernels/kernels.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace remat::exec {
 
-ir::IntList strides_of(const ir::Shape& shape) {
-  ir::IntList s(shape.size(), 1);
+Dims::Dims(size_t count, int64_t fill) : n_(count) {
+  CHECK(count <= kMax, "rank {} exceeds the kernels' limit of {} dims", count, kMax);
+  std::fill(v_.begin(), v_.begin() + static_cast<std::ptrdiff_t>(count), fill);
+}
+
+Dims::Dims(const std::vector<int64_t>& x) : n_(x.size()) {
+  CHECK(x.size() <= kMax, "rank {} exceeds the kernels' limit of {} dims", x.size(), kMax);
+  std::copy(x.begin(), x.end(), v_.begin());
+}
+
+void Dims::push_back(int64_t x) {
+  CHECK(n_ < kMax, "rank exceeds the kernels' limit of {} dims", kMax);
+  v_[n_++] = x;
+}
+
+int64_t num_elements(const Dims& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Dims strides_of(const Dims& shape) {
+  Dims s(shape.size(), 1);
   for (size_t i = shape.size(); i-- > 1;) s[i - 1] = s[i] * shape[i];
   return s;
+}
+
+std::byte* scratch(size_t slot, size_t bytes) {
+  struct Buffer {
+    std::byte* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local std::array<Buffer, 4> buffers;
+  ASSERT(slot < buffers.size());
+  Buffer& b = buffers[slot];
+  if (b.size < bytes) {
+    std::free(b.data);
+    b.size = (bytes + 63) / 64 * 64;
+    b.data = static_cast<std::byte*>(std::aligned_alloc(64, b.size));
+    CHECK(b.data != nullptr, "out of host memory for a {} byte kernel scratch buffer", bytes);
+  }
+  return b.data;
 }
 
 namespace {
 
 template <class T>
-void copy_rows(const T* src, const ir::IntList& ss, T* dst, const ir::IntList& ds, const ir::Shape& shape) {
+void copy_rows(const T* src, const Dims& ss, T* dst, const Dims& ds, const Dims& shape) {
   const size_t r = shape.size();
   const int64_t inner = shape[r - 1], si = ss[r - 1], di = ds[r - 1];
   int64_t outer = 1;
@@ -39,9 +79,9 @@ void copy_rows(const T* src, const ir::IntList& ss, T* dst, const ir::IntList& d
 
 }  // namespace
 
-void copy_strided(const std::byte* src, int64_t src_base, const ir::IntList& src_strides, std::byte* dst,
-                  int64_t dst_base, const ir::IntList& dst_strides, const ir::Shape& shape, int64_t elem_size) {
-  if (ir::num_elements(shape) == 0) return;
+void copy_strided(const std::byte* src, int64_t src_base, const Dims& src_strides, std::byte* dst, int64_t dst_base,
+                  const Dims& dst_strides, const Dims& shape, int64_t elem_size) {
+  if (num_elements(shape) == 0) return;
   if (shape.empty()) {
     std::memcpy(dst + dst_base * elem_size, src + src_base * elem_size, static_cast<size_t>(elem_size));
     return;

@@ -11,7 +11,7 @@ void dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> 
   const ir::IntLists& bt = n.attrs.int_lists("batch");
   const ir::Shape& ls = in[0].type().shape;
   const ir::Shape& rs = in[1].type().shape;
-  ir::IntList l_strides = strides_of(ls), r_strides = strides_of(rs);
+  Dims l_strides = strides_of(Dims(ls)), r_strides = strides_of(Dims(rs));
   auto free_of = [](size_t rank, const ir::IntList& c, const ir::IntList& b) {
     ir::IntList f;
     for (int64_t d = 0; d < static_cast<int64_t>(rank); ++d)
