@@ -19,8 +19,9 @@ std::string plan_report(const Config& config, bool json, const std::string& time
   ir::inline_remat_regions(step);
   plan::Plan p = plan::build(step, {.donate = train::step_donation(run.model)});
   plan::ReportOptions o;
-  o.title = fmt::format("model {} ({:.2f}B parameters), batch {} x {} tokens{}, remat_policy {}", config.model,
-                        static_cast<double>(nn::param_count(run.model)) / 1e9, run.shape.batch, run.shape.seq,
+  const double params = static_cast<double>(nn::param_count(run.model));
+  o.title = fmt::format("model {} ({} parameters), batch {} x {} tokens{}, remat_policy {}", config.model,
+                        params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6), run.shape.batch, run.shape.seq,
                         run.shape.accumulation > 1 ? fmt::format(" x {} microbatches", run.shape.accumulation) : "",
                         run.model.remat_policy);
   o.limit = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit");
