@@ -49,7 +49,7 @@ class RematDecider {
                           const ir::Type& type, bool parameter_derived, int64_t trip_count) = 0;
 };
 
-// Appends d(loss)/d(wrt[i]) for a scalar floating-point `loss`. A value that does not reach the loss gets
+// Appends d(loss)/d(wrt[i]) for a scalar floating-point `loss` (the wrt values are params of g). A value that does not reach the loss gets
 // a zero gradient. Returns one value id per entry of `wrt`. A graph with remat regions needs a decider.
 // `weights` are the model parameters: values computed only from them and constants are never saved
 // (always recomputed where the backward needs them), by scans and remat regions alike.

@@ -3,6 +3,7 @@
 
 #include "base/check.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace remat::autodiff {
@@ -108,6 +109,9 @@ std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt, 
     for (size_t i = 0; i < g.params.size(); ++i)
       if (g.params[i] == v) flags[i] = true;
   ctx.parameter_derived = parameter_derived(g, num_forward, flags);
+  for (ValueId v : wrt)
+    CHECK(std::find(g.params.begin(), g.params.end(), v) != g.params.end(),
+          "grad: differentiate with respect to graph params (value id {} of @{} is not one)", v, g.name);
   std::vector<bool> wrt_flags(g.params.size(), false);
   for (ValueId v : wrt)
     for (size_t i = 0; i < g.params.size(); ++i)

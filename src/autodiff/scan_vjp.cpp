@@ -42,8 +42,15 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
   }
   for (size_t k = 0; k < nc; ++k)
     if (is_float(body.type(body.params[k]).dtype)) dc[k] = joint.add_param(fmt::format("dc{}", k), body.type(body.params[k]));
+  // A carry is weight-derived only if its initial value is and the body keeps it so (a fixed point).
   std::vector<bool> flags;
   for (size_t p = 0; p < np; ++p) flags.push_back(ctx.parameter_derived[static_cast<size_t>(n.inputs[p])]);
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::vector<bool> d = parameter_derived(joint, num_forward, flags);
+    for (size_t k = 0; k < nh; ++k)
+      if (flags[nc + k] && !d[static_cast<size_t>(body.results[k])]) flags[nc + k] = false, changed = true;
+  }
   // A carry is differentiable if its initial value is, or if the body makes it so (a fixed point).
   std::vector<bool> diff_flags;
   for (size_t p = 0; p < np; ++p) diff_flags.push_back(ctx.differentiable[static_cast<size_t>(n.inputs[p])]);

@@ -92,7 +92,9 @@ std::vector<Cot> vjp_min(Builder& b, size_t, const Node& n, Cots c, Context&) { 
 std::vector<Cot> vjp_pow(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor x = in(b, n, 0), y = in(b, n, 1), z = out(b, n);
   Tensor one = full(b, x.type(), 1.0);
-  Tensor gx = *c[0] * y * pow(x, y - one);
+  // d/dx x^y = y x^(y-1), which is 0 where y == 0 (lax's rule; x^-1 at x == 0 would give 0 * inf).
+  Tensor zero = zeros_like(x);
+  Tensor gx = select(compare(y, zero, "eq"), zero, *c[0] * y * pow(x, y - one));
   // d/dy x^y = log(x) x^y, with log(0) replaced by 0 as lax does.
   Tensor safe_log = log(select(compare(x, zeros_like(x), "eq"), one, x));
   return {gx, *c[0] * z * safe_log};

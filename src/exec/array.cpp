@@ -86,6 +86,18 @@ Array Array::view_as(const Array& typed) const {
   return a;
 }
 
+Array Array::detached() const {
+  return owned_type_ ? *this : with_type(std::make_shared<const Type>(*type_));
+}
+
+Array Array::with_type(std::shared_ptr<const Type> type) const {
+  ASSERT(*type == *type_);
+  Array a = *this;
+  a.owned_type_ = std::move(type);
+  a.type_ = a.owned_type_.get();
+  return a;
+}
+
 Array Array::slice0(int64_t i) const {
   ASSERT(type_->rank() >= 1);
   return view(Type{type_->dtype, ir::Shape(type_->shape.begin() + 1, type_->shape.end())},

@@ -38,6 +38,9 @@ class Array {
   Array view(ir::Type type, int64_t byte_offset = 0) const;  // shares storage
   Array view(const ir::Type* type, int64_t byte_offset = 0) const;  // shares storage, borrows the type
   Array view_as(const Array& typed) const;  // shares storage, with typed's type (an alias: reshape, name)
+  // The same array owning its type (a copy of a borrowed one), safe past the graph that lent it.
+  Array detached() const;
+  Array with_type(std::shared_ptr<const ir::Type> type) const;  // the same storage, owning `type` (equal)
   Array slice0(int64_t i) const;                              // row i along axis 0, a view
   Array slice0(int64_t i, const ir::Type* row) const;        // the same, borrowing the row's type
   Array clone() const;                                        // deep copy

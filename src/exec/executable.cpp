@@ -45,6 +45,7 @@ Executable::Executable(Graph graph, plan::Plan plan, Options options)
     : graph_(std::move(graph)), plan_(std::move(plan)), options_(options) {
   device_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[0], 1)}});
   host_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[1], 1)}});
+  for (ir::ValueId r : graph_.results) result_types_.push_back(std::make_shared<const ir::Type>(graph_.type(r)));
 }
 
 Executable::~Executable() = default;
@@ -72,7 +73,8 @@ const std::vector<Array>& Executable::run(std::span<const Array> args) {
   results_.clear();
   for (size_t r = 0; r < g.results.size(); ++r) {
     const int p = plan_.donated_param[r];
-    results_.push_back(p >= 0 ? args[static_cast<size_t>(p)] : f.values[static_cast<size_t>(g.results[r])]);
+    results_.push_back(p >= 0 ? args[static_cast<size_t>(p)]
+                              : f.values[static_cast<size_t>(g.results[r])].with_type(result_types_[r]));
   }
   // The measured peak: buffers live from their first write to their last read (results: to the end).
   const int end = static_cast<int>(plan_.schedule.size());

@@ -48,6 +48,7 @@ class Executable {
   int64_t measured_[2] = {0, 0};
   std::vector<int64_t> live_[2];
   std::vector<Array> results_;
+  std::vector<std::shared_ptr<const ir::Type>> result_types_;  // owned by the results: they outlive the graph
 };
 
 }  // namespace remat::exec

@@ -113,7 +113,8 @@ std::vector<Array> run(const Graph& g, std::span<const Array> args, const Option
       if (last_use[static_cast<size_t>(v)] == i) values[static_cast<size_t>(v)] = Array();
   }
   std::vector<Array> results;
-  for (ir::ValueId v : g.results) results.push_back(values[static_cast<size_t>(v)]);
+  // Results own their types: an alias result (reshape, name) borrows its type from g, which may not outlive it.
+  for (ir::ValueId v : g.results) results.push_back(values[static_cast<size_t>(v)].detached());
   return results;
 }
 

@@ -148,21 +148,29 @@ Plan build(const Graph& g, const Options& options) {
   // Donation: a result written into a param's storage, when that param is dead by the result's definition.
   p.donated_param.assign(g.results.size(), -1);
   std::vector<int> donated_into(g.types.size(), -1);
+  std::vector<bool> param_taken(g.params.size(), false);
   for (const auto& [ri, pi] : options.donate) {
-    ValueId r = g.results.at(static_cast<size_t>(ri)), param = g.params.at(static_cast<size_t>(pi));
+    CHECK(ri >= 0 && static_cast<size_t>(ri) < g.results.size() && pi >= 0 && static_cast<size_t>(pi) < g.params.size(),
+          "plan::build: donation ({}, {}) is out of range for @{} ({} results, {} params)", ri, pi, g.name,
+          g.results.size(), g.params.size());
+    if (param_taken[static_cast<size_t>(pi)]) continue;  // one result per argument buffer
+    ValueId r = g.results[static_cast<size_t>(ri)], param = g.params[static_cast<size_t>(pi)];
     ValueId rr = p.root[static_cast<size_t>(r)];
     bool ok = def[static_cast<size_t>(rr)] >= 0 && g.type(r) == g.type(param) &&
               last[static_cast<size_t>(param)] <= def[static_cast<size_t>(rr)] && donated_into[static_cast<size_t>(rr)] < 0 &&
               std::count(g.results.begin(), g.results.end(), r) == 1 && rr == r;
-    // The defining node must not read the param (it would be overwritten while read), unless elementwise.
+    // The defining node must not read the param, directly or through an alias (it would be overwritten
+    // while read), unless it is elementwise (each element is read before it is written).
     if (ok) {
       const Node& d = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(def[static_cast<size_t>(rr)])])];
-      bool reads = std::find(d.inputs.begin(), d.inputs.end(), param) != d.inputs.end();
+      bool reads = false;
+      for (ValueId in : d.inputs) reads = reads || p.root[static_cast<size_t>(in)] == param;
       ok = !reads || ir::is_elementwise_binary(d.op) || ir::is_elementwise_unary(d.op);
     }
     if (ok) {
       p.donated_param[static_cast<size_t>(ri)] = pi;
       donated_into[static_cast<size_t>(rr)] = pi;
+      param_taken[static_cast<size_t>(pi)] = true;
     }
   }
 

@@ -123,6 +123,8 @@ RunResult run(const RunConfig& c) {
   fmt::print("plan: arena {} device (lower bound {}), {} host; parameters, moments updated in place\n",
              plan::bytes_str(static_cast<double>(memory.arena[0])), plan::bytes_str(static_cast<double>(memory.lower_bound[0])),
              plan::bytes_str(static_cast<double>(memory.arena[1])));
+  for (const auto& [result, param] : step_donation(c.model))
+    ASSERT(memory.donated_param[static_cast<size_t>(result)] == param);  // the loop relies on in-place updates
   exec::Executable step(std::move(traced), std::move(memory));
   std::vector<exec::Array> params = nn::init_params(c.model, c.init_seed);
   std::vector<exec::Array> m, v;

@@ -160,3 +160,45 @@ INSTANTIATE_TEST_SUITE_P(Policies, TinyStep, testing::Values("full", "minimal", 
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+// A result may be written into a param's buffer only if nothing still reads the param: not the defining
+// node through an alias (a matmul reading name(w) cannot write into w), and not a second result.
+TEST(Plan, DonationRefusedWhileTheParamIsReadThroughAnAlias) {
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor w = b.param("w", {DType::f32, {8, 8}});
+  b.result(ir::matmul(ir::checkpoint_name(w, "w"), w));
+  plan::Plan p = plan::build(g, {.donate = {{0, 0}}});
+  EXPECT_EQ(p.donated_param[0], -1);
+  ir::Graph h;
+  ir::Builder hb(h);
+  ir::Tensor x = hb.param("x", {DType::f32, {4}});
+  hb.result(ir::exp(x));
+  hb.result(ir::tanh(x));
+  plan::Plan q = plan::build(h, {.donate = {{0, 0}, {1, 0}}});
+  EXPECT_EQ(q.donated_param[0] + q.donated_param[1], -1) << "one of the two results gets the buffer";
+  EXPECT_THROW(plan::build(h, {.donate = {{2, 0}}}), Error);
+}
+
+TEST(Plan, ResultsOutliveTheExecutable) {
+  exec::Array planned, plain;
+  {
+    ir::Graph g;
+    ir::Builder b(g);
+    b.result(ir::reshape(ir::tanh(b.param("x", {DType::f32, {2, 3}})), {3, 2}));
+    exec::Executable e(g, plan::build(g));
+    std::vector<exec::Array> args{exec::Array::zeros({DType::f32, {2, 3}})};
+    planned = e.run(args)[0];
+    plain = exec::run(g, args)[0];
+  }
+  for (const exec::Array* a : {&planned, &plain}) {  // the graph is gone; each result owns its type
+    EXPECT_EQ(ir::type_str(a->type()), "f32[3,2]");
+    EXPECT_EQ(a->get(5), 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace remat
