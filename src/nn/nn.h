@@ -3,3 +3,4 @@
 
 #include "nn/checkpoint_names.h"
 #include "nn/model.h"
+#include "nn/precision.h"

@@ -143,7 +143,9 @@ void* feed(const Array& x, const Layout& l, size_t slot) {
 }  // namespace
 
 void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options) {
-  if (options.reference_kernels || in[0].type().dtype != DType::f32) return ref::dot_general(n, in, out, options);
+  // f32 and bf16 (f32 accumulation, native AVX512_BF16) go to oneDNN; f64, f16 and i32 to the reference.
+  const DType dt = in[0].type().dtype;
+  if (options.reference_kernels || (dt != DType::f32 && dt != DType::bf16)) return ref::dot_general(n, in, out, options);
   // One entry per node; a different graph at the same address, or new shapes, remakes it.
   static std::mutex mutex;
   static std::map<const ir::Node*, Entry> cache;

@@ -13,7 +13,7 @@ void unary_loop(const Array& x, Array& y, F f) {
   T* o = y.data<T>();
   const int64_t n = x.size();
 #pragma omp parallel for simd if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+  for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(a[i])));
 }
 
 template <class T, class F>
@@ -23,7 +23,7 @@ void binary_loop(const Array& x, const Array& y, Array& z, F f) {
   T* o = z.data<T>();
   const int64_t n = x.size();
 #pragma omp parallel for simd if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+  for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(a[i]), load(b[i])));
 }
 
 }  // namespace
@@ -32,7 +32,8 @@ void binary_loop(const Array& x, const Array& y, Array& z, F f) {
   void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {            \
     dispatch_float(in[0].type().dtype, n, [&](auto t) {                                             \
       using T = decltype(t);                                                                        \
-      unary_loop<T>(in[0], out[0], [](T x) -> T { return expr; });                                  \
+      using C = Compute<T>;                                                                         \
+      unary_loop<T>(in[0], out[0], [](C x) -> C { return expr; });                                  \
     });                                                                                             \
   }
 
@@ -40,16 +41,17 @@ void binary_loop(const Array& x, const Array& y, Array& z, F f) {
   void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {            \
     dispatch_numeric(in[0].type().dtype, n, [&](auto t) {                                           \
       using T = decltype(t);                                                                        \
-      binary_loop<T>(in[0], in[1], out[0], [](T a, T b) -> T { return expr; });                     \
+      using C = Compute<T>;                                                                         \
+      binary_loop<T>(in[0], in[1], out[0], [](C a, C b) -> C { return expr; });                     \
     });                                                                                             \
   }
 
 FLOAT_UNARY(exp, std::exp(x))
 FLOAT_UNARY(log, std::log(x))
 FLOAT_UNARY(tanh, std::tanh(x))
-FLOAT_UNARY(logistic, T(1) / (T(1) + std::exp(-x)))
+FLOAT_UNARY(logistic, C(1) / (C(1) + std::exp(-x)))
 FLOAT_UNARY(sqrt, std::sqrt(x))
-FLOAT_UNARY(rsqrt, T(1) / std::sqrt(x))
+FLOAT_UNARY(rsqrt, C(1) / std::sqrt(x))
 FLOAT_UNARY(sin, std::sin(x))
 FLOAT_UNARY(cos, std::cos(x))
 NUMERIC_BINARY(add, a + b)
@@ -64,7 +66,7 @@ NUMERIC_BINARY(min, std::isnan(static_cast<double>(a)) ? a : (a < b ? a : b))
 void kernel_neg(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
   dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
-    unary_loop<T>(in[0], out[0], [](T x) -> T { return -x; });
+    unary_loop<T>(in[0], out[0], [](Compute<T> x) -> Compute<T> { return -x; });
   });
 }
 
@@ -75,14 +77,14 @@ void kernel_div(const ir::Node& n, std::span<const Array> in, std::span<Array> o
   }
   dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
-    binary_loop<T>(in[0], in[1], out[0], [](T a, T b) -> T { return a / b; });
+    binary_loop<T>(in[0], in[1], out[0], [](Compute<T> a, Compute<T> b) -> Compute<T> { return a / b; });
   });
 }
 
 void kernel_pow(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
-    binary_loop<T>(in[0], in[1], out[0], [](T a, T b) -> T { return std::pow(a, b); });
+    binary_loop<T>(in[0], in[1], out[0], [](Compute<T> a, Compute<T> b) -> Compute<T> { return std::pow(a, b); });
   });
 }
 
@@ -94,16 +96,17 @@ void kernel_compare(const ir::Node& n, std::span<const Array> in, std::span<Arra
     const T* b = in[1].data<T>();
     uint8_t* o = out[0].data<uint8_t>();
     const int64_t len = in[0].size();
+    using C = Compute<T>;
     auto loop = [&](auto cmp) {
 #pragma omp parallel for if (len >= kParallelMin)
-      for (int64_t i = 0; i < len; ++i) o[i] = cmp(a[i], b[i]);
+      for (int64_t i = 0; i < len; ++i) o[i] = cmp(load(a[i]), load(b[i]));
     };
-    if (dir == "eq") loop([](T x, T y) { return x == y; });
-    else if (dir == "ne") loop([](T x, T y) { return x != y; });
-    else if (dir == "lt") loop([](T x, T y) { return x < y; });
-    else if (dir == "le") loop([](T x, T y) { return x <= y; });
-    else if (dir == "gt") loop([](T x, T y) { return x > y; });
-    else loop([](T x, T y) { return x >= y; });
+    if (dir == "eq") loop([](C x, C y) { return x == y; });
+    else if (dir == "ne") loop([](C x, C y) { return x != y; });
+    else if (dir == "lt") loop([](C x, C y) { return x < y; });
+    else if (dir == "le") loop([](C x, C y) { return x <= y; });
+    else if (dir == "gt") loop([](C x, C y) { return x > y; });
+    else loop([](C x, C y) { return x >= y; });
   });
 }
 
@@ -142,6 +145,24 @@ void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std
   if (from == DType::pred && to == DType::f32) return typed(uint8_t{}, float{});
   if (from == DType::f32 && to == DType::f64) return typed(float{}, double{});
   if (from == DType::f64 && to == DType::f32) return typed(double{}, float{});
+  auto rounded = [&](auto to_t) {  // f32 -> bf16/f16, rounding to nearest even
+    using T = decltype(to_t);
+    const float* a = x.data<float>();
+    T* o = y.data<T>();
+#pragma omp parallel for simd if (len >= kParallelMin)
+    for (int64_t i = 0; i < len; ++i) o[i] = store<T>(a[i]);
+  };
+  auto widened = [&](auto from_t) {  // bf16/f16 -> f32, exact
+    using F = decltype(from_t);
+    const F* a = x.data<F>();
+    float* o = y.data<float>();
+#pragma omp parallel for simd if (len >= kParallelMin)
+    for (int64_t i = 0; i < len; ++i) o[i] = load(a[i]);
+  };
+  if (from == DType::f32 && to == DType::bf16) return rounded(bf16_t{});
+  if (from == DType::f32 && to == DType::f16) return rounded(f16_t{});
+  if (from == DType::bf16 && to == DType::f32) return widened(bf16_t{});
+  if (from == DType::f16 && to == DType::f32) return widened(f16_t{});
   // Float -> int truncates toward zero, as lax does.
 #pragma omp parallel for if (len >= kParallelMin)
   for (int64_t i = 0; i < len; ++i) y.set(i, x.get(i));

@@ -59,13 +59,29 @@ void copy_strided(const std::byte* src, int64_t src_base, const Dims& src_stride
 // request and is then reused, so steady-state steps do not allocate. `slot` separates simultaneous uses.
 std::byte* scratch(size_t slot, size_t bytes);
 
-// Calls f(T{}) with T the storage type of a float dtype (f64, f32); a CHECK error otherwise.
+// Storage types and the type their arithmetic runs in: bf16 and f16 compute in f32 registers and store
+// rounded to nearest even; the others compute in themselves.
+template <class T> struct ComputeOf { using type = T; };
+template <> struct ComputeOf<bf16_t> { using type = float; };
+template <> struct ComputeOf<f16_t> { using type = float; };
+template <class T> using Compute = typename ComputeOf<T>::type;
+
+template <class T> inline Compute<T> load(T x) { return x; }
+inline float load(bf16_t x) { return bf16_to_float(x); }
+inline float load(f16_t x) { return f16_to_float(x); }
+template <class T> inline T store(Compute<T> x) { return x; }
+template <> inline bf16_t store<bf16_t>(float x) { return float_to_bf16(x); }
+template <> inline f16_t store<f16_t>(float x) { return float_to_f16(x); }
+
+// Calls f(T{}) with T the storage type of a float dtype (f64, f32, bf16, f16).
 template <class F>
 void dispatch_float(DType d, const ir::Node& n, F&& f) {
   switch (d) {
     case DType::f64: f(double{}); return;
     case DType::f32: f(float{}); return;
-    default: CHECK(false, "{}: no CPU kernel for dtype {} yet (f32 and f64 are supported)", ir::op_name(n.op), dtype_name(d));
+    case DType::bf16: f(bf16_t{}); return;
+    case DType::f16: f(f16_t{}); return;
+    default: CHECK(false, "{}: needs a floating-point operand, got {}", ir::op_name(n.op), dtype_name(d));
   }
 }
 

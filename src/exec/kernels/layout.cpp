@@ -128,7 +128,7 @@ void kernel_scatter_add(const ir::Node& n, std::span<const Array> in, std::span<
             ir::op_name(n.op), idx[i], i, rows);
       T* dst = o + idx[i] * row;
       const T* src = u + i * row;
-      for (int64_t j = 0; j < row; ++j) dst[j] += src[j];
+      for (int64_t j = 0; j < row; ++j) dst[j] = store<T>(load(dst[j]) + load(src[j]));
     }
   });
 }

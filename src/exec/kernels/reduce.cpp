@@ -52,9 +52,9 @@ void reduce_loop(const Array& x, Array& y, const Plan& p, Acc init, Combine comb
     for (int64_t r = 0; r < p.window; ++r) {
       const T* row = a + r * p.outputs;
 #pragma omp parallel for simd if (p.outputs >= kParallelMin)
-      for (int64_t i = 0; i < p.outputs; ++i) acc[i] = combine(acc[i], static_cast<Acc>(row[i]));
+      for (int64_t i = 0; i < p.outputs; ++i) acc[i] = combine(acc[i], static_cast<Acc>(load(row[i])));
     }
-    for (int64_t i = 0; i < p.outputs; ++i) o[i] = static_cast<T>(acc[i]);
+    for (int64_t i = 0; i < p.outputs; ++i) o[i] = store<T>(static_cast<Compute<T>>(acc[i]));
     return;
   }
 #pragma omp parallel for if (p.outputs * p.window >= kParallelMin)
@@ -62,11 +62,12 @@ void reduce_loop(const Array& x, Array& y, const Plan& p, Acc init, Combine comb
     const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
     Acc acc = init;
     if (p.contiguous) {
-      for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(base[r]));
+      for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(load(base[r])));
     } else {
-      for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(base[unravel(r, p.red_shape, p.red_strides)]));
+      for (int64_t r = 0; r < p.window; ++r)
+        acc = combine(acc, static_cast<Acc>(load(base[unravel(r, p.red_shape, p.red_strides)])));
     }
-    o[i] = static_cast<T>(acc);
+    o[i] = store<T>(static_cast<Compute<T>>(acc));
   }
 }
 
@@ -76,7 +77,7 @@ void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<A
   Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
   dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
-    using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
+    using Acc = std::conditional_t<std::is_same_v<Compute<T>, float>, double, T>;  // f32, bf16, f16 sum in f64
     reduce_loop<T, Acc>(in[0], out[0], p, Acc(0), [](Acc a, Acc b) { return a + b; });
   });
 }
@@ -85,8 +86,9 @@ void kernel_reduce_max(const ir::Node& n, std::span<const Array> in, std::span<A
   Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
   dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
-    T lowest = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
-    reduce_loop<T, T>(in[0], out[0], p, lowest, [](T a, T b) { return (b > a || b != b) ? b : a; });
+    using C = Compute<T>;
+    C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::lowest();
+    reduce_loop<T, C>(in[0], out[0], p, lowest, [](C a, C b) { return (b > a || b != b) ? b : a; });
   });
 }
 
