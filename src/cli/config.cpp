@@ -81,6 +81,10 @@ const std::vector<Key>& keys() {
       bind<bool>("logits_via_embedding", [](Config& c) -> bool& { return c.run.model.logits_via_embedding; }),
       bind<bool>("scan_layers", [](Config& c) -> bool& { return c.run.model.scan_layers; }),
       bind<int64_t>("layers_per_group", [](Config& c) -> int64_t& { return c.run.model.layers_per_group; }),
+      bind<std::string>("mp_policy", [](Config& c) -> std::string& { return c.mp_policy; }),
+      bind<std::string>("dtype", [](Config& c) -> std::string& { return c.dtype; }),
+      bind<std::string>("weight_dtype", [](Config& c) -> std::string& { return c.weight_dtype; }),
+      bind_enum("mp_cast", {"per_layer", "upfront"}, [](Config& c) -> std::string& { return c.mp_cast; }),
       bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.run.model.remat_policy; }),
       bind<bool>("remat_allow_unmatched", [](Config& c) -> bool& { return c.run.remat_allow_unmatched; }),
       bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }),
@@ -221,6 +225,12 @@ Config load_config(const std::string& base_path, const std::vector<std::string>&
     const auto& [k, v] = cli[i];
     find_key(k, fmt::format("argument '{}'", overrides[i])).set(c, v, fmt::format("argument '{}'", overrides[i]));
   }
+  c.run.model.precision = !c.mp_policy.empty()
+                              ? nn::parse_precision(c.mp_policy, "mp_policy")
+                              : nn::parse_precision(fmt::format("params={},compute={},output={}", c.weight_dtype,
+                                                                c.dtype, c.dtype),
+                                                    "dtype/weight_dtype");
+  c.run.model.cast_upfront = c.mp_cast == "upfront";
   nn::validate(c.run.model);
   std::string& policy = c.run.model.remat_policy;
   if (policy == "custom") {

@@ -20,6 +20,10 @@ struct Config {
   std::string run_name;                       // "" = the model name
   std::string base_output_directory = "runs"; // runs go to <base_output_directory>/<run_name>
   std::string hbm_limit;                      // device memory for `remat plan` ("16GiB"); "" = no limit
+  std::string mp_policy;                      // jmp grammar; "" = params=weight_dtype, compute=output=dtype
+  std::string dtype = "float32";              // MaxText's activation/compute dtype
+  std::string weight_dtype = "float32";       // MaxText's parameter dtype
+  std::string mp_cast = "per_layer";          // where weights are cast: per_layer (in the scan body) or upfront
 };
 
 // Every key the config accepts, in documentation order.

@@ -26,13 +26,19 @@ struct LayerConsts {
   Tensor cos, sin, mask;
 };
 
-Tensor rms_norm(Tensor x, Tensor scale, double eps) {
+// The dtype activations and matmuls run in (the ComputeContext's).
+DType compute_dtype() { return ComputeContext::current().precision.compute; }
+
+// RMSNorm in f32 (statistics and scale), returned in the compute dtype.
+Tensor rms_norm(Tensor input, Tensor scale, double eps) {
+  Tensor x = convert(input, kF32);
+  scale = convert(scale, kF32);
   int64_t last = x.rank() - 1;
   Tensor ms = mean(square(x), {last});
   IntList keep(static_cast<size_t>(last));
   for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int64_t>(i);
   Tensor normalized = x * broadcast_in_dim(rsqrt(ms + eps), x.shape(), keep);
-  return normalized * broadcast_in_dim(scale, x.shape(), {last});
+  return convert(normalized * broadcast_in_dim(scale, x.shape(), {last}), compute_dtype());
 }
 
 LayerConsts layer_consts(Builder& b, const ModelConfig& c, int64_t seq) {
@@ -47,8 +53,8 @@ LayerConsts layer_consts(Builder& b, const ModelConfig& c, int64_t seq) {
     Tensor angle = pos * inv_freq;
     Tensor cosine = cos(angle);
     Tensor sine = sin(angle);
-    k.cos = concatenate(std::array{cosine, cosine}, 1);
-    k.sin = concatenate(std::array{sine, sine}, 1);
+    k.cos = convert(concatenate(std::array{cosine, cosine}, 1), compute_dtype());
+    k.sin = convert(concatenate(std::array{sine, sine}, 1), compute_dtype());
   }
   auto s = b.scope("decoder/causal_mask");
   Tensor query_pos = iota(b, DType::i32, {seq, seq}, 0);
@@ -76,8 +82,9 @@ Tensor repeat_kv(Tensor x, int64_t heads) {
   return reshape(wide, {s[0], s[1], heads, s[3]});
 }
 
-Tensor project(Tensor h, Tensor kernel) {  // [B,T,D] . [D, ...] -> [B,T, ...]
-  return dot_general(h, kernel, DotDims{{2}, {0}, {}, {}});
+// [B,T,D] . [D, ...] -> [B,T, ...] in the compute dtype; the weight is cast here, where it is used.
+Tensor project(Tensor h, Tensor kernel) {
+  return dot_general(h, convert(kernel, compute_dtype()), DotDims{{2}, {0}, {}, {}});
 }
 
 Tensor named(Tensor x, std::string_view name) { return checkpoint_name(x, std::string(name)); }
@@ -102,17 +109,19 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     auto s2 = b.scope("attention");
     Tensor kk = repeat_kv(key, c.num_heads), vv = repeat_kv(v, c.num_heads);
     // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh)
-    Tensor scores = dot_general(q, kk, DotDims{{3}, {3}, {0, 2}, {0, 2}}) * (1.0 / std::sqrt(double(c.head_dim)));
+    // Scores and softmax in f32 (MaxText's float32_qk_product): q and k are cast up before the dot.
+    Tensor scores = dot_general(convert(q, kF32), convert(kk, kF32), DotDims{{3}, {3}, {0, 2}, {0, 2}}) *
+                    (1.0 / std::sqrt(double(c.head_dim)));
     Tensor visible = broadcast_in_dim(k.mask, scores.shape(), {2, 3});
     Tensor hidden = full(b, scores.type(), -std::numeric_limits<double>::infinity());
     Tensor masked = select(visible, scores, hidden);
-    Tensor probs = softmax(masked, 3);
+    Tensor probs = convert(softmax(masked, 3), compute_dtype());
     // ctx[b,h,s,:] = sum_t probs[b,h,s,t] v[b,t,h,:], then [B,T,H,Dh]
     Tensor ctx = dot_general(probs, vv, DotDims{{3}, {1}, {0, 1}, {0, 2}});
     context = named(transpose(ctx, {0, 2, 1, 3}), names::kContext);
   }
   auto s2 = b.scope("out");
-  return named(dot_general(context, w.out, DotDims{{2, 3}, {0, 1}, {}, {}}), names::kOutProj);
+  return named(dot_general(context, convert(w.out, compute_dtype()), DotDims{{2, 3}, {0, 1}, {}, {}}), names::kOutProj);
 }
 
 Tensor mlp(Builder& b, Tensor h, const LayerWeights& w) {
@@ -226,23 +235,30 @@ Tensor decoder_layers(Builder& b, const ModelConfig& c, Tensor x, std::span<cons
 }
 
 Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Tensor inputs) {
+  ComputeContext precision(ComputeSettings{c.precision, {}, {}});
   CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32, "model inputs must be i32[batch, seq], got {}",
         type_str(inputs.type()));
   Tensor x;
   {
     auto s = b.scope("token_embedder");
-    x = gather(p[kEmbed], inputs);
+    x = convert(gather(p[kEmbed], inputs), compute_dtype());
   }
   LayerConsts k = layer_consts(b, c, inputs.dim(1));
   std::vector<Tensor> stacked(p.begin() + kAttnNorm, p.begin() + kFinalNorm);
+  if (c.cast_upfront) {  // the whole stacked weight tree in the compute dtype before the layer loop
+    auto s = b.scope("decoder/cast_upfront");
+    for (Tensor& w : stacked) w = convert(w, compute_dtype());
+  }
   x = decoder_layers(b, c, x, stacked, k);
   {
     auto s = b.scope("decoder/decoder_norm");
     x = rms_norm(x, p[kFinalNorm], c.rms_eps);
   }
   auto s = b.scope("decoder/logits_dense");
-  if (c.logits_via_embedding) return dot_general(x, p[kEmbed], DotDims{{2}, {1}, {}, {}});
-  return project(x, p[kLogits]);
+  // Logits in f32 (float32_logits): the matmul in the compute dtype, its output cast up.
+  if (c.logits_via_embedding)
+    return convert(dot_general(x, convert(p[kEmbed], compute_dtype()), DotDims{{2}, {1}, {}, {}}), kF32);
+  return convert(project(x, p[kLogits]), kF32);
 }
 
 }  // namespace
@@ -274,7 +290,8 @@ std::vector<ParamSpec> param_specs(const ModelConfig& c) {
   const int64_t L = c.num_decoder_layers, D = c.emb_dim, H = c.num_heads, KV = c.num_kv_heads, Dh = c.head_dim,
                 F = c.mlp_dim, V = c.vocab_size;
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
-  auto t = [](Shape s) { return Type{kF32, std::move(s)}; };
+  const DType pd = c.precision.param;
+  auto t = [pd](Shape s) { return Type{pd, std::move(s)}; };
   std::vector<ParamSpec> p = {
       {"token_embedder/embedding", t({V, D}), Init::normal, 0.02},
       {"decoder/layers/pre_self_attention_norm/scale", t({L, D}), Init::ones, 0},
@@ -303,13 +320,8 @@ std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
   std::vector<exec::Array> out;
   for (const ParamSpec& p : param_specs(c)) {
     exec::Array a(p.type);
-    float* d = a.data<float>();
-    if (p.init == Init::ones) {
-      std::fill(d, d + a.size(), 1.0f);
-    } else {
-      std::normal_distribution<float> dist(0.0f, static_cast<float>(p.std));
-      for (int64_t i = 0; i < a.size(); ++i) d[i] = dist(rng);
-    }
+    std::normal_distribution<float> dist(0.0f, static_cast<float>(p.std));
+    for (int64_t i = 0; i < a.size(); ++i) a.set(i, p.init == Init::ones ? 1.0 : dist(rng));
     out.push_back(std::move(a));
   }
   return out;

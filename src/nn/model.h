@@ -6,6 +6,10 @@
 // them, otherwise unrolled over slices of the same stacked parameters: the same arithmetic either way.
 // Each layer is a remat region (jax.checkpoint) with remat_policy; with layers_per_group the scan runs
 // over groups, each group a remat region holding a scan over its layers (remat on both levels).
+// Mixed precision: weights are stored in precision.param; activations and matmuls run in
+// precision.compute, each layer casting its own weights inside the scanned body (weight-derived, so under
+// remat they are recomputed, never stacked); RMSNorm statistics, the attention scores and softmax, the
+// logits and the loss run in f32.
 //
 //   nn::ModelConfig c = ...;
 //   ir::Graph g = nn::loss_graph(c, /*batch=*/8, /*seq=*/128);   // (params..., inputs, targets) -> loss
@@ -14,6 +18,7 @@
 
 #include "exec/exec.h"
 #include "ir/ir.h"
+#include "nn/precision.h"
 
 #include <string>
 #include <vector>
@@ -34,6 +39,9 @@ struct ModelConfig {
   bool scan_layers = true;           // run the layers under a scan (else unrolled)
   int64_t layers_per_group = 0;      // > 0: a scan over groups of this many layers, each a scan (double scan)
   std::string remat_policy = "full"; // remat policy of each layer (and group); "none": no remat region
+  PrecisionPolicy precision;         // param (master weights), compute (activations, matmuls) dtypes
+  bool cast_upfront = false;         // cast every weight to the compute dtype before the layers (mp_cast=upfront)
+                                     // instead of each layer casting its own weights where it uses them
 };
 
 // Checks the shapes fit together; errors name the config key.

@@ -6,7 +6,7 @@
 // o=bf16). Names: float32|f32|full|single, bfloat16|bf16, float16|f16, half (= bf16 here: these CPUs
 // compute bf16 natively; jmp picks bf16 on TPU, f16 elsewhere), float64|f64|double.
 //
-//   nn::ComputeContext scope({.precision = nn::parse_precision("p=f32,c=bf16")});
+//   nn::ComputeContext scope(nn::ComputeSettings{nn::parse_precision("p=f32,c=bf16"), {}, {}});
 //   DType c = nn::ComputeContext::current().precision.compute;   // bf16 inside the scope
 #pragma once
 
