@@ -225,11 +225,12 @@ Config load_config(const std::string& base_path, const std::vector<std::string>&
     const auto& [k, v] = cli[i];
     find_key(k, fmt::format("argument '{}'", overrides[i])).set(c, v, fmt::format("argument '{}'", overrides[i]));
   }
-  c.run.model.precision = !c.mp_policy.empty()
-                              ? nn::parse_precision(c.mp_policy, "mp_policy")
-                              : nn::parse_precision(fmt::format("params={},compute={},output={}", c.weight_dtype,
-                                                                c.dtype, c.dtype),
-                                                    "dtype/weight_dtype");
+  if (!c.mp_policy.empty()) {
+    c.run.model.precision = nn::parse_precision(c.mp_policy, "mp_policy");
+  } else {  // each key names one dtype: parse them apart so an error names the key
+    const DType compute = nn::parse_precision(c.dtype, "dtype").compute;
+    c.run.model.precision = nn::PrecisionPolicy{nn::parse_precision(c.weight_dtype, "weight_dtype").param, compute, compute};
+  }
   c.run.model.cast_upfront = c.mp_cast == "upfront";
   nn::validate(c.run.model);
   std::string& policy = c.run.model.remat_policy;

@@ -69,6 +69,18 @@ TEST(Config, BadValueCombinationNamesTheKeys) {
   expect_contains(error_of(base(), {"head_dim=7"}), "config key 'head_dim' must be even");
 }
 
+TEST(Config, MixedPrecisionKeys) {
+  Config bf16 = load_config(base(), {"dtype=bfloat16"});
+  EXPECT_EQ(bf16.run.model.precision.str(), "p=f32,c=bf16,o=bf16");
+  EXPECT_EQ(load_config(base(), {"mp_policy=params=float32,compute=bfloat16,output=float32"}).run.model.precision.str(),
+            "p=f32,c=bf16,o=f32");
+  EXPECT_TRUE(load_config(base(), {"mp_cast=upfront"}).run.model.cast_upfront);
+  expect_contains(error_of(base(), {"dtype=bf17"}), "config key 'dtype': unknown dtype 'bf17'");
+  expect_contains(error_of(base(), {"weight_dtype=int8"}), "config key 'weight_dtype': unknown dtype 'int8'");
+  expect_contains(error_of(base(), {"mp_policy=p=f32,q=bf16"}), "config key 'mp_policy': unknown key 'q'");
+  expect_contains(error_of(base(), {"mp_cast=lazy"}), "config key 'mp_cast' expects one of per_layer, upfront, got 'lazy'");
+}
+
 TEST(Config, MissingFileAndMalformedArgument) {
   expect_contains(error_of("no/such/base.yml", {}), "cannot read config file 'no/such/base.yml': no such file");
   expect_contains(error_of(base(), {"steps"}), "argument 'steps' is not key=value");
