@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 namespace remat::cli {
+
+using train::LossScaleConfig;
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -85,6 +88,10 @@ const std::vector<Key>& keys() {
       bind<std::string>("dtype", [](Config& c) -> std::string& { return c.dtype; }),
       bind<std::string>("weight_dtype", [](Config& c) -> std::string& { return c.weight_dtype; }),
       bind_enum("mp_cast", {"per_layer", "upfront"}, [](Config& c) -> std::string& { return c.mp_cast; }),
+      bind<double>("loss_scale_initial", [](Config& c) -> double& { return c.run.optimizer.loss_scale.initial; }),
+      bind<int64_t>("loss_scale_period", [](Config& c) -> int64_t& { return c.run.optimizer.loss_scale.period; }),
+      bind<double>("loss_scale_factor", [](Config& c) -> double& { return c.run.optimizer.loss_scale.factor; }),
+      bind<double>("loss_scale_min", [](Config& c) -> double& { return c.run.optimizer.loss_scale.min_scale; }),
       bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.run.model.remat_policy; }),
       bind<bool>("remat_allow_unmatched", [](Config& c) -> bool& { return c.run.remat_allow_unmatched; }),
       bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }),
@@ -232,6 +239,12 @@ Config load_config(const std::string& base_path, const std::vector<std::string>&
     c.run.model.precision = nn::PrecisionPolicy{nn::parse_precision(c.weight_dtype, "weight_dtype").param, compute, compute};
   }
   c.run.model.cast_upfront = c.mp_cast == "upfront";
+  LossScaleConfig& ls = c.run.optimizer.loss_scale;
+  ls.enabled = c.run.model.precision.compute == DType::f16;  // bf16 has f32's exponent range: no scaling
+  CHECK(ls.initial >= 1 && ls.factor > 1 && ls.period >= 1 && ls.min_scale > 0,
+        "loss scaling: loss_scale_initial ({}) must be >= 1, loss_scale_factor ({}) > 1, loss_scale_period ({}) >= 1 "
+        "and loss_scale_min ({}) > 0",
+        ls.initial, ls.factor, ls.period, ls.min_scale);
   nn::validate(c.run.model);
   std::string& policy = c.run.model.remat_policy;
   if (policy == "custom") {

@@ -71,6 +71,11 @@ std::optional<Op> parse_op(std::string_view text);
 int op_arity(Op op);
 bool is_elementwise_unary(Op op);
 bool is_elementwise_binary(Op op);
+// Ops whose output element i depends only on element i of each operand (safe to compute in place).
+inline bool is_elementwise(Op op) {
+  return is_elementwise_unary(op) || is_elementwise_binary(op) || op == Op::select || op == Op::compare ||
+         op == Op::convert_element_type;
+}
 // Ops that own a body graph.
 inline bool has_body(Op op) { return op == Op::scan || op == Op::remat; }
 

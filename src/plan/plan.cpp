@@ -165,7 +165,7 @@ Plan build(const Graph& g, const Options& options) {
       const Node& d = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(def[static_cast<size_t>(rr)])])];
       bool reads = false;
       for (ValueId in : d.inputs) reads = reads || p.root[static_cast<size_t>(in)] == param;
-      ok = !reads || ir::is_elementwise_binary(d.op) || ir::is_elementwise_unary(d.op);
+      ok = !reads || ir::is_elementwise(d.op);
     }
     if (ok) {
       p.donated_param[static_cast<size_t>(ri)] = pi;

@@ -3,6 +3,7 @@
 #include "autodiff/autodiff.h"
 
 #include <cmath>
+#include <optional>
 #include <numbers>
 
 namespace remat::train {
@@ -16,25 +17,31 @@ struct LossAndGrads {
   std::vector<Tensor> grads;
 };
 
+// Gradients of `loss` (times `scale`, when loss scaling: the gradients are then scaled too).
 LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params, Tensor inputs,
-                              Tensor targets, rematerialize::Decider& decider) {
+                              Tensor targets, rematerialize::Decider& decider, std::optional<Tensor> scale) {
   Tensor loss = nn::trace_loss(b, model, params, inputs, targets);
+  Tensor differentiated = scale ? loss * *scale : loss;
   std::vector<ValueId> wrt;
   for (Tensor p : params) wrt.push_back(p.id);
   LossAndGrads r{loss, {}};
-  for (ValueId g : autodiff::grad(b.graph(), loss.id, wrt, &decider, wrt)) r.grads.push_back(b.wrap(g));
+  for (ValueId g : autodiff::grad(b.graph(), differentiated.id, wrt, &decider, wrt)) r.grads.push_back(b.wrap(g));
   return r;
 }
 
 // Mean loss and gradients over the k microbatches of inputs/targets [k,B,T].
 LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params,
-                               Tensor inputs, Tensor targets, rematerialize::Decider& decider) {
+                               Tensor inputs, Tensor targets, rematerialize::Decider& decider,
+                               std::optional<Tensor> scale = std::nullopt) {
   const int64_t k = inputs.dim(0);
   const Shape mb = {inputs.dim(1), inputs.dim(2)};
-  if (k == 1) return trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider);
-  auto body = [&](Builder& bb, std::span<const Tensor> consts, std::span<const Tensor> sums,
-                  std::span<const Tensor> xs) {
-    LossAndGrads r = trace_microbatch(bb, model, consts, xs[0], xs[1], decider);
+  if (k == 1) return trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider, scale);
+  std::vector<Tensor> consts(params.begin(), params.end());
+  if (scale) consts.push_back(*scale);
+  auto body = [&](Builder& bb, std::span<const Tensor> c, std::span<const Tensor> sums, std::span<const Tensor> xs) {
+    std::span<const Tensor> ps = c.subspan(0, params.size());
+    std::optional<Tensor> s = scale ? std::optional<Tensor>(c.back()) : std::nullopt;
+    LossAndGrads r = trace_microbatch(bb, model, ps, xs[0], xs[1], decider, s);
     std::vector<Tensor> next{sums[0] + r.loss};
     for (size_t i = 0; i < r.grads.size(); ++i) next.push_back(sums[1 + i] + r.grads[i]);
     return next;
@@ -42,7 +49,7 @@ LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::sp
   std::vector<Tensor> init{scalar(b, DType::f32, 0.0)};
   for (Tensor p : params) init.push_back(zeros_like(p));
   auto s = b.scope("accumulate");
-  std::vector<Tensor> sums = scan(b, k, params, init, std::array{inputs, targets}, body, "microbatch");
+  std::vector<Tensor> sums = scan(b, k, consts, init, std::array{inputs, targets}, body, "microbatch");
   const double inv = 1.0 / static_cast<double>(k);
   LossAndGrads r{sums[0] * inv, {}};
   for (size_t i = 1; i < sums.size(); ++i) r.grads.push_back(sums[i] * inv);
@@ -52,10 +59,11 @@ LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::sp
 struct StepInputs {
   std::vector<Tensor> params;
   Tensor inputs, targets;
+  Tensor loss_scale, loss_scale_count;  // with loss scaling
 };
 
 StepInputs declare(Builder& b, const nn::ModelConfig& model, const StepShape& shape, std::vector<Tensor>* m,
-                   std::vector<Tensor>* v, Tensor* step) {
+                   std::vector<Tensor>* v, Tensor* step, bool loss_scaling = false) {
   CHECK(shape.batch > 0 && shape.seq > 0 && shape.accumulation > 0,
         "per_device_batch_size ({}), max_target_length ({}) and gradient_accumulation_steps ({}) must be positive",
         shape.batch, shape.seq, shape.accumulation);
@@ -67,6 +75,10 @@ StepInputs declare(Builder& b, const nn::ModelConfig& model, const StepShape& sh
   if (v)
     for (const auto& s : specs) v->push_back(b.param("opt_v/" + s.path, s.type));
   if (step) *step = b.param("step", {DType::i32, {}});
+  if (loss_scaling) {
+    in.loss_scale = b.param("loss_scale", {DType::f32, {}});
+    in.loss_scale_count = b.param("loss_scale_count", {DType::i32, {}});
+  }
   Type tokens{DType::i32, {shape.accumulation, shape.batch, shape.seq}};
   in.inputs = b.param("inputs", tokens);
   in.targets = b.param("targets", tokens);
@@ -130,9 +142,24 @@ Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const Opt
   Builder b(g);
   std::vector<Tensor> m, v;
   Tensor step;
-  StepInputs in = declare(b, model, shape, &m, &v, &step);
-  LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
+  StepInputs in = declare(b, model, shape, &m, &v, &step, o.loss_scale.enabled);
+  std::optional<Tensor> loss_scale;
+  if (o.loss_scale.enabled) loss_scale = in.loss_scale;
+  LossAndGrads r =
+      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local, loss_scale);
   auto s = b.scope("optimizer");
+  std::optional<Tensor> finite;
+  if (loss_scale) {  // unscale; the update is applied only if every gradient is finite
+    auto ls = b.scope("loss_scale");
+    Tensor bad = scalar(b, DType::f32, 0.0);
+    for (Tensor& grad : r.grads) {
+      grad = grad / broadcast_to(convert(*loss_scale, grad.dtype()), grad.shape());
+      // x * 0 is 0 for finite x and NaN for inf or NaN.
+      Tensor nonfinite = compare(grad * 0.0, zeros_like(grad), "ne");
+      bad = bad + sum_all(convert(nonfinite, DType::f32));
+    }
+    finite = compare(bad, scalar(b, DType::f32, 0.0), "eq");
+  }
   Tensor sq = scalar(b, DType::f32, 0.0);
   for (Tensor grad : r.grads) sq = sq + sum_all(square(grad));
   Tensor norm = sqrt(sq);
@@ -150,13 +177,32 @@ Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const Opt
     Tensor v2 = v[i] * o.b2 + square(grad) * (1.0 - o.b2);
     Tensor decayed = p - p * (lr * o.weight_decay);
     Tensor update = (m2 / bias1) / (sqrt(v2 / bias2) + o.eps);
-    new_p.push_back(decayed - update * lr);
+    Tensor p2 = decayed - update * lr;
+    if (finite) {  // a skipped step keeps the parameter and its moments
+      Tensor keep = broadcast_to(*finite, p.shape());
+      p2 = select(keep, p2, p);
+      m2 = select(keep, m2, m[i]);
+      v2 = select(keep, v2, v[i]);
+    }
+    new_p.push_back(p2);
     new_m.push_back(m2);
     new_v.push_back(v2);
   }
   for (Tensor x : {r.loss, norm, lr}) b.result(x);
   for (auto* list : {&new_p, &new_m, &new_v})
     for (Tensor x : *list) b.result(x);
+  if (finite) {
+    auto ls = b.scope("loss_scale");
+    const LossScaleConfig& c = o.loss_scale;
+    Tensor count = in.loss_scale_count + scalar(b, DType::i32, 1);
+    Tensor grown = compare(count, scalar(b, DType::i32, static_cast<double>(c.period)), "ge");
+    Tensor grow = select(*finite, grown, *finite);  // finite and due
+    Tensor zero = scalar(b, DType::i32, 0);
+    Tensor backoff = max(*loss_scale * (1.0 / c.factor), scalar(b, DType::f32, c.min_scale));
+    b.result(select(*finite, select(grow, *loss_scale * c.factor, *loss_scale), backoff));
+    b.result(select(*finite, select(grow, zero, count), zero));
+    b.result(convert(*finite, DType::f32));
+  }
   dce(g);
   return g;
 }

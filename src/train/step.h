@@ -8,6 +8,18 @@
 
 namespace remat::train {
 
+// jmp's DynamicLossScale, for f16 compute (bf16 needs none): the loss is multiplied by `scale` before
+// differentiation and the gradients divided by it; a step whose gradients are not all finite is skipped
+// (parameters and moments kept) and the scale divided by `factor` (not below `min_scale`); after
+// `period` finite steps in a row it is multiplied by `factor`.
+struct LossScaleConfig {
+  bool enabled = false;
+  double initial = 32768;  // 2^15
+  int64_t period = 2000;
+  double factor = 2;
+  double min_scale = 1;
+};
+
 struct OptimizerConfig {
   double learning_rate = 1e-3;         // peak learning rate
   int64_t warmup_steps = 100;          // linear warmup from lr/warmup to lr
@@ -18,6 +30,7 @@ struct OptimizerConfig {
   double eps = 1e-8;                   // Adam epsilon
   double weight_decay = 0.1;           // decoupled weight decay (AdamW), on every parameter
   double clip_norm = 1.0;              // global gradient norm threshold; 0 disables clipping
+  LossScaleConfig loss_scale;          // dynamic loss scaling (f16)
 };
 
 struct StepShape {
@@ -33,7 +46,9 @@ ir::Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, rema
 
 // (params P..., m P..., v P..., step i32[], inputs i32[k,B,T], targets i32[k,B,T])
 //   -> (loss, grad_norm, lr, params' P..., m' P..., v' P...).
-// `step` counts the updates done before this one (0 for the first).
+// `step` counts the updates done before this one (0 for the first). With loss scaling the params
+// `loss_scale` f32[] and `loss_scale_count` i32[] come after `step`, and the results end with
+// loss_scale', loss_scale_count' and `finite` (1 if the update was applied, 0 if skipped).
 ir::Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& opt,
                      rematerialize::Decider* decider = nullptr);
 

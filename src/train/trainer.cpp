@@ -144,6 +144,10 @@ RunResult run(const RunConfig& c) {
   RunResult result;
   Tokens tokens = make_tokens(k, B, T);
   exec::Array step_index(ir::Type{DType::i32, {}});
+  const LossScaleConfig& ls = c.optimizer.loss_scale;
+  exec::Array loss_scale = exec::Array::zeros({DType::f32, {}}), loss_scale_count = exec::Array::zeros({DType::i32, {}});
+  loss_scale.set(0, ls.initial);
+  int64_t skipped = 0;
   const auto start = Clock::now();
   auto window_start = start;
   int64_t window_steps = 0;
@@ -154,16 +158,27 @@ RunResult run(const RunConfig& c) {
     args.insert(args.end(), m.begin(), m.end());
     args.insert(args.end(), v.begin(), v.end());
     args.push_back(step_index);
+    if (ls.enabled) {
+      args.push_back(loss_scale);
+      args.push_back(loss_scale_count);
+    }
     args.push_back(tokens.inputs);
     args.push_back(tokens.targets);
     // params, m and v are donated: the step writes their new values into these same buffers.
     const std::vector<exec::Array>& out = step.run(args);
     const double loss = out[0].get(0), norm = out[1].get(0), lr = out[2].get(0);
+    if (ls.enabled) {  // the scale state comes back after params', m', v'
+      const size_t base = 3 + 3 * m.size();
+      loss_scale.set(0, out[base].get(0));
+      loss_scale_count.set(0, out[base + 1].get(0));
+      if (out[base + 2].get(0) == 0) ++skipped;
+    }
     CHECK(std::isfinite(loss), "training diverged at step {}: loss is {}; lower learning_rate", s + 1, loss);
     result.train_loss = loss;
     ++window_steps;
     const int64_t done = s + 1;
     nlohmann::json row = {{"step", done}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}};
+    if (ls.enabled) row["loss_scale"] = loss_scale.get(0), row["skipped_steps"] = skipped;
     if (done % c.log_period == 0 || done == c.steps) {
       const double window = seconds_since(window_start), elapsed = seconds_since(start);
       const double ms = 1e3 * window / static_cast<double>(window_steps);
