@@ -42,24 +42,25 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
   }
   for (size_t k = 0; k < nc; ++k)
     if (is_float(body.type(body.params[k]).dtype)) dc[k] = joint.add_param(fmt::format("dc{}", k), body.type(body.params[k]));
-  // A carry is weight-derived only if its initial value is and the body keeps it so (a fixed point).
-  std::vector<bool> flags;
-  for (size_t p = 0; p < np; ++p) flags.push_back(ctx.parameter_derived[static_cast<size_t>(n.inputs[p])]);
-  for (bool changed = true; changed;) {
-    changed = false;
-    std::vector<bool> d = parameter_derived(joint, num_forward, flags);
-    for (size_t k = 0; k < nh; ++k)
-      if (flags[nc + k] && !d[static_cast<size_t>(body.results[k])]) flags[nc + k] = false, changed = true;
-  }
-  // A carry is differentiable if its initial value is, or if the body makes it so (a fixed point).
-  std::vector<bool> diff_flags;
-  for (size_t p = 0; p < np; ++p) diff_flags.push_back(ctx.differentiable[static_cast<size_t>(n.inputs[p])]);
-  for (bool changed = true; changed;) {
-    changed = false;
-    std::vector<bool> d = differentiable(joint, num_forward, diff_flags);
-    for (size_t k = 0; k < nh; ++k)
-      if (!diff_flags[nc + k] && d[static_cast<size_t>(body.results[k])]) diff_flags[nc + k] = changed = true;
-  }
+  // Per-param flags of the body from the outer inputs' flags; a carry's flag is then iterated to a fixed
+  // point with what the body makes of it: weight-derived only if the body keeps it so (AND), differentiable
+  // if the body makes it so (OR).
+  auto carry_fixed_point = [&](const std::vector<bool>& outer, auto analysis, bool weight_derived) {
+    std::vector<bool> flags;
+    for (size_t p = 0; p < np; ++p) flags.push_back(outer[static_cast<size_t>(n.inputs[p])]);
+    for (bool changed = true; changed;) {
+      changed = false;
+      std::vector<bool> d = analysis(joint, num_forward, flags);
+      for (size_t k = 0; k < nh; ++k) {
+        bool next = weight_derived ? flags[nc + k] && d[static_cast<size_t>(body.results[k])]
+                                   : flags[nc + k] || d[static_cast<size_t>(body.results[k])];
+        if (next != flags[nc + k]) flags[nc + k] = next, changed = true;
+      }
+    }
+    return flags;
+  };
+  const std::vector<bool> flags = carry_fixed_point(ctx.parameter_derived, parameter_derived, true);
+  const std::vector<bool> diff_flags = carry_fixed_point(ctx.differentiable, differentiable, false);
   Context inner{ctx.decider, parameter_derived(joint, num_forward, flags), ctx.trip_count * length,
                 differentiable(joint, num_forward, diff_flags)};
   std::vector<Cot> cots = backprop(jb, num_forward, seeds, body.params, inner);

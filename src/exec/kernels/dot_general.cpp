@@ -16,15 +16,6 @@
 namespace remat::exec {
 namespace {
 
-Dims free_dims(int64_t rank, const ir::IntList& contract, const ir::IntList& batch) {
-  Dims f;
-  for (int64_t d = 0; d < rank; ++d)
-    if (std::find(contract.begin(), contract.end(), d) == contract.end() &&
-        std::find(batch.begin(), batch.end(), d) == batch.end())
-      f.push_back(d);
-  return f;
-}
-
 int64_t product(const ir::Shape& s, const Dims& dims) {
   int64_t p = 1;
   for (int64_t d : dims) p *= s[static_cast<size_t>(d)];

@@ -47,6 +47,9 @@ class Dims {
 
 int64_t num_elements(const Dims& shape);
 
+// The dims of an operand of rank `rank` that are neither contracting nor batch (dot_general's free dims).
+Dims free_dims(int64_t rank, const ir::IntList& contract, const ir::IntList& batch);
+
 // Row-major strides (in elements) of a shape.
 Dims strides_of(const Dims& shape);
 

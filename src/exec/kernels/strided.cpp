@@ -1,5 +1,6 @@
 #include "exec/kernels/kernels.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -18,6 +19,15 @@ Dims::Dims(const std::vector<int64_t>& x) : n_(x.size()) {
 void Dims::push_back(int64_t x) {
   CHECK(n_ < kMax, "rank exceeds the kernels' limit of {} dims", kMax);
   v_[n_++] = x;
+}
+
+Dims free_dims(int64_t rank, const ir::IntList& contract, const ir::IntList& batch) {
+  Dims f;
+  for (int64_t d = 0; d < rank; ++d)
+    if (std::find(contract.begin(), contract.end(), d) == contract.end() &&
+        std::find(batch.begin(), batch.end(), d) == batch.end())
+      f.push_back(d);
+  return f;
 }
 
 int64_t num_elements(const Dims& shape) {

@@ -12,13 +12,8 @@ void dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> 
   const ir::Shape& ls = in[0].type().shape;
   const ir::Shape& rs = in[1].type().shape;
   Dims l_strides = strides_of(Dims(ls)), r_strides = strides_of(Dims(rs));
-  auto free_of = [](size_t rank, const ir::IntList& c, const ir::IntList& b) {
-    ir::IntList f;
-    for (int64_t d = 0; d < static_cast<int64_t>(rank); ++d)
-      if (std::find(c.begin(), c.end(), d) == c.end() && std::find(b.begin(), b.end(), d) == b.end()) f.push_back(d);
-    return f;
-  };
-  ir::IntList lf = free_of(ls.size(), ct[0], bt[0]), rf = free_of(rs.size(), ct[1], bt[1]);
+  Dims lf = free_dims(static_cast<int64_t>(ls.size()), ct[0], bt[0]);
+  Dims rf = free_dims(static_cast<int64_t>(rs.size()), ct[1], bt[1]);
   // Output dim o maps to (lhs stride, rhs stride); contracting dim k likewise.
   ir::IntList out_l, out_r, k_l, k_r;
   ir::Shape k_shape;
