@@ -224,6 +224,15 @@ std::vector<Cot> vjp_convert_element_type(Builder& b, size_t, const Node& n, Cot
   return {convert(*c[0], x.dtype())};
 }
 
+std::vector<Cot> vjp_convert_group(Builder& b, size_t, const Node& n, Cots c, Context&) {
+  std::vector<Cot> out;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    Tensor x = in(b, n, i);
+    out.push_back(is_float(x.dtype()) && c[i] ? Cot(convert(*c[i], x.dtype())) : std::nullopt);
+  }
+  return out;
+}
+
 std::vector<Cot> vjp_iota(Builder&, size_t, const Node&, Cots, Context&) { return {}; }
 std::vector<Cot> vjp_full(Builder&, size_t, const Node&, Cots, Context&) { return {}; }
 

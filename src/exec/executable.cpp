@@ -107,7 +107,8 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
     }
     const plan::Buffer& x = p.buffers[static_cast<size_t>(b)];
     return (x.space == plan::Space::device ? device_ : host_)
-        .view(&g.type(v), (x.space == plan::Space::device ? device_base : host_base) + x.offset);
+        .view(&g.type(v), (x.space == plan::Space::device ? device_base : host_base) + x.offset +
+                              p.within[static_cast<size_t>(v)]);
   };
   for (size_t s = 0; s < p.schedule.size(); ++s) {
     const int i = p.schedule[s];

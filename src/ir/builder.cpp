@@ -132,6 +132,10 @@ Tensor convert(Tensor x, DType to) {
   if (x.dtype() == to) return x;
   return x.b->emit1(Op::convert_element_type, std::array{x}, Attrs().set("dtype", to));
 }
+std::vector<Tensor> convert_group(std::span<const Tensor> xs, DType to) {
+  ASSERT(!xs.empty());
+  return xs[0].b->emit(Op::convert_group, xs, Attrs().set("dtype", to));
+}
 Tensor iota(Builder& b, DType dtype, const Shape& shape, int64_t dim) {
   return b.emit1(Op::iota, {}, Attrs().set("dtype", dtype).set("shape", shape).set("dim", dim));
 }

@@ -101,6 +101,8 @@ Tensor concatenate(std::span<const Tensor> xs, int64_t dim);
 Tensor reduce_sum(Tensor x, const IntList& axes);
 Tensor reduce_max(Tensor x, const IntList& axes);
 Tensor convert(Tensor x, DType to);
+// Converts every x to `to` into one allocation (the outputs live and die together); see ops.h.
+std::vector<Tensor> convert_group(std::span<const Tensor> xs, DType to);
 Tensor iota(Builder& b, DType dtype, const Shape& shape, int64_t dim);
 Tensor full(Builder& b, Type t, double value);
 Tensor gather(Tensor table, Tensor indices);

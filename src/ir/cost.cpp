@@ -17,6 +17,7 @@ double flops(const Graph& g, const Node& n) {
     case Op::broadcast_in_dim: case Op::reshape: case Op::transpose: case Op::slice: case Op::dynamic_slice:
     case Op::dynamic_update_slice: case Op::concatenate: case Op::iota: case Op::full: case Op::gather:
     case Op::name: case Op::offload: case Op::reload: case Op::convert_element_type:
+    case Op::convert_group:
       return 0;
     case Op::scatter_add: return elements(n.inputs[2]);
     default: return elements(n.outputs[0]);  // elementwise

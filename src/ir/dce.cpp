@@ -44,6 +44,18 @@ void prune_region(Node& n, const std::vector<bool>& live) {
   if (scan) n.attrs.set("num_consts", consts);
 }
 
+// Drops the operands of a convert_group whose outputs nobody reads.
+void prune_group(Node& n, const std::vector<bool>& live) {
+  std::vector<ValueId> inputs, outputs;
+  for (size_t k = 0; k < n.outputs.size(); ++k)
+    if (live[static_cast<size_t>(n.outputs[k])]) {
+      inputs.push_back(n.inputs[k]);
+      outputs.push_back(n.outputs[k]);
+    }
+  n.inputs = std::move(inputs);
+  n.outputs = std::move(outputs);
+}
+
 }  // namespace
 
 void dce(Graph& g) {
@@ -56,6 +68,7 @@ void dce(Graph& g) {
     for (ValueId v : n.outputs) any = any || live[static_cast<size_t>(v)];
     if (!any) continue;
     if (has_body(n.op)) prune_region(n, live);
+    if (n.op == Op::convert_group) prune_group(n, live);
     for (ValueId v : n.inputs) live[static_cast<size_t>(v)] = true;
     kept.push_back(std::move(n));
   }

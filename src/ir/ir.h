@@ -1,5 +1,6 @@
 // Public header of the IR stage (DESIGN §2): graph data structures, the op table, tracing, text form,
-// verification and dead code elimination. Everything downstream includes only this.
+// verification, dead code elimination and the graph passes (inlining remat regions, sinking converts
+// into scans). Everything downstream includes only this.
 #pragma once
 
 #include "base/check.h"
@@ -10,5 +11,6 @@
 #include "ir/inline.h"
 #include "ir/ops.h"
 #include "ir/shape_rules.h"
+#include "ir/sink_converts.h"
 #include "ir/text.h"
 #include "ir/verify.h"

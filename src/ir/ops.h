@@ -5,6 +5,9 @@
 // identity that carries a checkpoint name, `scan` is lax.scan with a closed body graph, `remat` is
 // jax.checkpoint: a call of its body graph whose residuals its `policy` attribute decides (see remat/).
 // `offload` copies a value to host memory and `reload` brings it back; the remat pass inserts them.
+// `convert_group` converts several arrays to one dtype into a single allocation: its outputs live and
+// die together (a layer's compute copy of its weights as one buffer, like jmp's cast_to_compute of a
+// layer's parameters or FSDP's flat parameter); the planner keeps it whole.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +46,7 @@ namespace remat::ir {
   X(reduce_sum, 1)                \
   X(reduce_max, 1)                \
   X(convert_element_type, 1)      \
+  X(convert_group, -1)            \
   X(iota, 0)                      \
   X(full, 0)                      \
   X(gather, 2)                    \

@@ -240,6 +240,12 @@ std::vector<Type> rule_reduce_sum(const Ctx& c) { return reduce(c); }
 std::vector<Type> rule_reduce_max(const Ctx& c) { return reduce(c); }
 
 std::vector<Type> rule_convert_element_type(const Ctx& c) { return {Type{c.attrs.dtype("dtype"), c.in[0].shape}}; }
+std::vector<Type> rule_convert_group(const Ctx& c) {
+  CHECK(!c.in.empty(), "{}: needs at least one operand", c.where);
+  std::vector<Type> out;
+  for (const Type& t : c.in) out.push_back(Type{c.attrs.dtype("dtype"), t.shape});
+  return out;
+}
 
 std::vector<Type> rule_iota(const Ctx& c) {
   Type t{c.attrs.dtype("dtype"), c.attrs.ints("shape")};

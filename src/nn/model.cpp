@@ -82,7 +82,7 @@ Tensor repeat_kv(Tensor x, int64_t heads) {
   return reshape(wide, {s[0], s[1], heads, s[3]});
 }
 
-// [B,T,D] . [D, ...] -> [B,T, ...] in the compute dtype; the weight is cast here, where it is used.
+// [B,T,D] . [D, ...] -> [B,T, ...] in the compute dtype (a kernel not yet in it is cast here).
 Tensor project(Tensor h, Tensor kernel) {
   return dot_general(h, convert(kernel, compute_dtype()), DotDims{{2}, {0}, {}, {}});
 }
@@ -121,7 +121,7 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     context = named(transpose(ctx, {0, 2, 1, 3}), names::kContext);
   }
   auto s2 = b.scope("out");
-  return named(dot_general(context, convert(w.out, compute_dtype()), DotDims{{2, 3}, {0, 1}, {}, {}}), names::kOutProj);
+  return named(dot_general(context, w.out, DotDims{{2, 3}, {0, 1}, {}, {}}), names::kOutProj);
 }
 
 Tensor mlp(Builder& b, Tensor h, const LayerWeights& w) {
@@ -139,7 +139,26 @@ Tensor mlp(Builder& b, Tensor h, const LayerWeights& w) {
   return named(project(silu(gate) * up, w.wo), names::kMlpWo);
 }
 
-Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeights& w, const LayerConsts& k) {
+// The weights matmuls read in the compute dtype; the RMSNorm scales stay as they are (used in f32).
+std::array<Tensor*, 7> kernels(LayerWeights& w) { return {&w.query, &w.key, &w.value, &w.out, &w.wi0, &w.wi1, &w.wo}; }
+
+// The layer's compute copy of its kernels (jmp's cast_to_compute on one layer's parameters), made as one
+// allocation where the layer first needs it and freed after its last use: under a scan only one layer's
+// copy is ever live. Kernels already in the compute dtype (f32 runs, mp_cast=upfront) are used as they are.
+LayerWeights cast_to_compute(LayerWeights w) {
+  std::vector<Tensor> from;
+  for (Tensor* k : kernels(w))
+    if (k->dtype() != compute_dtype()) from.push_back(*k);
+  if (from.empty()) return w;
+  std::vector<Tensor> to = convert_group(from, compute_dtype());
+  size_t next = 0;
+  for (Tensor* k : kernels(w))
+    if (k->dtype() != compute_dtype()) *k = to[next++];
+  return w;
+}
+
+Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeights& weights, const LayerConsts& k) {
+  const LayerWeights w = cast_to_compute(weights);
   x = named(x, names::kDecoderLayerInput);
   Tensor h;
   {
@@ -245,9 +264,11 @@ Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p,
   }
   LayerConsts k = layer_consts(b, c, inputs.dim(1));
   std::vector<Tensor> stacked(p.begin() + kAttnNorm, p.begin() + kFinalNorm);
-  if (c.cast_upfront) {  // the whole stacked weight tree in the compute dtype before the layer loop
+  if (c.cast_upfront) {  // every layer's kernels in the compute dtype before the layer loop (all L live)
     auto s = b.scope("decoder/cast_upfront");
-    for (Tensor& w : stacked) w = convert(w, compute_dtype());
+    LayerWeights all = layer_weights(stacked);
+    for (Tensor* w : kernels(all)) *w = convert(*w, compute_dtype());
+    stacked = {all.attn_norm, all.query, all.key, all.value, all.out, all.mlp_norm, all.wi0, all.wi1, all.wo};
   }
   x = decoder_layers(b, c, x, stacked, k);
   {

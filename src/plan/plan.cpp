@@ -18,21 +18,27 @@ int64_t aligned(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + kAlignmen
 
 bool is_alias(Op op) { return op == Op::reshape || op == Op::name; }
 
-// The given order, except that nodes reading only params and constants move to just before their first
-// consumer: constants and weight broadcasts then live for one step instead of the whole forward.
-std::vector<int> schedule(const Graph& g) {
+// The given order, except that two kinds of nodes move to just before their first consumer: those
+// reading only loop-invariant values (the first `invariant` params, constants, and what is computed from
+// them alone: constants and weight broadcasts then live for one step instead of the whole forward; in a
+// scan body only the consts are invariant, the carries and slices change every iteration), and
+// recomputes (a rematerialized value is rebuilt just in time for the backward that reads it).
+std::vector<int> schedule(const Graph& g, size_t invariant) {
   const int n = static_cast<int>(g.nodes.size());
   std::vector<int> producer(g.types.size(), -1);
   for (int i = 0; i < n; ++i)
     for (ValueId v : g.nodes[static_cast<size_t>(i)].outputs) producer[static_cast<size_t>(v)] = i;
+  std::vector<bool> variant(g.types.size(), false);
+  for (size_t k = invariant; k < g.params.size(); ++k) variant[static_cast<size_t>(g.params[k])] = true;
   std::vector<bool> floating(static_cast<size_t>(n), false);
   for (int i = 0; i < n; ++i) {
     bool all = true;
     for (ValueId v : g.nodes[static_cast<size_t>(i)].inputs) {
       int p = producer[static_cast<size_t>(v)];
-      all = all && (p < 0 || floating[static_cast<size_t>(p)]);
+      all = all && (p < 0 ? !variant[static_cast<size_t>(v)] : floating[static_cast<size_t>(p)]);
     }
-    floating[static_cast<size_t>(i)] = all && !g.nodes[static_cast<size_t>(i)].body;
+    const Node& node = g.nodes[static_cast<size_t>(i)];
+    floating[static_cast<size_t>(i)] = (all || node.recomputed) && !node.body;
   }
   std::vector<std::vector<int>> consumers(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)
@@ -113,7 +119,7 @@ Plan build(const Graph& g, const Options& options) {
   const int n = static_cast<int>(g.nodes.size());
   for (const Node& node : g.nodes)
     CHECK(node.op != Op::remat, "plan::build: graph @{} still has remat regions; inline them first", g.name);
-  p.schedule = schedule(g);
+  p.schedule = schedule(g, std::min(options.invariant_params, g.params.size()));
   p.position.assign(static_cast<size_t>(n), -1);
   for (int s = 0; s < static_cast<int>(p.schedule.size()); ++s) p.position[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])] = s;
   const int end = static_cast<int>(p.schedule.size());  // results live through the last step
@@ -175,12 +181,13 @@ Plan build(const Graph& g, const Options& options) {
   }
 
   p.buffer_of.assign(g.types.size(), -2);
+  p.within.assign(g.types.size(), 0);
   for (ValueId v : g.params) p.buffer_of[static_cast<size_t>(v)] = -1;
   for (int s = 0; s < end; ++s) {
     const int i = p.schedule[static_cast<size_t>(s)];
     const Node& node = g.nodes[static_cast<size_t>(i)];
     if (node.op == Op::scan) {
-      Plan body = build(*node.body);
+      Plan body = build(*node.body, {.donate = {}, .invariant_params = static_cast<size_t>(node.attrs.integer("num_consts"))});
       for (Space sp : {Space::device, Space::host}) {
         if (body.arena[static_cast<int>(sp)] == 0) continue;
         Buffer sub;
@@ -194,6 +201,20 @@ Plan build(const Graph& g, const Options& options) {
       p.bodies.emplace(i, std::move(body));
     }
     if (is_alias(node.op)) continue;
+    if (node.op == Op::convert_group) {  // one buffer for all outputs, live until the last use of any
+      Buffer b;
+      b.value = node.outputs[0];
+      b.node = i;
+      b.start = b.end = s;
+      for (ValueId v : node.outputs) {
+        p.within[static_cast<size_t>(v)] = b.bytes;
+        b.bytes += aligned(g.type(v).bytes());
+        b.end = std::max(b.end, last[static_cast<size_t>(v)]);
+        p.buffer_of[static_cast<size_t>(v)] = static_cast<int>(p.buffers.size());
+      }
+      p.buffers.push_back(b);
+      continue;
+    }
     for (ValueId v : node.outputs) {
       if (donated_into[static_cast<size_t>(v)] >= 0) {
         p.buffer_of[static_cast<size_t>(v)] = -1;
@@ -211,7 +232,10 @@ Plan build(const Graph& g, const Options& options) {
     }
   }
   for (size_t v = 0; v < g.types.size(); ++v)
-    if (p.root[v] != static_cast<ValueId>(v)) p.buffer_of[v] = p.buffer_of[static_cast<size_t>(p.root[v])];
+    if (p.root[v] != static_cast<ValueId>(v)) {
+      p.buffer_of[v] = p.buffer_of[static_cast<size_t>(p.root[v])];
+      p.within[v] = p.within[static_cast<size_t>(p.root[v])];
+    }
 
   for (Space sp : {Space::device, Space::host}) {
     std::vector<int64_t>& live = p.live[static_cast<int>(sp)];

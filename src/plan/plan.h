@@ -8,6 +8,8 @@
 //    to the last use of it or of any alias (results: to the end).
 //  - A scan body is planned once, into its own sub-arena reused by every iteration; in the outer plan that
 //    sub-arena is one buffer live at the scan's step. Stacked outputs are outer buffers, planned once.
+//  - A convert_group's outputs share one buffer (at their offsets `within` it), live from the group's
+//    step to the last use of any member.
 //  - Graph params are arguments (not in the arenas). A donated result (an updated parameter or moment)
 //    is written into its argument's storage, never a second copy.
 //
@@ -29,7 +31,7 @@ enum class Space { device, host };
 inline constexpr int64_t kAlignment = 64;  // every buffer starts on a 64-byte boundary
 
 struct Buffer {
-  ir::ValueId value = -1;   // the value (alias root) it holds; -1 for a scan's sub-arena
+  ir::ValueId value = -1;   // the value (alias root) it holds (a convert_group's first); -1: a scan's sub-arena
   int node = -1;            // index (in the graph) of the node that defines it
   int64_t bytes = 0;        // rounded up to kAlignment
   int start = 0, end = 0;   // schedule positions, inclusive
@@ -42,6 +44,7 @@ struct Plan {
   std::vector<int> position;              // node index -> schedule position
   std::vector<int> buffer_of;             // value id -> buffer index; -1: argument (or donated), -2: none
   std::vector<ir::ValueId> root;          // value id -> the value whose storage it is (itself unless an alias)
+  std::vector<int64_t> within;            // value id -> its byte offset inside its buffer (convert_group members)
   std::vector<Buffer> buffers;
   std::map<int, Plan> bodies;             // scan node index -> the body's plan
   std::map<int, int> body_buffer;         // scan node index -> its sub-arena buffer (device)
@@ -56,6 +59,9 @@ struct Options {
   // (result index, param index) pairs: the result may be written into the param's storage when the param
   // is dead by then (checked; otherwise it is an ordinary output).
   std::vector<std::pair<int, int>> donate;
+  // Params that hold one value for the whole graph (all of a step's; a scan body's consts): nodes
+  // computed from them alone are scheduled just before their first use.
+  size_t invariant_params = SIZE_MAX;
 };
 
 Plan build(const ir::Graph& g, const Options& options = {});

@@ -125,7 +125,10 @@ Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
     a.op = b->value < 0 ? "scan body (sub-arena)" : std::string(ir::op_name(def.op));
     a.scope = def.scope;
     a.name = checkpoint_name(g, p, *b);
-    a.shape = b->value < 0 ? "" : ir::shape_str(g.type(b->value).shape);
+    std::vector<std::string> shapes;  // a convert_group's buffer holds all its outputs
+    for (ir::ValueId v : def.op == Op::convert_group ? def.outputs : std::vector<ir::ValueId>{b->value})
+      if (b->value >= 0) shapes.push_back(ir::shape_str(g.type(v).shape));
+    a.shape = fmt::format("{}", fmt::join(shapes, ","));
     a.dtype = b->value < 0 ? "" : std::string(dtype_name(g.type(b->value).dtype));
     a.start = b->start;
     a.end = b->end;

@@ -130,6 +130,7 @@ Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, remateri
   LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
   b.result(r.loss);
   for (Tensor t : r.grads) b.result(t);
+  sink_converts_into_scans(g);
   dce(g);
   return g;
 }
@@ -203,6 +204,7 @@ Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const Opt
     b.result(select(*finite, select(grow, zero, count), zero));
     b.result(convert(*finite, DType::f32));
   }
+  sink_converts_into_scans(g);
   dce(g);
   return g;
 }

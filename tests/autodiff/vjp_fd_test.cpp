@@ -95,6 +95,11 @@ std::vector<Case> cases() {
   c.push_back({"convert_element_type_roundtrip",
                [=](Builder& b) { return convert(convert(p(b, "x", {2, 3}), DType::f32) * 2.0f, F); }, -1, 1, 1e-3,
                1e-4});
+  c.push_back({"convert_group", [=](Builder& b) {
+                 std::vector<Tensor> xs{p(b, "x", {2, 3}), p(b, "y", {2, 3})};
+                 std::vector<Tensor> ys = convert_group(xs, DType::f32);
+                 return convert(ys[0] * 2.0f, F) + convert(ys[1] * ys[1], F);
+               }, -1, 1, 1e-3, 1e-4});
   c.push_back({"iota_full", [=](Builder& b) {
                  Tensor x = p(b, "x", {2, 3});
                  return x * convert(iota(b, DType::i32, {2, 3}, 1), F) + full(b, x.type(), 0.5);

@@ -123,9 +123,9 @@ void kernel_select(const ir::Node&, std::span<const Array> in, std::span<Array> 
   });
 }
 
-void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
-  const Array& x = in[0];
-  Array& y = out[0];
+namespace {
+
+void convert(const Array& x, Array& y) {
   const int64_t len = x.size();
   const DType from = x.type().dtype, to = y.type().dtype;
   if (from == to) {
@@ -166,6 +166,16 @@ void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std
   // Float -> int truncates toward zero, as lax does.
 #pragma omp parallel for if (len >= kParallelMin)
   for (int64_t i = 0; i < len; ++i) y.set(i, x.get(i));
+}
+
+}  // namespace
+
+void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  convert(in[0], out[0]);
+}
+
+void kernel_convert_group(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  for (size_t i = 0; i < in.size(); ++i) convert(in[i], out[i]);
 }
 
 }  // namespace remat::exec
