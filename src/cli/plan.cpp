@@ -20,10 +20,14 @@ std::string plan_report(const Config& config, bool json, const std::string& time
   plan::Plan p = plan::build(step, {.donate = train::step_donation(run.model)});
   plan::ReportOptions o;
   const double params = static_cast<double>(nn::param_count(run.model));
-  o.title = fmt::format("model {} ({} parameters), batch {} x {} tokens{}, remat_policy {}", config.model,
+  const nn::PrecisionPolicy& mp = run.model.precision;
+  o.title = fmt::format("model {} ({} parameters), batch {} x {} tokens{}, remat_policy {}{}", config.model,
                         params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6), run.shape.batch, run.shape.seq,
                         run.shape.accumulation > 1 ? fmt::format(" x {} microbatches", run.shape.accumulation) : "",
-                        run.model.remat_policy);
+                        run.model.remat_policy,
+                        mp.compute == mp.param ? std::string()
+                                               : fmt::format(", {} weights, {} compute, mp_cast {}", dtype_name(mp.param),
+                                                             dtype_name(mp.compute), config.mp_cast));
   o.limit = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit");
   o.forward_flops = e.forward_flops;
   o.recompute_flops = e.recompute_flops;

@@ -7,9 +7,10 @@
 // Each layer is a remat region (jax.checkpoint) with remat_policy; with layers_per_group the scan runs
 // over groups, each group a remat region holding a scan over its layers (remat on both levels).
 // Mixed precision: weights are stored in precision.param; activations and matmuls run in
-// precision.compute, each layer casting its own weights inside the scanned body (weight-derived, so under
-// remat they are recomputed, never stacked); RMSNorm statistics, the attention scores and softmax, the
-// logits and the loss run in f32.
+// precision.compute, each layer casting its own matmul kernels inside the scanned body, as one allocation
+// (a convert_group: weight-derived, so under remat it is recomputed, never stacked); mp_cast=upfront casts
+// every layer's kernels before the loop instead. RMSNorm scales stay in the param dtype; RMSNorm
+// statistics, the attention scores and softmax, the logits and the loss run in f32.
 //
 //   nn::ModelConfig c = ...;
 //   ir::Graph g = nn::loss_graph(c, /*batch=*/8, /*seq=*/128);   // (params..., inputs, targets) -> loss
@@ -40,7 +41,7 @@ struct ModelConfig {
   int64_t layers_per_group = 0;      // > 0: a scan over groups of this many layers, each a scan (double scan)
   std::string remat_policy = "full"; // remat policy of each layer (and group); "none": no remat region
   PrecisionPolicy precision;         // param (master weights), compute (activations, matmuls) dtypes
-  bool cast_upfront = false;         // cast every weight to the compute dtype before the layers (mp_cast=upfront)
+  bool cast_upfront = false;         // cast every layer's kernels to the compute dtype before the layers (mp_cast=upfront)
                                      // instead of each layer casting its own weights where it uses them
 };
 

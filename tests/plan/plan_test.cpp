@@ -126,11 +126,12 @@ TEST_P(PlannedStep, ArenaRunIsBitIdenticalAndPeakIsAsPlanned) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, PlannedStep, testing::Values("full", "minimal", "everything_saveable", "minimal_offloaded"));
 
-// The same on the real `tiny` training step (configs/, batch 16 x 128, AdamW), for the three policies.
-class TinyStep : public testing::TestWithParam<std::string> {};
+// The same on the real `tiny` training step (configs/, batch 16 x 128, AdamW), for the three policies
+// and for bf16 compute with either cast placement.
+class TinyStep : public testing::TestWithParam<std::vector<std::string>> {};
 
 TEST_P(TinyStep, MeasuredPeakIsThePlannedPeakByteForByte) {
-  cli::Config c = cli::load_config(std::string(REMAT_TEST_DATA) + "/../configs/base.yml", {"remat_policy=" + GetParam()});
+  cli::Config c = cli::load_config(std::string(REMAT_TEST_DATA) + "/../configs/base.yml", GetParam());
   ir::Graph g = train::step_graph(c.run.model, c.run.shape, c.run.optimizer);
   ir::inline_remat_regions(g);
   plan::Plan p = plan::build(g, {.donate = train::step_donation(c.run.model)});
@@ -151,12 +152,17 @@ TEST_P(TinyStep, MeasuredPeakIsThePlannedPeakByteForByte) {
     ASSERT_EQ(std::memcmp(got[i].bytes(), want[i].bytes(), static_cast<size_t>(want[i].type().bytes())), 0) << i;
   EXPECT_EQ(step.measured_peak(plan::Space::device), p.lower_bound[0]);
   EXPECT_GE(p.arena[0], p.lower_bound[0]);
-  std::printf("tiny %s: planned peak %lld B, measured %lld B, arena %lld B\n", GetParam().c_str(),
+  std::printf("tiny %s: planned peak %lld B, measured %lld B, arena %lld B\n", fmt::format("{}", fmt::join(GetParam(), " ")).c_str(),
               static_cast<long long>(p.lower_bound[0]), static_cast<long long>(step.measured_peak(plan::Space::device)),
               static_cast<long long>(p.arena[0]));
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, TinyStep, testing::Values("full", "minimal", "everything_saveable"));
+INSTANTIATE_TEST_SUITE_P(Policies, TinyStep,
+                         testing::Values(std::vector<std::string>{"remat_policy=full"},
+                                         std::vector<std::string>{"remat_policy=minimal"},
+                                         std::vector<std::string>{"remat_policy=everything_saveable"},
+                                         std::vector<std::string>{"dtype=bfloat16"},
+                                         std::vector<std::string>{"dtype=bfloat16", "mp_cast=upfront"}));
 
 }  // namespace
 }  // namespace remat
@@ -181,6 +187,41 @@ TEST(Plan, DonationRefusedWhileTheParamIsReadThroughAnAlias) {
   plan::Plan q = plan::build(h, {.donate = {{0, 0}, {1, 0}}});
   EXPECT_EQ(q.donated_param[0] + q.donated_param[1], -1) << "one of the two results gets the buffer";
   EXPECT_THROW(plan::build(h, {.donate = {{2, 0}}}), Error);
+}
+
+// A convert_group's outputs share one buffer, at 64-byte aligned offsets inside it, live from the group's
+// step to the last read of any member; the executable writes each member where the plan says.
+TEST(Plan, ConvertGroupIsOneBufferLiveUntilItsLastMemberIsRead) {
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor x = b.param("x", {DType::f32, {40}});
+  ir::Tensor y = b.param("y", {DType::f32, {40}});
+  std::vector<ir::Tensor> xy{x, y};
+  std::vector<ir::Tensor> cast = ir::convert_group(xy, DType::bf16);  // 80 B each, 128 B aligned
+  ir::Tensor first = ir::tanh(cast[0]);                                // step 1: last read of cast[0]
+  ir::Tensor second = ir::exp(first) + cast[1];                        // steps 2, 3: cast[1] read at 3
+  b.result(ir::convert(second, DType::f32));
+  plan::Plan p = plan::build(g);
+  const int buffer = p.buffer_of[static_cast<size_t>(cast[0].id)];
+  ASSERT_GE(buffer, 0);
+  EXPECT_EQ(p.buffer_of[static_cast<size_t>(cast[1].id)], buffer);
+  EXPECT_EQ(p.within[static_cast<size_t>(cast[0].id)], 0);
+  EXPECT_EQ(p.within[static_cast<size_t>(cast[1].id)], 128);
+  const plan::Buffer& group = p.buffers[static_cast<size_t>(buffer)];
+  EXPECT_EQ(group.bytes, 256);
+  EXPECT_EQ(group.start, 0);
+  EXPECT_EQ(group.end, 3);
+  expect_no_overlap(p);
+  std::vector<exec::Array> args;
+  for (int k = 0; k < 2; ++k) {
+    exec::Array a({DType::f32, {40}});
+    for (int64_t i = 0; i < 40; ++i) a.set(i, 0.05 * static_cast<double>(i) - k);
+    args.push_back(a);
+  }
+  exec::Executable e(g, p);
+  exec::Array got = e.run(args)[0], want = exec::run(g, args)[0];
+  EXPECT_EQ(std::memcmp(got.bytes(), want.bytes(), 160), 0);
+  EXPECT_EQ(e.measured_peak(plan::Space::device), p.lower_bound[0]);
 }
 
 TEST(Plan, ResultsOutliveTheExecutable) {
