@@ -23,6 +23,10 @@ std::vector<bool> parameter_derived(const Graph& g, size_t num_forward, const st
     d[static_cast<size_t>(g.params[i])] = param_flags[i];  // params past the flags (seeds) are not derived
   for (size_t i = 0; i < num_forward; ++i) {
     const Node& n = g.nodes[i];
+    if (n.op == Op::convert_group) {  // output k is input k, converted
+      for (size_t k = 0; k < n.outputs.size(); ++k) d[static_cast<size_t>(n.outputs[k])] = d[static_cast<size_t>(n.inputs[k])];
+      continue;
+    }
     bool all = true;  // a node without inputs (full, iota) is a constant
     for (ValueId v : n.inputs) all = all && d[static_cast<size_t>(v)];
     for (ValueId v : n.outputs) d[static_cast<size_t>(v)] = all;
@@ -38,7 +42,10 @@ std::vector<bool> differentiable(const Graph& g, size_t num_forward, const std::
     const Node& n = g.nodes[i];
     bool any = false;
     for (ValueId v : n.inputs) any = any || d[static_cast<size_t>(v)];
-    for (ValueId v : n.outputs) d[static_cast<size_t>(v)] = any && is_float(g.type(v).dtype);
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const bool from = n.op == Op::convert_group ? d[static_cast<size_t>(n.inputs[k])] : any;  // pairwise
+      d[static_cast<size_t>(n.outputs[k])] = from && is_float(g.type(n.outputs[k]).dtype);
+    }
   }
   return d;
 }

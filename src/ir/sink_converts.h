@@ -3,7 +3,9 @@
 // converted values. The stack then never exists in both dtypes at once: a backward scan's bf16 weight
 // gradients, widened to f32 after the loop (mp_cast=upfront), would hold L layers in bf16 and in f32
 // together; sunk, each layer's gradient is widened in the body, as with per-layer casts.
-// Runs on scans at any depth; results and semantics are unchanged (convert is elementwise).
+// Runs on this graph, then inside every body (scan and remat), so a sunk convert can sink again into a
+// nested scan. Results and semantics are unchanged (convert is elementwise). A stack read by anything else,
+// a final carry, and an offloaded (host) stack are left alone.
 #pragma once
 
 #include "ir/graph.h"

@@ -143,8 +143,9 @@ Tensor mlp(Builder& b, Tensor h, const LayerWeights& w) {
 std::array<Tensor*, 7> kernels(LayerWeights& w) { return {&w.query, &w.key, &w.value, &w.out, &w.wi0, &w.wi1, &w.wo}; }
 
 // The layer's compute copy of its kernels (jmp's cast_to_compute on one layer's parameters), made as one
-// allocation where the layer first needs it and freed after its last use: under a scan only one layer's
-// copy is ever live. Kernels already in the compute dtype (f32 runs, mp_cast=upfront) are used as they are.
+// allocation right before the layer's first matmul and freed after its last: under a scan only one
+// layer's copy is ever live. Kernels already in the compute dtype (f32 runs, mp_cast=upfront) are used
+// as they are.
 LayerWeights cast_to_compute(LayerWeights w) {
   std::vector<Tensor> from;
   for (Tensor* k : kernels(w))
@@ -158,13 +159,13 @@ LayerWeights cast_to_compute(LayerWeights w) {
 }
 
 Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeights& weights, const LayerConsts& k) {
-  const LayerWeights w = cast_to_compute(weights);
   x = named(x, names::kDecoderLayerInput);
   Tensor h;
   {
     auto s = b.scope("pre_self_attention_norm");
-    h = rms_norm(x, w.attn_norm, c.rms_eps);
+    h = rms_norm(x, weights.attn_norm, c.rms_eps);
   }
+  const LayerWeights w = cast_to_compute(weights);
   x = x + attention(b, c, h, w, k);
   {
     auto s = b.scope("post_self_attention_norm");

@@ -22,8 +22,9 @@ bool is_alias(Op op) { return op == Op::reshape || op == Op::name; }
 // reading only loop-invariant values (the first `invariant` params, constants, and what is computed from
 // them alone: constants and weight broadcasts then live for one step instead of the whole forward; in a
 // scan body only the consts are invariant, the carries and slices change every iteration), and
-// recomputes (a rematerialized value is rebuilt just in time for the backward that reads it).
-std::vector<int> schedule(const Graph& g, size_t invariant) {
+// recomputes (a rematerialized value is rebuilt just in time for the backward that reads it) unless the
+// whole graph is a recompute (the body of a recomputed scan: there it keeps its order).
+std::vector<int> schedule(const Graph& g, size_t invariant, bool float_recomputes) {
   const int n = static_cast<int>(g.nodes.size());
   std::vector<int> producer(g.types.size(), -1);
   for (int i = 0; i < n; ++i)
@@ -38,7 +39,7 @@ std::vector<int> schedule(const Graph& g, size_t invariant) {
       all = all && (p < 0 ? !variant[static_cast<size_t>(v)] : floating[static_cast<size_t>(p)]);
     }
     const Node& node = g.nodes[static_cast<size_t>(i)];
-    floating[static_cast<size_t>(i)] = (all || node.recomputed) && !node.body;
+    floating[static_cast<size_t>(i)] = (all || (float_recomputes && node.recomputed)) && !node.body;
   }
   std::vector<std::vector<int>> consumers(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)
@@ -119,7 +120,7 @@ Plan build(const Graph& g, const Options& options) {
   const int n = static_cast<int>(g.nodes.size());
   for (const Node& node : g.nodes)
     CHECK(node.op != Op::remat, "plan::build: graph @{} still has remat regions; inline them first", g.name);
-  p.schedule = schedule(g, std::min(options.invariant_params, g.params.size()));
+  p.schedule = schedule(g, std::min(options.invariant_params, g.params.size()), options.float_recomputes);
   p.position.assign(static_cast<size_t>(n), -1);
   for (int s = 0; s < static_cast<int>(p.schedule.size()); ++s) p.position[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])] = s;
   const int end = static_cast<int>(p.schedule.size());  // results live through the last step
@@ -187,7 +188,9 @@ Plan build(const Graph& g, const Options& options) {
     const int i = p.schedule[static_cast<size_t>(s)];
     const Node& node = g.nodes[static_cast<size_t>(i)];
     if (node.op == Op::scan) {
-      Plan body = build(*node.body, {.donate = {}, .invariant_params = static_cast<size_t>(node.attrs.integer("num_consts"))});
+      Plan body = build(*node.body, {.donate = {},
+                                     .invariant_params = static_cast<size_t>(node.attrs.integer("num_consts")),
+                                     .float_recomputes = !node.recomputed});
       for (Space sp : {Space::device, Space::host}) {
         if (body.arena[static_cast<int>(sp)] == 0) continue;
         Buffer sub;
@@ -207,12 +210,16 @@ Plan build(const Graph& g, const Options& options) {
       b.node = i;
       b.start = b.end = s;
       for (ValueId v : node.outputs) {
+        if (donated_into[static_cast<size_t>(v)] >= 0) {  // written into its argument, outside the group
+          p.buffer_of[static_cast<size_t>(v)] = -1;
+          continue;
+        }
         p.within[static_cast<size_t>(v)] = b.bytes;
         b.bytes += aligned(g.type(v).bytes());
         b.end = std::max(b.end, last[static_cast<size_t>(v)]);
         p.buffer_of[static_cast<size_t>(v)] = static_cast<int>(p.buffers.size());
       }
-      p.buffers.push_back(b);
+      if (b.bytes > 0) p.buffers.push_back(b);
       continue;
     }
     for (ValueId v : node.outputs) {

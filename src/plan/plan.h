@@ -62,6 +62,9 @@ struct Options {
   // Params that hold one value for the whole graph (all of a step's; a scan body's consts): nodes
   // computed from them alone are scheduled just before their first use.
   size_t invariant_params = SIZE_MAX;
+  // Recomputed nodes are scheduled just before their first use (false for the body of a recomputed scan,
+  // where every node is a recompute).
+  bool float_recomputes = true;
 };
 
 Plan build(const ir::Graph& g, const Options& options = {});

@@ -86,5 +86,69 @@ TEST(SinkConverts, LeavesSharedStacksAndCarriesAlone) {
   EXPECT_EQ(sunk(in), in);
 }
 
+// A sunk convert's readers move to the stack: a second convert may then sink only if the stack has no
+// other reader (here the f32 stack is also negated, so the f16 convert stays outside).
+TEST(SinkConverts, ReadersOfASunkConvertKeepTheStackInItsNewDtype) {
+  const std::string in =
+      "graph @g(%xs: bf16[3,2]) -> (f16[3,2], f32[3,2]) {\n"
+      "  %0: bf16[3,2] = scan(%xs) {length=3, num_consts=0, num_carry=0, reverse=false}\n"
+      "    graph @body(%x: bf16[2]) -> (bf16[2]) {\n"
+      "      %0: bf16[2] = exp(%x)\n"
+      "      return %0\n"
+      "    }\n"
+      "  %1: f32[3,2] = convert_element_type(%0) {dtype=f32}\n"
+      "  %2: f16[3,2] = convert_element_type(%1) {dtype=f16}\n"
+      "  %3: f32[3,2] = neg(%1)\n"
+      "  return %2, %3\n"
+      "}\n";
+  const std::string out =
+      "graph @g(%xs: bf16[3,2]) -> (f16[3,2], f32[3,2]) {\n"
+      "  %0: f32[3,2] = scan(%xs) {length=3, num_consts=0, num_carry=0, reverse=false}\n"
+      "    graph @body(%x: bf16[2]) -> (f32[2]) {\n"
+      "      %0: bf16[2] = exp(%x)\n"
+      "      %1: f32[2] = convert_element_type(%0) {dtype=f32}\n"
+      "      return %1\n"
+      "    }\n"
+      "  %1: f16[3,2] = convert_element_type(%0) {dtype=f16}\n"
+      "  %2: f32[3,2] = neg(%0)\n"
+      "  return %1, %2\n"
+      "}\n";
+  EXPECT_EQ(sunk(in), out);
+}
+
+// A convert sunk into an outer scan's body sinks again into the inner scan it reads (the double scan's
+// layer groups).
+TEST(SinkConverts, CascadesIntoNestedScans) {
+  const std::string in =
+      "graph @g(%xs: bf16[2,3,4]) -> (f32[2,3,4]) {\n"
+      "  %0: bf16[2,3,4] = scan(%xs) {length=2, num_consts=0, num_carry=0, reverse=false}\n"
+      "    graph @group(%x: bf16[3,4]) -> (bf16[3,4]) {\n"
+      "      %0: bf16[3,4] = scan(%x) {length=3, num_consts=0, num_carry=0, reverse=false}\n"
+      "        graph @layer(%y: bf16[4]) -> (bf16[4]) {\n"
+      "          %0: bf16[4] = exp(%y)\n"
+      "          return %0\n"
+      "        }\n"
+      "      return %0\n"
+      "    }\n"
+      "  %1: f32[2,3,4] = convert_element_type(%0) {dtype=f32}\n"
+      "  return %1\n"
+      "}\n";
+  const std::string out =
+      "graph @g(%xs: bf16[2,3,4]) -> (f32[2,3,4]) {\n"
+      "  %0: f32[2,3,4] = scan(%xs) {length=2, num_consts=0, num_carry=0, reverse=false}\n"
+      "    graph @group(%x: bf16[3,4]) -> (f32[3,4]) {\n"
+      "      %0: f32[3,4] = scan(%x) {length=3, num_consts=0, num_carry=0, reverse=false}\n"
+      "        graph @layer(%y: bf16[4]) -> (f32[4]) {\n"
+      "          %0: bf16[4] = exp(%y)\n"
+      "          %1: f32[4] = convert_element_type(%0) {dtype=f32}\n"
+      "          return %1\n"
+      "        }\n"
+      "      return %0\n"
+      "    }\n"
+      "  return %0\n"
+      "}\n";
+  EXPECT_EQ(sunk(in), out);
+}
+
 }  // namespace
 }  // namespace remat::ir

@@ -224,6 +224,31 @@ TEST(Plan, ConvertGroupIsOneBufferLiveUntilItsLastMemberIsRead) {
   EXPECT_EQ(e.measured_peak(plan::Space::device), p.lower_bound[0]);
 }
 
+// A convert_group member that is a donated result goes into its argument's buffer, not the group's.
+TEST(Plan, DonatedConvertGroupMemberIsWrittenIntoItsArgument) {
+  ir::Graph g;
+  ir::Builder b(g);
+  b.param("w", {DType::bf16, {16}});
+  ir::Tensor x = b.param("x", {DType::f32, {16}});
+  std::vector<ir::Tensor> xs{x, x};
+  std::vector<ir::Tensor> cast = ir::convert_group(xs, DType::bf16);
+  b.result(ir::tanh(cast[0]));
+  b.result(cast[1]);  // may be written into w: nothing reads w
+  plan::Plan p = plan::build(g, {.donate = {{1, 0}}});
+  EXPECT_EQ(p.donated_param[1], 0);
+  EXPECT_EQ(p.buffer_of[static_cast<size_t>(cast[1].id)], -1);
+  const int group = p.buffer_of[static_cast<size_t>(cast[0].id)];
+  ASSERT_GE(group, 0);
+  EXPECT_EQ(p.buffers[static_cast<size_t>(group)].bytes, 64);
+  std::vector<exec::Array> args{exec::Array::zeros({DType::bf16, {16}}), exec::Array::zeros({DType::f32, {16}})};
+  for (int64_t i = 0; i < 16; ++i) args[1].set(i, 0.25 * static_cast<double>(i));
+  std::vector<exec::Array> want = exec::run(g, args);
+  exec::Executable e(g, p);
+  std::vector<exec::Array> got = e.run(args);
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(std::memcmp(got[r].bytes(), want[r].bytes(), 32), 0) << r;
+  EXPECT_EQ(std::memcmp(args[0].bytes(), want[1].bytes(), 32), 0) << "the donated member is in w's buffer";
+}
+
 TEST(Plan, ResultsOutliveTheExecutable) {
   exec::Array planned, plain;
   {
