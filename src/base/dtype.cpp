@@ -37,18 +37,4 @@ int64_t dtype_size(DType d) {
 
 bool is_float(DType d) { return d == DType::f64 || d == DType::f32 || d == DType::bf16 || d == DType::f16; }
 
-float bf16_to_float(bf16_t x) { return std::bit_cast<float>(uint32_t{x.bits} << 16); }
-
-bf16_t float_to_bf16(float x) {
-  uint32_t u = std::bit_cast<uint32_t>(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<uint16_t>((u >> 16) | 0x40u)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return bf16_t{static_cast<uint16_t>(u >> 16)};
-}
-
-// _Float16 conversions are IEEE round-to-nearest-even in g++ on x86-64.
-float f16_to_float(f16_t x) { return static_cast<float>(std::bit_cast<_Float16>(x.bits)); }
-
-f16_t float_to_f16(float x) { return f16_t{std::bit_cast<uint16_t>(static_cast<_Float16>(x))}; }
-
 }  // namespace remat

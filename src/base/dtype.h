@@ -3,6 +3,7 @@
 // bf16 and f16 are stored as 16-bit patterns; conversions round to nearest even and keep NaN/Inf.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -32,9 +33,16 @@ std::optional<DType> parse_dtype(std::string_view text);
 int64_t dtype_size(DType d);
 bool is_float(DType d);
 
-float bf16_to_float(bf16_t x);
-bf16_t float_to_bf16(float x);
-float f16_to_float(f16_t x);
-f16_t float_to_f16(float x);
+// Inline and branch-free, so that kernels' loops over bf16 data vectorize.
+inline float bf16_to_float(bf16_t x) { return std::bit_cast<float>(uint32_t{x.bits} << 16); }
+inline bf16_t float_to_bf16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest, ties to even
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return bf16_t{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
+}
+// _Float16 conversions are IEEE round-to-nearest-even in g++ on x86-64.
+inline float f16_to_float(f16_t x) { return static_cast<float>(std::bit_cast<_Float16>(x.bits)); }
+inline f16_t float_to_f16(float x) { return f16_t{std::bit_cast<uint16_t>(static_cast<_Float16>(x))}; }
 
 }  // namespace remat
