@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 
 namespace remat::nn {
@@ -82,9 +83,11 @@ Tensor repeat_kv(Tensor x, int64_t heads) {
   return reshape(wide, {s[0], s[1], heads, s[3]});
 }
 
-// [B,T,D] . [D, ...] -> [B,T, ...] in the compute dtype (a kernel not yet in it is cast here).
-Tensor project(Tensor h, Tensor kernel) {
-  return dot_general(h, convert(kernel, compute_dtype()), DotDims{{2}, {0}, {}, {}});
+// [B,T,D] . [D, ...] -> [B,T, ...] in `dtype`, by default the context's compute dtype (operands not yet in
+// it are cast here).
+Tensor project(Tensor h, Tensor kernel, std::optional<DType> dtype = std::nullopt) {
+  const DType d = dtype.value_or(compute_dtype());
+  return dot_general(convert(h, d), convert(kernel, d), DotDims{{2}, {0}, {}, {}});
 }
 
 Tensor named(Tensor x, std::string_view name) { return checkpoint_name(x, std::string(name)); }
@@ -108,10 +111,11 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
   {
     auto s2 = b.scope("attention");
     Tensor kk = repeat_kv(key, c.num_heads), vv = repeat_kv(v, c.num_heads);
-    // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh)
-    // Scores and softmax in f32 (MaxText's float32_qk_product): q and k are cast up before the dot.
-    Tensor scores = dot_general(convert(q, kF32), convert(kk, kF32), DotDims{{3}, {3}, {0, 2}, {0, 2}}) *
-                    (1.0 / std::sqrt(double(c.head_dim)));
+    // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh); with float32_qk_product q and k are cast up
+    // before the dot, with float32_logits the scores (and so the softmax) are f32.
+    const DType qk = c.float32_qk_product ? kF32 : compute_dtype();
+    Tensor scores = dot_general(convert(q, qk), convert(kk, qk), DotDims{{3}, {3}, {0, 2}, {0, 2}});
+    scores = convert(scores, c.float32_logits ? kF32 : compute_dtype()) * (1.0 / std::sqrt(double(c.head_dim)));
     Tensor visible = broadcast_in_dim(k.mask, scores.shape(), {2, 3});
     Tensor hidden = full(b, scores.type(), -std::numeric_limits<double>::infinity());
     Tensor masked = select(visible, scores, hidden);
@@ -277,10 +281,11 @@ Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p,
     x = rms_norm(x, p[kFinalNorm], c.rms_eps);
   }
   auto s = b.scope("decoder/logits_dense");
-  // Logits in f32 (float32_logits): the matmul in the compute dtype, its output cast up.
+  // Logits in f32 for the loss: the matmul in the compute dtype (or f32 with logits_dot_in_fp32), cast up.
+  const DType dot = c.logits_dot_in_fp32 ? kF32 : compute_dtype();
   if (c.logits_via_embedding)
-    return convert(dot_general(x, convert(p[kEmbed], compute_dtype()), DotDims{{2}, {1}, {}, {}}), kF32);
-  return convert(project(x, p[kLogits]), kF32);
+    return convert(dot_general(convert(x, dot), convert(p[kEmbed], dot), DotDims{{2}, {1}, {}, {}}), kF32);
+  return convert(project(x, p[kLogits], dot), kF32);
 }
 
 }  // namespace
