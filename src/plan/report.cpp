@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <iterator>
 
 namespace remat::plan {
 namespace {
@@ -13,9 +14,11 @@ using ir::Graph;
 using ir::Node;
 using ir::Op;
 
-enum Category { kParameters, kOptimizer, kBatch, kResiduals, kGradients, kTemporaries };
-const char* kCategoryNames[] = {"parameters", "optimizer state", "batch", "saved residuals", "gradients", "temporaries"};
-const char* kColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#9c9c9c"};
+enum Category { kParameters, kOptimizer, kBatch, kWeightCopies, kResiduals, kGradients, kTemporaries };
+const char* kCategoryNames[] = {"parameters",      "optimizer state", "batch",      "weight copies",
+                                "saved residuals", "gradients",       "temporaries"};
+const char* kColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#edc948", "#e15759", "#b07aa1", "#9c9c9c"};
+static_assert(std::size(kCategoryNames) == kNumCategories && std::size(kColors) == kNumCategories);
 
 Category argument_kind(const std::string& name) {
   if (name.rfind("opt_m/", 0) == 0 || name.rfind("opt_v/", 0) == 0) return kOptimizer;
@@ -67,7 +70,7 @@ int64_t parse_bytes(const std::string& text, const std::string& key) {
 Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
   Report r;
   r.options = options;
-  std::array<int64_t, 6> args{};
+  std::array<int64_t, kNumCategories> args{};
   for (size_t i = 0; i < g.params.size(); ++i)
     args[argument_kind(g.param_names[i])] += g.type(g.params[i]).bytes();
   r.parameters = args[kParameters];
@@ -93,11 +96,28 @@ Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
   for (size_t i = 0; i < g.params.size(); ++i)
     if (argument_kind(g.param_names[i]) == kParameters) weight_types.push_back(g.type(g.params[i]));
   const int steps = static_cast<int>(p.schedule.size());
-  r.timeline.assign(static_cast<size_t>(steps + 1), std::array<int64_t, 6>{args[kParameters], args[kOptimizer], args[kBatch], 0, 0, 0});
+  std::array<int64_t, kNumCategories> at_start{};
+  for (int c : {kParameters, kOptimizer, kBatch}) at_start[static_cast<size_t>(c)] = args[static_cast<size_t>(c)];
+  r.timeline.assign(static_cast<size_t>(steps + 1), at_start);
+  // A weight copy: a parameter converted to another dtype (mp_cast=upfront's stacked bf16 copy; the
+  // per-layer copies live inside the scan body's sub-arena).
+  auto weight_copy = [&](const Buffer& b) {
+    if (b.value < 0) return false;
+    const Node& def = g.nodes[static_cast<size_t>(b.node)];
+    if (def.op != Op::convert_element_type && def.op != Op::convert_group) return false;
+    for (ir::ValueId in : def.inputs) {
+      auto it = std::find(g.params.begin(), g.params.end(), p.root[static_cast<size_t>(in)]);
+      if (it == g.params.end() || argument_kind(g.param_names[static_cast<size_t>(it - g.params.begin())]) != kParameters)
+        return false;
+    }
+    return true;
+  };
   for (const Buffer& b : p.buffers) {
     if (b.space != Space::device) continue;
     Category c = kTemporaries;
-    if (b.start <= loss_step && b.end > loss_step && b.value >= 0) {
+    if (weight_copy(b)) {
+      c = kWeightCopies;
+    } else if (b.start <= loss_step && b.end > loss_step && b.value >= 0) {
       c = kResiduals;
     } else if (b.start > loss_step && b.value >= 0) {
       const Node& def = g.nodes[static_cast<size_t>(b.node)];
@@ -156,6 +176,11 @@ std::string Report::text() const {
                      temporaries > 0 ? fmt::format("{:.1f}%", 100.0 * static_cast<double>(temporaries - lower_bound) /
                                                                  static_cast<double>(temporaries))
                                      : std::string("0%"));
+  std::vector<std::string> parts;
+  for (size_t c = 0; c < kNumCategories; ++c)
+    if (int64_t b = timeline.empty() ? 0 : timeline[static_cast<size_t>(peak_step)][c]; b > 0)
+      parts.push_back(fmt::format("{} {}", kCategoryNames[c], bytes_str(static_cast<double>(b))));
+  out += fmt::format("  at the peak (schedule step {}): {}\n", peak_step, fmt::join(parts, ", "));
   out += fmt::format("Host memory (offloaded residuals): {}\n", bytes_str(static_cast<double>(host)));
   out += fmt::format("FLOPs per step: forward {:.4g} G, backward and update {:.4g} G, recompute {:.4g} G\n",
                      options.forward_flops / 1e9, options.backward_flops / 1e9, options.recompute_flops / 1e9);
@@ -168,6 +193,14 @@ std::string Report::text() const {
                        a.space == Space::host ? " host" : "");
   }
   return out;
+}
+
+// Live device bytes by category at the peak step.
+nlohmann::json Report::peak_json() const {
+  nlohmann::json j = {{"step", peak_step}};
+  for (size_t c = 0; c < kNumCategories; ++c)
+    j[kCategoryNames[c]] = timeline.empty() ? 0 : timeline[static_cast<size_t>(peak_step)][c];
+  return j;
 }
 
 nlohmann::json Report::json() const {
@@ -186,6 +219,7 @@ nlohmann::json Report::json() const {
           {"lower_bound", lower_bound},
           {"host", host},
           {"flops", {{"forward", options.forward_flops}, {"backward", options.backward_flops}, {"recompute", options.recompute_flops}}},
+          {"peak", peak_json()},
           {"largest", largest_rows}};
 }
 
@@ -206,7 +240,7 @@ std::string Report::svg() const {
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"18\">{}</text>\n",
       width, height, left, options.title.empty() ? "live device bytes over the schedule" : options.title);
   std::vector<int64_t> below(n, 0);
-  for (int c = 0; c < 6; ++c) {
+  for (int c = 0; c < static_cast<int>(kNumCategories); ++c) {
     std::string points;
     for (size_t s = 0; s < n; ++s) points += fmt::format("{:.1f},{:.1f} ", x_at(s), y_at(below[s] + timeline[s][static_cast<size_t>(c)]));
     for (size_t s = n; s-- > 0;) points += fmt::format("{:.1f},{:.1f} ", x_at(s), y_at(below[s]));

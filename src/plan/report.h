@@ -1,16 +1,21 @@
 // What XLA prints on a compile-time OOM, before running: total memory, arguments (parameters, optimizer
 // state, batch), outputs and aliases, temporaries with fragmentation and lower bound, host bytes, the
-// largest allocations with op, scope, checkpoint name, shape, dtype, size and live range, and FLOPs; as
-// text, JSON, or an SVG timeline of live bytes stacked by category with the peak marked.
+// largest allocations with op, scope, checkpoint name, shape, dtype, size and live range, FLOPs, and what
+// is live at the peak by category; as text, JSON, or an SVG timeline of live bytes stacked by category
+// with the peak marked.
 #pragma once
 
 #include "plan/plan.h"
 
 #include <nlohmann/json.hpp>
 
+#include <array>
+
 #include <string>
 
 namespace remat::plan {
+
+inline constexpr size_t kNumCategories = 7;  // of live bytes in the timeline (see Report::timeline)
 
 struct ReportOptions {
   std::string title;             // first line, e.g. "model llama2-7b, batch 1 x 4096, remat_policy full"
@@ -36,15 +41,17 @@ struct Report {
   int64_t host = 0;               // the host arena (offloaded residuals)
   int64_t total = 0;              // device: arguments + arena
   std::vector<Allocation> largest;
-  // Live device bytes per schedule step, by category: parameters, optimizer state, batch, saved
-  // residuals, gradients, temporaries.
-  std::vector<std::array<int64_t, 6>> timeline;
+  // Live device bytes per schedule step, by category: parameters, optimizer state, batch, weight copies
+  // (parameters converted to the compute dtype outside a scan body), saved residuals, gradients,
+  // temporaries.
+  std::vector<std::array<int64_t, kNumCategories>> timeline;
   int peak_step = 0;
 
   bool fits() const { return options.limit <= 0 || total <= options.limit; }
   std::string text() const;
   nlohmann::json json() const;
   std::string svg() const;
+  nlohmann::json peak_json() const;  // {"step": n, category: bytes, ...} at the peak
 };
 
 // Parameters are the graph params not named opt_m/..., opt_v/..., inputs, targets or step.

@@ -25,6 +25,8 @@ int64_t planned_total(const Config& c) {
   return nlohmann::json::parse(plan_report(c, true, "", nullptr))["total"].get<int64_t>();
 }
 
+nlohmann::json peak(const Config& c) { return nlohmann::json::parse(plan_report(c, true, "", nullptr))["peak"]; }
+
 // The bf16 bytes of one layer's weights that matmuls read (the RMSNorm scales stay f32 in both modes).
 int64_t layer_kernel_bytes(const nn::ModelConfig& m) {
   const int64_t D = m.emb_dim, H = m.num_heads, KV = m.num_kv_heads, Dh = m.head_dim, F = m.mlp_dim;
@@ -48,6 +50,11 @@ TEST(MixedPrecisionPlan, UpfrontCastKeepsLMinusOneLayersOfBf16WeightsMoreAtThePe
   ASSERT_EQ(w, 524288);
   EXPECT_EQ(planned_total(upfront) - planned_total(per_layer), (L - 1) * w);
   EXPECT_EQ((L - 1) * w, 1572864);
+  // The report names the cause: at the peak, upfront's stacked copy (L x 512 KiB) is "weight copies";
+  // per_layer's one layer's copy is inside the backward body's sub-arena (temporaries).
+  EXPECT_EQ(peak(upfront)["weight copies"].get<int64_t>(), L * w);
+  EXPECT_EQ(peak(per_layer)["weight copies"].get<int64_t>(), 0);
+  EXPECT_EQ(peak(upfront)["temporaries"].get<int64_t>() + w, peak(per_layer)["temporaries"].get<int64_t>());
 }
 
 // The same arithmetic with 8 layers (7 x 512 KiB), under remat_policy=minimal (the backward body's peak
