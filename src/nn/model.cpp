@@ -111,11 +111,13 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
   {
     auto s2 = b.scope("attention");
     Tensor kk = repeat_kv(key, c.num_heads), vv = repeat_kv(v, c.num_heads);
-    // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh); with float32_qk_product q and k are cast up
-    // before the dot, with float32_logits the scores (and so the softmax) are f32.
+    // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh). As in MaxText, float32_qk_product casts q and k
+    // up before the dot and float32_logits casts the scores up after it (never down): the softmax is f32
+    // when either is on.
     const DType qk = c.float32_qk_product ? kF32 : compute_dtype();
     Tensor scores = dot_general(convert(q, qk), convert(kk, qk), DotDims{{3}, {3}, {0, 2}, {0, 2}});
-    scores = convert(scores, c.float32_logits ? kF32 : compute_dtype()) * (1.0 / std::sqrt(double(c.head_dim)));
+    if (c.float32_logits) scores = convert(scores, kF32);
+    scores = scores * (1.0 / std::sqrt(double(c.head_dim)));
     Tensor visible = broadcast_in_dim(k.mask, scores.shape(), {2, 3});
     Tensor hidden = full(b, scores.type(), -std::numeric_limits<double>::infinity());
     Tensor masked = select(visible, scores, hidden);

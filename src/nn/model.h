@@ -10,8 +10,8 @@
 // precision.compute, each layer casting its own matmul kernels inside the scanned body, as one allocation
 // (a convert_group: weight-derived, so under remat it is recomputed, never stacked); mp_cast=upfront casts
 // every layer's kernels before the loop instead. RMSNorm scales stay in the param dtype; RMSNorm
-// statistics, the logits and the loss run in f32, the attention scores and softmax too unless
-// float32_qk_product / float32_logits are off.
+// statistics, the logits and the loss run in f32, the attention scores and softmax too unless both
+// float32_qk_product and float32_logits are off.
 //
 //   nn::ModelConfig c = ...;
 //   ir::Graph g = nn::loss_graph(c, /*batch=*/8, /*seq=*/128);   // (params..., inputs, targets) -> loss
@@ -46,7 +46,7 @@ struct ModelConfig {
                                      // instead of each layer casting its own weights where it uses them
   // Stability knobs with MaxText's names (no effect when compute is f32):
   bool float32_qk_product = true;    // attention q.k in f32 (q and k cast up); else in the compute dtype
-  bool float32_logits = true;        // attention scores and softmax in f32; else in the compute dtype
+  bool float32_logits = true;        // attention scores cast up to f32 before the softmax (if not already)
   bool logits_dot_in_fp32 = false;   // the vocabulary projection in f32; else in the compute dtype, cast up
 };
 

@@ -18,7 +18,10 @@ enum Category { kParameters, kOptimizer, kBatch, kWeightCopies, kResiduals, kGra
 const char* kCategoryNames[] = {"parameters",      "optimizer state", "batch",      "weight copies",
                                 "saved residuals", "gradients",       "temporaries"};
 const char* kColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#edc948", "#e15759", "#b07aa1", "#9c9c9c"};
-static_assert(std::size(kCategoryNames) == kNumCategories && std::size(kColors) == kNumCategories);
+const char* kCategoryKeys[] = {"parameters",      "optimizer_state", "batch",      "weight_copies",
+                               "saved_residuals", "gradients",       "temporaries"};  // in the JSON
+static_assert(std::size(kCategoryNames) == kNumCategories && std::size(kColors) == kNumCategories &&
+              std::size(kCategoryKeys) == kNumCategories);
 
 Category argument_kind(const std::string& name) {
   if (name.rfind("opt_m/", 0) == 0 || name.rfind("opt_v/", 0) == 0) return kOptimizer;
@@ -85,8 +88,10 @@ Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
   r.host = p.arena[1];
   r.total = r.parameters + r.optimizer_state + r.batch + r.temporaries;
 
-  // Categories of arena buffers: saved residuals cross the loss (defined up to it, read after it);
-  // after the loss, weight-shaped values outside the optimizer are gradients; the rest are temporaries.
+  // Categories of arena buffers: weight copies are parameters (or slices of them) converted to another
+  // dtype; saved residuals cross the loss (defined up to it, read after it); after the loss, weight-shaped
+  // values outside the optimizer are gradients; the rest are temporaries. Buffers inside a scan body are
+  // its sub-arena, one temporary (per_layer's casts; with gradient accumulation, the whole model's).
   int loss_step = 0;
   if (!g.results.empty())
     for (size_t i = 0; i < g.nodes.size(); ++i)
@@ -99,18 +104,23 @@ Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
   std::array<int64_t, kNumCategories> at_start{};
   for (int c : {kParameters, kOptimizer, kBatch}) at_start[static_cast<size_t>(c)] = args[static_cast<size_t>(c)];
   r.timeline.assign(static_cast<size_t>(steps + 1), at_start);
-  // A weight copy: a parameter converted to another dtype (mp_cast=upfront's stacked bf16 copy; the
-  // per-layer copies live inside the scan body's sub-arena).
+  std::vector<int> producer(g.types.size(), -1);
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (ir::ValueId v : g.nodes[i].outputs) producer[static_cast<size_t>(v)] = static_cast<int>(i);
+  auto of_parameter = [&](ir::ValueId v) {  // a parameter, or a view or slice of one
+    for (int d; (d = producer[static_cast<size_t>(v)]) >= 0;) {
+      const Node& n = g.nodes[static_cast<size_t>(d)];
+      if (n.op != Op::reshape && n.op != Op::name && n.op != Op::slice && n.op != Op::dynamic_slice) return false;
+      v = n.inputs[0];
+    }
+    auto it = std::find(g.params.begin(), g.params.end(), v);
+    return it != g.params.end() && argument_kind(g.param_names[static_cast<size_t>(it - g.params.begin())]) == kParameters;
+  };
   auto weight_copy = [&](const Buffer& b) {
     if (b.value < 0) return false;
     const Node& def = g.nodes[static_cast<size_t>(b.node)];
-    if (def.op != Op::convert_element_type && def.op != Op::convert_group) return false;
-    for (ir::ValueId in : def.inputs) {
-      auto it = std::find(g.params.begin(), g.params.end(), p.root[static_cast<size_t>(in)]);
-      if (it == g.params.end() || argument_kind(g.param_names[static_cast<size_t>(it - g.params.begin())]) != kParameters)
-        return false;
-    }
-    return true;
+    return (def.op == Op::convert_element_type || def.op == Op::convert_group) &&
+           std::all_of(def.inputs.begin(), def.inputs.end(), of_parameter);
   };
   for (const Buffer& b : p.buffers) {
     if (b.space != Space::device) continue;
@@ -177,10 +187,14 @@ std::string Report::text() const {
                                                                  static_cast<double>(temporaries))
                                      : std::string("0%"));
   std::vector<std::string> parts;
+  int64_t live = 0;
   for (size_t c = 0; c < kNumCategories; ++c)
-    if (int64_t b = timeline.empty() ? 0 : timeline[static_cast<size_t>(peak_step)][c]; b > 0)
+    if (int64_t b = timeline.empty() ? 0 : timeline[static_cast<size_t>(peak_step)][c]; b > 0) {
       parts.push_back(fmt::format("{} {}", kCategoryNames[c], bytes_str(static_cast<double>(b))));
-  out += fmt::format("  at the peak (schedule step {}): {}\n", peak_step, fmt::join(parts, ", "));
+      live += b;
+    }
+  out += fmt::format("  live at the peak (schedule step {}): {} = {}\n", peak_step, bytes_str(static_cast<double>(live)),
+                     fmt::join(parts, " + "));
   out += fmt::format("Host memory (offloaded residuals): {}\n", bytes_str(static_cast<double>(host)));
   out += fmt::format("FLOPs per step: forward {:.4g} G, backward and update {:.4g} G, recompute {:.4g} G\n",
                      options.forward_flops / 1e9, options.backward_flops / 1e9, options.recompute_flops / 1e9);
@@ -199,7 +213,7 @@ std::string Report::text() const {
 nlohmann::json Report::peak_json() const {
   nlohmann::json j = {{"step", peak_step}};
   for (size_t c = 0; c < kNumCategories; ++c)
-    j[kCategoryNames[c]] = timeline.empty() ? 0 : timeline[static_cast<size_t>(peak_step)][c];
+    j[kCategoryKeys[c]] = timeline.empty() ? 0 : timeline[static_cast<size_t>(peak_step)][c];
   return j;
 }
 

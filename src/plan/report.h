@@ -42,8 +42,8 @@ struct Report {
   int64_t total = 0;              // device: arguments + arena
   std::vector<Allocation> largest;
   // Live device bytes per schedule step, by category: parameters, optimizer state, batch, weight copies
-  // (parameters converted to the compute dtype outside a scan body), saved residuals, gradients,
-  // temporaries.
+  // (parameters or slices of them converted to another dtype, outside scan bodies), saved residuals,
+  // gradients, temporaries (including scan bodies' sub-arenas).
   std::vector<std::array<int64_t, kNumCategories>> timeline;
   int peak_step = 0;
 
@@ -51,7 +51,7 @@ struct Report {
   std::string text() const;
   nlohmann::json json() const;
   std::string svg() const;
-  nlohmann::json peak_json() const;  // {"step": n, category: bytes, ...} at the peak
+  nlohmann::json peak_json() const;  // {"step": n, "parameters": bytes, "optimizer_state": ..., ...} at the peak
 };
 
 // Parameters are the graph params not named opt_m/..., opt_v/..., inputs, targets or step.

@@ -52,8 +52,8 @@ TEST(MixedPrecisionPlan, UpfrontCastKeepsLMinusOneLayersOfBf16WeightsMoreAtThePe
   EXPECT_EQ((L - 1) * w, 1572864);
   // The report names the cause: at the peak, upfront's stacked copy (L x 512 KiB) is "weight copies";
   // per_layer's one layer's copy is inside the backward body's sub-arena (temporaries).
-  EXPECT_EQ(peak(upfront)["weight copies"].get<int64_t>(), L * w);
-  EXPECT_EQ(peak(per_layer)["weight copies"].get<int64_t>(), 0);
+  EXPECT_EQ(peak(upfront)["weight_copies"].get<int64_t>(), L * w);
+  EXPECT_EQ(peak(per_layer)["weight_copies"].get<int64_t>(), 0);
   EXPECT_EQ(peak(upfront)["temporaries"].get<int64_t>() + w, peak(per_layer)["temporaries"].get<int64_t>());
 }
 
