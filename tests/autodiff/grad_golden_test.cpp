@@ -15,13 +15,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing_support::filecheck;
 
-std::vector<std::string> golden_files() {
-  std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(fs::path(REMAT_TEST_DATA) / "autodiff" / "golden"))
-    if (e.path().extension() == ".ir") files.push_back(e.path().string());
-  std::sort(files.begin(), files.end());
-  return files;
-}
+std::vector<std::string> golden_files() { return testing_support::golden_files("autodiff/golden", ".ir"); }
 
 std::vector<int> wrt_indices(const ir::Graph& g, const std::string& run, const std::string& file) {
   const std::string prefix = "grad wrt=";

@@ -7,23 +7,20 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <iostream>
 
 namespace remat {
 namespace {
 
-namespace fs = std::filesystem;
 
 TEST(PlanTrace, MatchesGoldenFiles) {
   int files = 0;
-  for (const auto& e : fs::directory_iterator(fs::path(REMAT_TEST_DATA) / "plan" / "golden")) {
-    if (e.path().extension() != ".ir") continue;
+  for (const std::string& path : testing_support::golden_files("plan/golden", ".ir")) {
     ++files;
-    std::string text = testing_support::read_file(e.path().string());
+    std::string text = testing_support::read_file(path);
     std::string run = testing_support::run_line(text);
-    ASSERT_EQ(run.rfind("plan grad wrt=", 0), 0u) << e.path() << ": RUN line must be 'plan grad wrt=%a,...'";
-    ir::Graph f = ir::parse(text, e.path().string());
+    ASSERT_EQ(run.rfind("plan grad wrt=", 0), 0u) << path << ": RUN line must be 'plan grad wrt=%a,...'";
+    ir::Graph f = ir::parse(text, path);
     std::vector<int> wrt;
     for (size_t i = 0; i < f.param_names.size(); ++i)
       if (run.find("%" + f.param_names[i] + ",") != std::string::npos || run.ends_with("%" + f.param_names[i]))
@@ -31,7 +28,7 @@ TEST(PlanTrace, MatchesGoldenFiles) {
     ir::Graph g = autodiff::grad_graph(f, wrt);
     std::string out = plan::trace(plan::build(g), g);
     if (std::getenv("REMAT_PRINT_GOLDEN")) std::cout << ir::print(g) << out;
-    EXPECT_EQ(testing_support::filecheck(text, out), "") << e.path();
+    EXPECT_EQ(testing_support::filecheck(text, out), "") << path;
   }
   EXPECT_GE(files, 1);
 }

@@ -27,13 +27,7 @@ int recomputed_dots(const ir::Graph& g) {
   return n;
 }
 
-std::vector<std::string> golden_files() {
-  std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(fs::path(REMAT_TEST_DATA) / "remat" / "golden"))
-    if (e.path().extension() == ".check") files.push_back(e.path().string());
-  std::sort(files.begin(), files.end());
-  return files;
-}
+std::vector<std::string> golden_files() { return testing_support::golden_files("remat/golden", ".check"); }
 
 class RematGolden : public testing::TestWithParam<std::string> {};
 

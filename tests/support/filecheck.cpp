@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -100,6 +102,14 @@ std::string read_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::vector<std::string> golden_files(const std::string& dir, const std::string& extension) {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(REMAT_TEST_DATA) / dir))
+    if (e.path().extension() == extension) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 }  // namespace remat::testing_support

@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace remat::testing_support {
 
@@ -17,5 +18,8 @@ std::string run_line(std::string_view test_file_text);
 
 // Reads a whole file (test data); fails the test with the path when it cannot.
 std::string read_file(const std::string& path);
+
+// The paths of the files in tests/<dir> whose names end in `extension` (".ir"), sorted.
+std::vector<std::string> golden_files(const std::string& dir, const std::string& extension);
 
 }  // namespace remat::testing_support

@@ -5,32 +5,29 @@
 
 namespace remat::testing_support {
 
-// D=16, H=2, KV=1 (grouped-query), Dh=8, F=32: small enough to read as IR text.
-inline nn::ModelConfig micro_model(int64_t layers, bool scan, const std::string& policy) {
+// A decoder of the given sizes (vocab 256), scanned or unrolled, under one remat policy.
+inline nn::ModelConfig model(int64_t layers, bool scan, const std::string& policy, int64_t d, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim, int64_t mlp) {
   nn::ModelConfig c;
-  c.emb_dim = 16;
+  c.emb_dim = d;
   c.num_decoder_layers = layers;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 8;
-  c.mlp_dim = 32;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.mlp_dim = mlp;
   c.scan_layers = scan;
   c.remat_policy = policy;
   return c;
 }
 
+// D=16, H=2, KV=1 (grouped-query), Dh=8, F=32: small enough to read as IR text.
+inline nn::ModelConfig micro_model(int64_t layers, bool scan, const std::string& policy) {
+  return model(layers, scan, policy, 16, 2, 1, 8, 32);
+}
+
 // D=32, H=4, KV=2, Dh=8, F=64: the numerics tests' model.
 inline nn::ModelConfig small_model(int64_t layers, bool scan, const std::string& policy) {
-  nn::ModelConfig c;
-  c.emb_dim = 32;
-  c.num_decoder_layers = layers;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.mlp_dim = 64;
-  c.scan_layers = scan;
-  c.remat_policy = policy;
-  return c;
+  return model(layers, scan, policy, 32, 4, 2, 8, 64);
 }
 
 }  // namespace remat::testing_support
