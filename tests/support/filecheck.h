@@ -1,7 +1,10 @@
 // A small FileCheck for golden IR tests. Directives live in `//` comments of the test file:
 //   // CHECK: text        the next output line (at or after the cursor) containing `text`
 //   // CHECK-NEXT: text   the line right after the previous match must contain `text`
-//   // CHECK-NOT: text    no line between the previous and the next match contains `text`
+//   // CHECK-NOT: text    no line between the previous and the next match contains `text` (so a CHECK-NOT
+//                        right before a CHECK-NEXT checks nothing: put it before a CHECK)
+// In `text`, `[[X:regex]]` binds X to what the regex matched (e.g. `[[W:%[0-9]+]]`), `[[X]]` matches X's
+// bound text, `{{regex}}` matches a regex; everything else is literal.
 // Returns "" on success, else a message naming the failed directive and the output.
 #pragma once
 
