@@ -1,5 +1,6 @@
 // Every built-in policy and preset gives bit-identical gradients to everything_saveable, for scanned,
-// unrolled and double-scanned layers (a 2-layer model), and each forward op runs at most twice.
+// unrolled (2 layers) and double-scanned layers (4 layers in groups of 2), in f32 and with bf16 compute
+// (where each layer casts its weights), and each forward op runs at most twice.
 #include "remat/remat.h"
 #include "support/models.h"
 #include "train/step.h"
@@ -16,10 +17,21 @@ namespace {
 
 enum class Layout { scanned, unrolled, nested };
 
-nn::ModelConfig model(Layout layout, const std::string& policy) {
-  nn::ModelConfig c = testing_support::small_model(2, layout != Layout::unrolled, policy);
-  c.layers_per_group = layout == Layout::nested ? 1 : 0;
+nn::ModelConfig model(Layout layout, const std::string& policy, bool bf16 = false) {
+  nn::ModelConfig c = testing_support::small_model(layout == Layout::nested ? 4 : 2, layout != Layout::unrolled, policy);
+  c.layers_per_group = layout == Layout::nested ? 2 : 0;
+  if (bf16) c.precision = nn::parse_precision("p=f32,c=bf16");
   return c;
+}
+
+void expect_bit_identical(const std::vector<exec::Array>& got, const std::vector<exec::Array>& want,
+                          const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].type(), want[i].type()) << what << ": result " << i;
+    ASSERT_EQ(std::memcmp(got[i].bytes(), want[i].bytes(), static_cast<size_t>(got[i].type().bytes())), 0)
+        << what << ": result " << i << " differs";
+  }
 }
 
 std::vector<exec::Array> args_for(const nn::ModelConfig& c) {
@@ -73,11 +85,11 @@ void derived_origins(const ir::Graph& g, const std::vector<bool>& param_flags, s
   }
 }
 
-class AllPolicies : public testing::TestWithParam<std::tuple<Layout, std::string>> {};
+class AllPolicies : public testing::TestWithParam<std::tuple<Layout, bool, std::string>> {};
 
 TEST_P(AllPolicies, GradientsAreBitIdenticalToEverythingSaveable) {
-  auto [layout, policy] = GetParam();
-  nn::ModelConfig base = model(layout, "everything_saveable"), c = model(layout, policy);
+  auto [layout, bf16, policy] = GetParam();
+  nn::ModelConfig base = model(layout, "everything_saveable", bf16), c = model(layout, policy, bf16);
   std::vector<exec::Array> args = args_for(c);
   std::vector<exec::Array> want = exec::run(train::grads_graph(base, {2, 16, 1}), args);
   rematerialize::Decider decider;
@@ -85,10 +97,7 @@ TEST_P(AllPolicies, GradientsAreBitIdenticalToEverythingSaveable) {
   ir::verify(g);
   exec::Profile profile;
   std::vector<exec::Array> got = exec::run(g, args, {.profile = &profile});
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_EQ(std::memcmp(got[i].bytes(), want[i].bytes(), static_cast<size_t>(got[i].type().bytes())), 0)
-        << policy << ": result " << i << " differs";
+  expect_bit_identical(got, want, policy);
   // No activation op runs more than twice as often as its original (non-recomputed) node: forward once,
   // recompute once. Parameter-derived ops (broadcasts of weights and constants) are exempt: they are never
   // saved, so a nested recompute computes them again.
@@ -116,16 +125,17 @@ TEST_P(AllPolicies, GradientsAreBitIdenticalToEverythingSaveable) {
   }
 }
 
-std::string label(const testing::TestParamInfo<std::tuple<Layout, std::string>>& info) {
-  auto [layout, policy] = info.param;
+std::string label(const testing::TestParamInfo<std::tuple<Layout, bool, std::string>>& info) {
+  auto [layout, bf16, policy] = info.param;
   std::string s = layout == Layout::scanned ? "scanned_" : layout == Layout::unrolled ? "unrolled_" : "nested_";
+  s += bf16 ? "bf16_" : "f32_";
   for (char ch : policy) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
   return s + "_" + std::to_string(info.index);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, AllPolicies,
                          testing::Combine(testing::Values(Layout::scanned, Layout::unrolled, Layout::nested),
-                                          testing::ValuesIn(all_policies())),
+                                          testing::Bool(), testing::ValuesIn(all_policies())),
                          label);
 
 }  // namespace
@@ -134,17 +144,22 @@ INSTANTIATE_TEST_SUITE_P(Policies, AllPolicies,
 namespace remat {
 namespace {
 
-// The double scan of seed 000 (2 groups of 2 layers, remat on both levels): JAX, MaxText and marin rerun
-// the inner forward a third time; here the group's recompute keeps every inner residual, so each forward
-// activation op runs exactly twice per layer (forward, recompute) and never more.
-TEST(NestedScan, EveryForwardOpRunsAtMostTwicePerLayer) {
-  nn::ModelConfig c = model(Layout::nested, "full");
-  c.num_decoder_layers = 4;
-  c.layers_per_group = 2;
+// The double scan of seed 000 (remat on both levels, groups of 2 and of 4 layers, f32 and bf16): JAX,
+// MaxText and marin rerun the inner forward a third time; here the group's recompute keeps every inner
+// residual, so each forward activation op runs exactly twice per layer (forward, recompute) and never
+// more, and the gradients are bit-identical to everything_saveable's.
+class NestedScan : public testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(NestedScan, EveryForwardOpRunsTwicePerLayerAndGradientsAreExact) {
+  auto [group, bf16] = GetParam();
+  nn::ModelConfig c = model(Layout::nested, "full", bf16), base = model(Layout::nested, "everything_saveable", bf16);
+  c.layers_per_group = base.layers_per_group = group;
+  ASSERT_EQ(c.num_decoder_layers, 4);
   std::vector<exec::Array> args = args_for(c);
   ir::Graph g = train::grads_graph(c, {2, 16, 1});
   exec::Profile profile;
-  exec::run(g, args, {.profile = &profile});
+  std::vector<exec::Array> got = exec::run(g, args, {.profile = &profile});
+  expect_bit_identical(got, exec::run(train::grads_graph(base, {2, 16, 1}), args), "full vs everything_saveable");
   std::map<uint64_t, int64_t> original;
   count_original_runs(g, 1, original);
   std::set<uint64_t> derived;
@@ -167,7 +182,7 @@ TEST(NestedScan, EveryForwardOpRunsAtMostTwicePerLayer) {
     if (!forward.count(origin) || derived.count(origin) || !profile.runs_by_origin.count(origin)) continue;
     const int64_t runs = profile.runs_by_origin[origin];
     EXPECT_LE(runs, 2 * once) << "origin " << origin;
-    if (once == 4) {  // an op of the layer body: 2 groups x 2 layers
+    if (once == 4) {  // an op of the layer body: 4 layers, whatever the grouping
       ++layer_ops;
       twice += runs == 8;
     }
@@ -175,6 +190,12 @@ TEST(NestedScan, EveryForwardOpRunsAtMostTwicePerLayer) {
   EXPECT_GT(layer_ops, 50);
   EXPECT_EQ(twice, layer_ops) << "under full remat every layer op is recomputed exactly once";
 }
+
+INSTANTIATE_TEST_SUITE_P(Groups, NestedScan, testing::Combine(testing::Values(2, 4), testing::Bool()),
+                         [](const testing::TestParamInfo<std::tuple<int, bool>>& info) {
+                           return fmt::format("groups_of_{}_{}", std::get<0>(info.param),
+                                              std::get<1>(info.param) ? "bf16" : "f32");
+                         });
 
 }  // namespace
 }  // namespace remat
