@@ -35,10 +35,12 @@ struct ScaledSteps {
     args.push_back(exec::Array::from<int32_t>({1, 1, 4}, {1, 2, 3, 4}));
     args.push_back(exec::Array::from<int32_t>({1, 1, 4}, {2, 3, 4, 5}));
   }
+  std::vector<exec::Array> out;  // the last step's results: loss, grad_norm, lr, params', m', v', scale state
+
   // One step at `scale`; returns (new scale, new count, finite) and feeds the state forward.
   std::tuple<double, double, double> step(double scale) {
     args[3 * np + 1].set(0, scale);
-    std::vector<exec::Array> out = exec::run(graph, args);
+    out = exec::run(graph, args);
     const size_t base = 3 + 3 * np;
     for (size_t i = 0; i < 3 * np; ++i) args[i] = out[3 + i];
     args[3 * np + 2] = out[base + 1];
@@ -46,14 +48,27 @@ struct ScaledSteps {
   }
 };
 
+bool same_bytes(const exec::Array& a, const exec::Array& b) {
+  return a.type() == b.type() && std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())) == 0;
+}
+
 TEST(LossScale, FiniteStepUpdatesOverflowIsSkippedAndBacksOff) {
-  ScaledSteps r(2000, 1);
+  ScaledSteps r(2000, 1), other(2000, 1);
   exec::Array before = r.args[0].clone();
-  auto [scale, count, finite] = r.step(1024.0);
+  auto [scale, count, finite] = r.step(4096.0);
   EXPECT_EQ(finite, 1.0);
-  EXPECT_EQ(scale, 1024.0);
+  EXPECT_EQ(scale, 4096.0);
   EXPECT_EQ(count, 1.0);
-  EXPECT_NE(std::memcmp(before.bytes(), r.args[0].bytes(), static_cast<size_t>(before.type().bytes())), 0);
+  EXPECT_FALSE(same_bytes(before, r.args[0])) << "a finite step updates the parameters";
+  // Scaling by a power of two and unscaling is exact while no f16 gradient overflows or becomes subnormal:
+  // the same step at 8192 gives the same loss, gradient norm and bit-identical parameters and moments.
+  // (At 2048 and below a few key-kernel gradients of this model are f16 subnormals and lose bits, so the
+  // moments differ in their last bits: what loss scaling is for.)
+  other.step(8192.0);
+  EXPECT_EQ(r.out[0].get(0), other.out[0].get(0)) << "loss";
+  EXPECT_EQ(r.out[1].get(0), other.out[1].get(0)) << "gradient norm";
+  EXPECT_GT(r.out[1].get(0), 0.0);
+  for (size_t i = 0; i < 3 * r.np; ++i) EXPECT_TRUE(same_bytes(r.args[i], other.args[i])) << "argument " << i;
   // 1e30 * loss overflows f16 in the backward: every update is skipped, the scale halves, the count resets.
   std::vector<exec::Array> kept;
   for (size_t i = 0; i < 3 * r.np; ++i) kept.push_back(r.args[i].clone());
