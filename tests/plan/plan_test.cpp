@@ -5,11 +5,13 @@
 
 #include "cli/config.h"
 #include "exec/executable.h"
+#include "remat/remat.h"
 #include "support/models.h"
 #include "train/step.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -69,6 +71,7 @@ struct Step {
   ir::Graph graph;
   std::vector<exec::Array> args;
   std::vector<std::pair<int, int>> donate;
+  int64_t offloaded_bytes = 0;  // per step, from the decider's records: what the host arena must hold
 };
 
 // A training step (with AdamW) of a small model, its arguments, and the donation pairs.
@@ -76,7 +79,10 @@ Step training_step(const std::string& policy, int64_t k = 1) {
   nn::ModelConfig c = testing_support::small_model(2, true, policy);
   train::OptimizerConfig o;
   Step s;
-  s.graph = train::step_graph(c, {2, 16, k}, o);
+  rematerialize::Decider decider;
+  s.graph = train::step_graph(c, {2, 16, k}, o, &decider);
+  for (const rematerialize::ResidualRecord& r : decider.records())
+    if (r.residency == rematerialize::Residency::offload) s.offloaded_bytes += r.type.bytes() * r.trip_count;
   ir::inline_remat_regions(s.graph);
   std::vector<exec::Array> params = nn::init_params(c, 4);
   const int np = static_cast<int>(params.size());
@@ -121,6 +127,14 @@ TEST_P(PlannedStep, ArenaRunIsBitIdenticalAndPeakIsAsPlanned) {
           << GetParam() << ": result " << i;
     EXPECT_EQ(step.measured_peak(plan::Space::device), p.lower_bound[0]) << "planned peak = measured peak";
     EXPECT_EQ(step.measured_peak(plan::Space::host), p.lower_bound[1]);
+  }
+  // Every offloaded residual of every layer is in host memory at once (between forward and backward), plus
+  // the forward body's host sub-arena, where each iteration offloads one layer's before the scan stacks
+  // them: the host peak is the sum over layers and one layer more, counted from the decider's records.
+  const int64_t layers = 2;
+  EXPECT_EQ(p.lower_bound[1], s.offloaded_bytes + s.offloaded_bytes / layers) << GetParam();
+  if (GetParam() == "minimal_offloaded") {
+    EXPECT_GT(s.offloaded_bytes, 0);
   }
 }
 
@@ -256,13 +270,14 @@ TEST(Plan, ResultsOutliveTheExecutable) {
     ir::Builder b(g);
     b.result(ir::reshape(ir::tanh(b.param("x", {DType::f32, {2, 3}})), {3, 2}));
     exec::Executable e(g, plan::build(g));
-    std::vector<exec::Array> args{exec::Array::zeros({DType::f32, {2, 3}})};
+    std::vector<exec::Array> args{exec::Array::from<float>({2, 3}, {0.5f, -1, 2, 0.25f, -3, 1})};
     planned = e.run(args)[0];
     plain = exec::run(g, args)[0];
   }
   for (const exec::Array* a : {&planned, &plain}) {  // the graph is gone; each result owns its type
     EXPECT_EQ(ir::type_str(a->type()), "f32[3,2]");
-    EXPECT_EQ(a->get(5), 0.0);
+    const float in[] = {0.5f, -1, 2, 0.25f, -3, 1};
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(a->get(i), static_cast<double>(std::tanh(in[i]))) << i;
   }
 }
 

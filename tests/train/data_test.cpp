@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -13,9 +14,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A fresh directory per test (mkdtemp), so tests running in parallel (ctest -j) never share one.
 struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("remat_data_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
-  TempDir() { fs::create_directories(path); }
+  fs::path path;
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "remat_data_test_XXXXXX").string();
+    ASSERT(mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
   ~TempDir() { fs::remove_all(path); }
 };
 
