@@ -1,6 +1,7 @@
-// A steady-state training step on the arena executor allocates nothing: every C++ heap allocation
-// (operator new) made while it runs is counted, after a first step has made the caches (oneDNN
-// primitives and memory objects, kernel scratch, per-graph frames). Allocations made inside libdnnl are
+// A steady-state training step on the arena executor allocates nothing: every heap allocation made while
+// it runs — operator new and the C allocator (malloc, calloc, realloc, aligned_alloc, posix_memalign,
+// memalign, valloc: interposed here and forwarded to glibc's own) — is counted, after a first step has
+// made the caches (oneDNN primitives and memory objects, kernel scratch, per-graph frames). Allocations made inside libdnnl are
 // counted apart: oneDNN 2.6 builds an argument map inside every primitive execution, which no caller
 // can avoid; the engine's own code must make none.
 // Not in sanitizer builds: ASan owns operator new there (and counting its allocations means nothing).
@@ -13,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,16 +31,61 @@ bool from_onednn(void* caller) {
   return dladdr(caller, &info) != 0 && info.dli_fname != nullptr && std::strstr(info.dli_fname, "libdnnl") != nullptr;
 }
 
-void* counted(std::size_t n, void* caller) {
+void count(void* caller) {
   if (counting.load(std::memory_order_relaxed))
     (from_onednn(caller) ? library_allocations : allocations).fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+}
+}  // namespace
+
+// glibc's allocator under its own names: what the interposed functions below forward to.
+extern "C" {
+void* __libc_malloc(std::size_t);
+void* __libc_calloc(std::size_t, std::size_t);
+void* __libc_realloc(void*, std::size_t);
+void* __libc_memalign(std::size_t, std::size_t);
+void* __libc_valloc(std::size_t);
+
+void* malloc(std::size_t n) {
+  count(__builtin_return_address(0));
+  return __libc_malloc(n);
+}
+void* calloc(std::size_t k, std::size_t n) {
+  count(__builtin_return_address(0));
+  return __libc_calloc(k, n);
+}
+void* realloc(void* p, std::size_t n) {
+  count(__builtin_return_address(0));
+  return __libc_realloc(p, n);
+}
+void* aligned_alloc(std::size_t align, std::size_t n) {
+  count(__builtin_return_address(0));
+  return __libc_memalign(align, n);
+}
+void* memalign(std::size_t align, std::size_t n) {
+  count(__builtin_return_address(0));
+  return __libc_memalign(align, n);
+}
+int posix_memalign(void** out, std::size_t align, std::size_t n) {
+  count(__builtin_return_address(0));
+  *out = __libc_memalign(align, n);
+  return *out == nullptr ? ENOMEM : 0;
+}
+void* valloc(std::size_t n) {
+  count(__builtin_return_address(0));
+  return __libc_valloc(n);
+}
+}
+
+namespace {
+void* counted_new(std::size_t n, void* caller) {
+  count(caller);
+  if (void* p = __libc_malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
 }  // namespace
 
-void* operator new(std::size_t n) { return counted(n, __builtin_return_address(0)); }
-void* operator new[](std::size_t n) { return counted(n, __builtin_return_address(0)); }
+void* operator new(std::size_t n) { return counted_new(n, __builtin_return_address(0)); }
+void* operator new[](std::size_t n) { return counted_new(n, __builtin_return_address(0)); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }

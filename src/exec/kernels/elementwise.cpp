@@ -12,8 +12,10 @@ void unary_loop(const Array& x, Array& y, F f) {
   const T* a = x.data<T>();
   T* o = y.data<T>();
   const int64_t n = x.size();
-#pragma omp parallel for simd if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(a[i])));
+  parallel_ranges(n, n >= kParallelMin, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) o[i] = store<T>(f(load(a[i])));
+  });
 }
 
 template <class T, class F>
@@ -22,8 +24,10 @@ void binary_loop(const Array& x, const Array& y, Array& z, F f) {
   const T* b = y.data<T>();
   T* o = z.data<T>();
   const int64_t n = x.size();
-#pragma omp parallel for simd if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) o[i] = store<T>(f(load(a[i]), load(b[i])));
+  parallel_ranges(n, n >= kParallelMin, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) o[i] = store<T>(f(load(a[i]), load(b[i])));
+  });
 }
 
 }  // namespace
@@ -98,8 +102,9 @@ void kernel_compare(const ir::Node& n, std::span<const Array> in, std::span<Arra
     const int64_t len = in[0].size();
     using C = Compute<T>;
     auto loop = [&](auto cmp) {
-#pragma omp parallel for if (len >= kParallelMin)
-      for (int64_t i = 0; i < len; ++i) o[i] = cmp(load(a[i]), load(b[i]));
+      parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) o[i] = cmp(load(a[i]), load(b[i]));
+      });
     };
     if (dir == "eq") loop([](C x, C y) { return x == y; });
     else if (dir == "ne") loop([](C x, C y) { return x != y; });
@@ -118,8 +123,10 @@ void kernel_select(const ir::Node&, std::span<const Array> in, std::span<Array> 
     const U* b = in[2].data<U>();
     U* o = out[0].data<U>();
     const int64_t len = in[0].size();
-#pragma omp parallel for simd if (len >= kParallelMin)
-    for (int64_t i = 0; i < len; ++i) o[i] = p[i] ? a[i] : b[i];
+    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) o[i] = p[i] ? a[i] : b[i];
+    });
   });
 }
 
@@ -137,8 +144,10 @@ void convert(const Array& x, Array& y) {
     using T = decltype(to_t);
     const F* a = x.data<F>();
     T* o = y.data<T>();
-#pragma omp parallel for simd if (len >= kParallelMin)
-    for (int64_t i = 0; i < len; ++i) o[i] = static_cast<T>(a[i]);
+    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) o[i] = static_cast<T>(a[i]);
+    });
   };
   // The common pairs run as typed loops; the rest go through Array::get/set (bf16/f16 round to nearest even).
   if (from == DType::i32 && to == DType::f32) return typed(int32_t{}, float{});
@@ -149,23 +158,28 @@ void convert(const Array& x, Array& y) {
     using T = decltype(to_t);
     const float* a = x.data<float>();
     T* o = y.data<T>();
-#pragma omp parallel for simd if (len >= kParallelMin)
-    for (int64_t i = 0; i < len; ++i) o[i] = store<T>(a[i]);
+    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) o[i] = store<T>(a[i]);
+    });
   };
   auto widened = [&](auto from_t) {  // bf16/f16 -> f32, exact
     using F = decltype(from_t);
     const F* a = x.data<F>();
     float* o = y.data<float>();
-#pragma omp parallel for simd if (len >= kParallelMin)
-    for (int64_t i = 0; i < len; ++i) o[i] = load(a[i]);
+    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) o[i] = load(a[i]);
+    });
   };
   if (from == DType::f32 && to == DType::bf16) return rounded(bf16_t{});
   if (from == DType::f32 && to == DType::f16) return rounded(f16_t{});
   if (from == DType::bf16 && to == DType::f32) return widened(bf16_t{});
   if (from == DType::f16 && to == DType::f32) return widened(f16_t{});
   // Float -> int truncates toward zero, as lax does.
-#pragma omp parallel for if (len >= kParallelMin)
-  for (int64_t i = 0; i < len; ++i) y.set(i, x.get(i));
+  parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) y.set(i, x.get(i));
+  });
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // Shapes follow lax semantics; see ir/shape_rules.cpp.
 #pragma once
 
+#include <omp.h>
+
 #include "exec/exec.h"
 
 #include <algorithm>
@@ -109,5 +111,18 @@ void dispatch_bits(int64_t bytes, F&& f) {
 
 // Elementwise loops run on all threads once they are this long.
 inline constexpr int64_t kParallelMin = 1 << 14;
+
+// Runs body(begin, end) over [0, n): split evenly across the OpenMP threads when `parallel`, else once on
+// the calling thread. Not an `if` clause on the pragma: libgomp allocates and frees a team for every
+// region it runs serialized, so each small op would call malloc on every step.
+template <class F>
+void parallel_ranges(int64_t n, bool parallel, F&& body) {
+  if (!parallel) return body(int64_t{0}, n);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    body(n * t / nt, n * (t + 1) / nt);
+  }
+}
 
 }  // namespace remat::exec

@@ -109,9 +109,10 @@ void kernel_gather(const ir::Node& n, std::span<const Array> in, std::span<Array
   for (int64_t i = 0; i < count; ++i)
     CHECK(idx[i] >= 0 && idx[i] < rows, "{}: index {} at position {} is outside the table's {} rows{}", ir::op_name(n.op),
           idx[i], i, rows, n.scope.empty() ? "" : fmt::format(" (scope '{}')", n.scope));
-#pragma omp parallel for if (count * row_bytes >= kParallelMin * 4)
-  for (int64_t i = 0; i < count; ++i)
-    std::memcpy(out[0].bytes() + i * row_bytes, table.bytes() + idx[i] * row_bytes, static_cast<size_t>(row_bytes));
+  parallel_ranges(count, count * row_bytes >= kParallelMin * 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+      std::memcpy(out[0].bytes() + i * row_bytes, table.bytes() + idx[i] * row_bytes, static_cast<size_t>(row_bytes));
+  });
 }
 
 void kernel_scatter_add(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
@@ -149,8 +150,10 @@ void kernel_full(const ir::Node& n, std::span<const Array>, std::span<Array> out
     U* d = o.data<U>();
     const U v = d[0];
     const int64_t len = o.size();
-#pragma omp parallel for simd if (len >= kParallelMin)
-    for (int64_t i = 1; i < len; ++i) d[i] = v;
+    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = std::max<int64_t>(lo, 1); i < hi; ++i) d[i] = v;
+    });
   });
 }
 

@@ -51,24 +51,27 @@ void reduce_loop(const Array& x, Array& y, const Plan& p, Acc init, Combine comb
     std::fill(acc, acc + p.outputs, init);
     for (int64_t r = 0; r < p.window; ++r) {
       const T* row = a + r * p.outputs;
-#pragma omp parallel for simd if (p.outputs >= kParallelMin)
-      for (int64_t i = 0; i < p.outputs; ++i) acc[i] = combine(acc[i], static_cast<Acc>(load(row[i])));
+      parallel_ranges(p.outputs, p.outputs >= kParallelMin, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+        for (int64_t i = lo; i < hi; ++i) acc[i] = combine(acc[i], static_cast<Acc>(load(row[i])));
+      });
     }
     for (int64_t i = 0; i < p.outputs; ++i) o[i] = store<T>(static_cast<Compute<T>>(acc[i]));
     return;
   }
-#pragma omp parallel for if (p.outputs * p.window >= kParallelMin)
-  for (int64_t i = 0; i < p.outputs; ++i) {
-    const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
-    Acc acc = init;
-    if (p.contiguous) {
-      for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(load(base[r])));
-    } else {
-      for (int64_t r = 0; r < p.window; ++r)
-        acc = combine(acc, static_cast<Acc>(load(base[unravel(r, p.red_shape, p.red_strides)])));
+  parallel_ranges(p.outputs, p.outputs * p.window >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
+      Acc acc = init;
+      if (p.contiguous) {
+        for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(load(base[r])));
+      } else {
+        for (int64_t r = 0; r < p.window; ++r)
+          acc = combine(acc, static_cast<Acc>(load(base[unravel(r, p.red_shape, p.red_strides)])));
+      }
+      o[i] = store<T>(static_cast<Compute<T>>(acc));
     }
-    o[i] = store<T>(static_cast<Compute<T>>(acc));
-  }
+  });
 }
 
 }  // namespace

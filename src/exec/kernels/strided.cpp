@@ -68,23 +68,24 @@ void copy_rows(const T* src, const Dims& ss, T* dst, const Dims& ds, const Dims&
   const int64_t inner = shape[r - 1], si = ss[r - 1], di = ds[r - 1];
   int64_t outer = 1;
   for (size_t d = 0; d + 1 < r; ++d) outer *= shape[d];
-#pragma omp parallel for if (outer * inner >= kParallelMin)
-  for (int64_t o = 0; o < outer; ++o) {
-    int64_t so = 0, dofs = 0, rem = o;
-    for (size_t d = r - 1; d-- > 0;) {
-      int64_t idx = rem % shape[d];
-      rem /= shape[d];
-      so += idx * ss[d];
-      dofs += idx * ds[d];
+  parallel_ranges(outer, outer * inner >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    for (int64_t o = lo; o < hi; ++o) {
+      int64_t so = 0, dofs = 0, rem = o;
+      for (size_t d = r - 1; d-- > 0;) {
+        int64_t idx = rem % shape[d];
+        rem /= shape[d];
+        so += idx * ss[d];
+        dofs += idx * ds[d];
+      }
+      const T* s = src + so;
+      T* t = dst + dofs;
+      if (si == 1 && di == 1) {
+        std::memcpy(t, s, static_cast<size_t>(inner) * sizeof(T));
+      } else {
+        for (int64_t i = 0; i < inner; ++i) t[i * di] = s[i * si];
+      }
     }
-    const T* s = src + so;
-    T* t = dst + dofs;
-    if (si == 1 && di == 1) {
-      std::memcpy(t, s, static_cast<size_t>(inner) * sizeof(T));
-    } else {
-      for (int64_t i = 0; i < inner; ++i) t[i * di] = s[i * si];
-    }
-  }
+  });
 }
 
 }  // namespace
