@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <new>
 
 namespace remat::exec {
 
@@ -27,6 +29,16 @@ Array::Array(Type type) : owned_type_(std::make_shared<const Type>(std::move(typ
   CHECK(p != nullptr, "out of host memory allocating {} ({} bytes)", ir::type_str(*type_), bytes);
   storage_ = std::shared_ptr<std::byte>(p, [](std::byte* q) { std::free(q); });
   ptr_ = p;
+}
+
+Array Array::exact(int64_t bytes) {
+  Array a;
+  a.owned_type_ = std::make_shared<const Type>(Type{DType::pred, {bytes}});
+  a.type_ = a.owned_type_.get();
+  auto* p = static_cast<std::byte*>(::operator new(static_cast<size_t>(std::max<int64_t>(bytes, 1)), std::align_val_t{64}));
+  a.storage_ = std::shared_ptr<std::byte>(p, [](std::byte* q) { ::operator delete(q, std::align_val_t{64}); });
+  a.ptr_ = p;
+  return a;
 }
 
 Array Array::zeros(Type type) {

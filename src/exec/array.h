@@ -19,6 +19,9 @@ class Array {
   Array() = default;
   explicit Array(ir::Type type);  // uninitialized contents
   static Array zeros(ir::Type type);
+  // pred[bytes], uninitialized, allocated at exactly that size (64-byte aligned): under AddressSanitizer
+  // the byte after it is a redzone.
+  static Array exact(int64_t bytes);
   static Array unallocated(const ir::Type* type);  // a borrowed type without storage (kernels set it)
   template <class T>
   static Array from(ir::Shape shape, const std::vector<T>& values);

@@ -23,9 +23,23 @@ struct Profile {
   std::string table() const;  // ops by time, descending
 };
 
+#ifdef __SANITIZE_ADDRESS__
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+
 struct Options {
   bool reference_kernels = false;  // use the naive reference twins (tests compare the two)
   Profile* profile = nullptr;      // when set, every kernel call is timed into it
+  // Checks of the memory plan (exec::Executable only):
+  // Fill every arena buffer with 0xFF bytes (NaN in every float dtype) outside its planned live range:
+  // before the run, and after each buffer's last planned read. A kernel that reads a buffer before its
+  // first write or after its planned end then computes with NaNs, and the results show it.
+  bool poison = false;
+  // Each planned buffer in its own allocation of its exact size instead of one arena, so that AddressSanitizer
+  // catches an overflow past a buffer's end (in one arena it lands silently in a neighbour). On in ASan builds.
+  bool separate_buffers = kAddressSanitizer;
 };
 
 // Runs g on `args` (one per param, types must match). Errors name the node that failed.

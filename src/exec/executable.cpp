@@ -3,6 +3,7 @@
 #include "exec/kernels/kernels.h"
 
 #include <cstring>
+#include <functional>
 
 namespace remat::exec {
 
@@ -43,9 +44,42 @@ void copy_carries(const Graph& body, const std::vector<Array>& values, std::span
 
 Executable::Executable(Graph graph, plan::Plan plan, Options options)
     : graph_(std::move(graph)), plan_(std::move(plan)), options_(options) {
-  device_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[0], 1)}});
-  host_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[1], 1)}});
+  if (options_.separate_buffers) {
+    allocate_separately(graph_, plan_);
+  } else {
+    device_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[0], 1)}});
+    host_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[1], 1)}});
+  }
+  if (options_.poison) {
+    std::function<void(const plan::Plan&)> index = [&](const plan::Plan& p) {
+      std::vector<std::vector<int>>& ends = ends_at_[&p];
+      ends.resize(p.schedule.size());
+      for (size_t b = 0; b < p.buffers.size(); ++b)  // results end past the schedule: never poisoned
+        if (p.buffers[b].end < static_cast<int>(p.schedule.size())) ends[static_cast<size_t>(p.buffers[b].end)].push_back(static_cast<int>(b));
+      for (const auto& [node, body] : p.bodies) index(body);
+    };
+    index(plan_);
+  }
   for (ir::ValueId r : graph_.results) result_types_.push_back(std::make_shared<const ir::Type>(graph_.type(r)));
+}
+
+// One allocation per buffer, of the bytes its values use (not the 64-byte rounding), so the first byte past
+// them is ASan's redzone. A scan's sub-arena is not allocated: its body's buffers are, one by one.
+void Executable::allocate_separately(const Graph& g, const plan::Plan& p) {
+  std::vector<Array>& mine = separate_[&p];
+  std::vector<int64_t> used(p.buffers.size(), 0);
+  for (size_t v = 0; v < p.buffer_of.size(); ++v)
+    if (const int b = p.buffer_of[v]; b >= 0)
+      used[static_cast<size_t>(b)] = std::max(used[static_cast<size_t>(b)], p.within[v] + g.types[v].bytes());
+  for (size_t b = 0; b < p.buffers.size(); ++b)
+    mine.push_back(p.buffers[b].value < 0 ? Array() : Array::exact(used[b]));
+  for (const auto& [node, body] : p.bodies) allocate_separately(*g.nodes[static_cast<size_t>(node)].body, body);
+}
+
+std::byte* Executable::buffer_bytes(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base) const {
+  if (options_.separate_buffers) return separate_.at(&p)[b].bytes();
+  const plan::Buffer& x = p.buffers[b];
+  return x.space == plan::Space::device ? device_.bytes() + device_base + x.offset : host_.bytes() + host_base + x.offset;
 }
 
 Executable::~Executable() = default;
@@ -66,6 +100,13 @@ const std::vector<Array>& Executable::run(std::span<const Array> args) {
   for (size_t i = 0; i < args.size(); ++i)
     CHECK(args[i].type() == g.type(g.params[i]), "graph @{}: argument {} (%{}) is {} but the graph expects {}", g.name,
           i, g.param_names[i], ir::type_str(args[i].type()), ir::type_str(g.type(g.params[i])));
+  if (options_.poison) {  // nothing is live before the run
+    for (Array* arena : {&device_, &host_})
+      if (arena->bytes() != nullptr) std::memset(arena->bytes(), 0xFF, static_cast<size_t>(arena->type().bytes()));
+    for (auto& [p, buffers] : separate_)
+      for (Array& a : buffers)
+        if (a.bytes() != nullptr) std::memset(a.bytes(), 0xFF, static_cast<size_t>(a.type().bytes()));
+  }
   Frame& f = frame_for(g);
   f.first_write.assign(plan_.buffers.size(), -1);
   f.last_read.assign(plan_.buffers.size(), -1);
@@ -105,6 +146,8 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
         if (g.results[r] == v && p.donated_param[r] >= 0) return args[static_cast<size_t>(p.donated_param[r])];
       ASSERT(false);
     }
+    if (options_.separate_buffers)
+      return separate_.at(&p)[static_cast<size_t>(b)].view(&g.type(v), p.within[static_cast<size_t>(v)]);
     const plan::Buffer& x = p.buffers[static_cast<size_t>(b)];
     return (x.space == plan::Space::device ? device_ : host_)
         .view(&g.type(v), (x.space == plan::Space::device ? device_base : host_base) + x.offset +
@@ -173,7 +216,15 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
       CHECK(false, "{}: {}", ir::describe_node(g, static_cast<size_t>(i)), e.what());
     }
     for (size_t k = 0; k < n.outputs.size(); ++k) vals[static_cast<size_t>(n.outputs[k])] = f.outs[k];
+    if (options_.poison)
+      for (int b : ends_at_.at(&p)[s]) poison(p, static_cast<size_t>(b), device_base, host_base);
   }
+}
+
+void Executable::poison(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base) {
+  if (options_.separate_buffers && separate_.at(&p)[b].bytes() == nullptr) return;  // a sub-arena: not allocated
+  const int64_t bytes = options_.separate_buffers ? separate_.at(&p)[b].type().bytes() : p.buffers[b].bytes;
+  std::memset(buffer_bytes(p, b, device_base, host_base), 0xFF, static_cast<size_t>(bytes));
 }
 
 }  // namespace remat::exec

@@ -39,11 +39,17 @@ class Executable {
   void run_graph(const ir::Graph& g, const plan::Plan& p, int64_t device_base, int64_t host_base, Frame& f,
                  std::span<const Array> args, bool top);
   Frame& frame_for(const ir::Graph& g);
+  // Where buffer `b` of plan `p` is: its own allocation (separate_buffers) or its arena slot.
+  std::byte* buffer_bytes(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base) const;
+  void allocate_separately(const ir::Graph& g, const plan::Plan& p);
+  void poison(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base);  // options_.poison
 
   ir::Graph graph_;
   plan::Plan plan_;
   Options options_;
   Array device_, host_;
+  std::map<const plan::Plan*, std::vector<Array>> separate_;  // options_.separate_buffers: per plan, by buffer
+  std::map<const plan::Plan*, std::vector<std::vector<int>>> ends_at_;  // options_.poison: buffers by last step
   std::map<const ir::Graph*, std::unique_ptr<Frame>> frames_;
   int64_t measured_[2] = {0, 0};
   std::vector<int64_t> live_[2];

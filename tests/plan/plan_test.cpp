@@ -11,6 +11,10 @@
 
 #include <gtest/gtest.h>
 
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -56,7 +60,43 @@ ir::Graph random_graph(std::mt19937& rng) {
   return g;
 }
 
-TEST(Plan, NoOverlapOnRandomGraphs) {
+bool same_bytes(const exec::Array& a, const exec::Array& b) {
+  return a.type() == b.type() && std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())) == 0;
+}
+
+std::vector<exec::Array> random_args(const ir::Graph& g, std::mt19937& rng) {
+  std::uniform_real_distribution<double> value(-1, 1);
+  std::vector<exec::Array> args;
+  for (ir::ValueId v : g.params) {
+    args.emplace_back(g.type(v));
+    for (int64_t i = 0; i < args.back().size(); ++i) args.back().set(i, value(rng));
+  }
+  return args;
+}
+
+std::vector<exec::Array> deep_copy(std::span<const exec::Array> v) {
+  std::vector<exec::Array> out;
+  for (const exec::Array& a : v) out.push_back(a.clone());
+  return out;
+}
+
+// Runs the plan in one arena, with every buffer poisoned (NaN) outside its planned live range, and with
+// each buffer in its own allocation: both bit-identical to the free-at-last-use reference executor. (Each
+// run gets its own copy of the arguments: donated results overwrite them.)
+void expect_planned_run_is_exact(const ir::Graph& g, const plan::Plan& p, std::span<const exec::Array> args,
+                                 const std::string& what) {
+  const std::vector<exec::Array> want = exec::run(g, deep_copy(args));
+  for (exec::Options o : {exec::Options{.poison = true, .separate_buffers = false},
+                          exec::Options{.poison = true, .separate_buffers = true}}) {
+    exec::Executable e(g, p, o);
+    const std::vector<exec::Array>& got = e.run(deep_copy(args));
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_TRUE(same_bytes(got[i], want[i])) << what << ": result " << i << (o.separate_buffers ? ", separate buffers" : "");
+  }
+}
+
+TEST(Plan, NoOverlapOnRandomGraphsAndTheirRunsAreExact) {
   std::mt19937 rng(123);
   for (int trial = 0; trial < 200; ++trial) {
     ir::Graph g = random_graph(rng);
@@ -64,7 +104,28 @@ TEST(Plan, NoOverlapOnRandomGraphs) {
     expect_no_overlap(p);
     // Every buffer fits in the arena.
     for (const plan::Buffer& x : p.buffers) EXPECT_LE(x.offset + x.bytes, p.arena[static_cast<int>(x.space)]);
+    expect_planned_run_is_exact(g, p, random_args(g, rng), fmt::format("random graph {}\n{}", trial, ir::print(g)));
   }
+}
+
+// The poison check can fail: a plan that ends a buffer one step before its last read (so a later value may
+// take its bytes) computes with NaNs.
+TEST(Plan, PoisonShowsABufferEndedBeforeItsLastRead) {
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor x = b.param("x", {DType::f32, {64}});
+  ir::Tensor t = ir::tanh(x);               // read again at the end
+  b.result(ir::exp(ir::exp(t)) + t);
+  plan::Plan p = plan::build(g);
+  const size_t buffer = static_cast<size_t>(p.buffer_of[static_cast<size_t>(t.id)]);
+  ASSERT_EQ(p.buffers[buffer].end, 3);
+  std::mt19937 rng(1);
+  std::vector<exec::Array> args = random_args(g, rng);
+  const exec::Array want = exec::run(g, args)[0];
+  EXPECT_TRUE(same_bytes(exec::Executable(g, p, {.poison = true}).run(args)[0], want));
+  p.buffers[buffer].end = 2;
+  exec::Executable wrong(g, p, {.poison = true, .separate_buffers = true});
+  EXPECT_TRUE(std::isnan(wrong.run(args)[0].get(0)));
 }
 
 struct Step {
@@ -101,11 +162,6 @@ Step training_step(const std::string& policy, int64_t k = 1) {
   return s;
 }
 
-std::vector<exec::Array> deep_copy(const std::vector<exec::Array>& v) {
-  std::vector<exec::Array> out;
-  for (const exec::Array& a : v) out.push_back(a.clone());
-  return out;
-}
 
 class PlannedStep : public testing::TestWithParam<std::string> {};
 
@@ -117,6 +173,7 @@ TEST_P(PlannedStep, ArenaRunIsBitIdenticalAndPeakIsAsPlanned) {
   int donated = 0;
   for (int d : p.donated_param) donated += d >= 0;
   EXPECT_EQ(donated, static_cast<int>(s.donate.size())) << "every updated parameter and moment is written in place";
+  expect_planned_run_is_exact(s.graph, p, deep_copy(s.args), GetParam());
   exec::Executable step(s.graph, p);
   for (int run = 0; run < 2; ++run) {  // twice: the second run reuses the arena
     std::vector<exec::Array> args = deep_copy(s.args);
@@ -160,6 +217,7 @@ TEST_P(TinyStep, MeasuredPeakIsThePlannedPeakByteForByte) {
     args.push_back(t);
   }
   std::vector<exec::Array> want = exec::run(g, deep_copy(args));
+  expect_planned_run_is_exact(g, p, args, fmt::format("{}", fmt::join(GetParam(), " ")));
   exec::Executable step(g, p);
   std::vector<exec::Array> got = step.run(args);
   for (size_t i = 0; i < got.size(); ++i)
@@ -262,6 +320,21 @@ TEST(Plan, DonatedConvertGroupMemberIsWrittenIntoItsArgument) {
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(std::memcmp(got[r].bytes(), want[r].bytes(), 32), 0) << r;
   EXPECT_EQ(std::memcmp(args[0].bytes(), want[1].bytes(), 32), 0) << "the donated member is in w's buffer";
 }
+
+#ifdef __SANITIZE_ADDRESS__
+// In ASan builds each planned buffer is its own allocation of its exact size: the byte after a value is a
+// redzone, so a kernel writing past a buffer's end is reported instead of landing in a neighbour.
+TEST(Plan, EachBufferEndsInARedzoneUnderAddressSanitizer) {
+  ir::Graph g;
+  ir::Builder b(g);
+  b.result(ir::exp(ir::tanh(b.param("x", {DType::f32, {5}}))));
+  exec::Executable e(g, plan::build(g));
+  std::vector<exec::Array> args{exec::Array::zeros({DType::f32, {5}})};
+  const exec::Array& r = e.run(args)[0];
+  EXPECT_EQ(__asan_address_is_poisoned(r.bytes() + 19), 0);
+  EXPECT_NE(__asan_address_is_poisoned(r.bytes() + 20), 0);
+}
+#endif
 
 TEST(Plan, ResultsOutliveTheExecutable) {
   exec::Array planned, plain;
