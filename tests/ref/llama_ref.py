@@ -14,6 +14,8 @@ script from torch.manual_seed(0), and writes tests/ref/llama_tiny.bin holding:
   * losses_after_adamw  f32 [5] loss on the same batch after each AdamW update
   * lrs                 f32 [5] learning rate used by each update
   * grad_norms          f32 [5] global gradient norm (before clipping) of each update
+  * params_after_adamw/<name>, m_after_adamw/<name>, v_after_adamw/<name>
+                        f32 parameters and Adam moments after the 5th update
 
 All arithmetic is float64; values are rounded to f32 only when stored.
 The AdamW / clipping / schedule logic is written out by hand (torch.optim is
@@ -260,7 +262,7 @@ def train(p, inputs, targets):
         losses.append(float(loss))
         lrs.append(lr)
         norms.append(gnorm)
-    return losses, lrs, norms
+    return losses, lrs, norms, p, m, v
 
 
 # ----------------------------------------------------------------------------
@@ -353,7 +355,7 @@ def main():
     loss, logits, grads = loss_and_grads(p, inputs, targets)
     self_check(p, inputs, targets, loss, logits, grads)
 
-    losses, lrs, norms = train(p, inputs, targets)
+    losses, lrs, norms, p5, m5, v5 = train(p, inputs, targets)
     assert all(a > b for a, b in zip([float(loss)] + losses, losses)), losses
 
     f32 = lambda t: t.detach().to(torch.float32).numpy()
@@ -370,6 +372,9 @@ def main():
         ("lrs", np.array(lrs, dtype=np.float64).astype(np.float32)),
         ("grad_norms", np.array(norms, dtype=np.float64).astype(np.float32)),
     ]
+    tensors += [("params_after_adamw/" + n, f32(p5[n])) for n in PARAM_NAMES]
+    tensors += [("m_after_adamw/" + n, f32(m5[n])) for n in PARAM_NAMES]
+    tensors += [("v_after_adamw/" + n, f32(v5[n])) for n in PARAM_NAMES]
     write_ref(OUT_PATH, tensors)
 
     print(f"wrote {OUT_PATH} ({os.path.getsize(OUT_PATH)} bytes)")

@@ -123,6 +123,23 @@ TEST_P(AllPolicies, GradientsAreBitIdenticalToEverythingSaveable) {
       }
     }
   }
+  // Values computed from weights alone (broadcast norm scales; under bf16 the layer's weight casts) are
+  // never saved or offloaded, whatever the policy says.
+  int weight_derived = 0, casts = 0;
+  for (const rematerialize::ResidualRecord& r : decider.records()) {
+    if (!r.parameter_derived || r.region_input) continue;
+    ++weight_derived;
+    casts += r.what.rfind("convert_group @ ", 0) == 0;
+    EXPECT_EQ(r.residency, rematerialize::Residency::recompute) << policy << ": " << r.what;
+  }
+  // (In the double scan the layers' weight-derived values sit inside the inner scan's body, which the
+  // group's recompute reruns whole: no separate records.)
+  if (policy != "none" && layout != Layout::nested) {
+    EXPECT_GT(weight_derived, 0) << policy;
+  }
+  if (policy != "none" && layout != Layout::nested && bf16) {
+    EXPECT_GT(casts, 0) << policy << ": the layer's bf16 weight casts are residuals, recomputed";
+  }
 }
 
 std::string label(const testing::TestParamInfo<std::tuple<Layout, bool, std::string>>& info) {

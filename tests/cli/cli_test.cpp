@@ -1,0 +1,162 @@
+// End to end: the `remat` binary as a user runs it. `train` prints progress, evaluation, the sample and
+// the final line, and writes one JSONL record per step that agrees with what it printed; `plan` exits 3
+// over hbm_limit with XLA's "needs X of Y" line and 0 under it; `--timeline` writes a well-formed SVG with
+// one band per category; a bad key exits 2 naming it.
+#include "support/filecheck.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+namespace remat {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Output {
+  int status;
+  std::string text;  // stdout and stderr
+};
+
+// Runs `remat ARGS` from the repository root (where configs/ is).
+Output remat_cli(const std::string& args) {
+  const std::string cmd = fmt::format("cd '{}/..' && '{}' {} 2>&1", REMAT_TEST_DATA, REMAT_BINARY, args);
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << cmd;
+  Output out{-1, ""};
+  if (pipe == nullptr) return out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.text.append(buf, n);
+  const int status = pclose(pipe);
+  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "remat_cli_test_XXXXXX").string();
+    EXPECT_NE(mkdtemp(pattern.data()), nullptr);
+    path = pattern;
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// A 1-layer model small enough to train a few steps in a test.
+const char* kSmall = "base_emb_dim=32 base_num_decoder_layers=1 base_num_query_heads=2 base_num_kv_heads=2 head_dim=16 "
+                     "base_mlp_dim=64 per_device_batch_size=2 max_target_length=32";
+
+std::string captured(const std::string& text, const std::string& pattern) {
+  std::smatch m;
+  return std::regex_search(text, m, std::regex(pattern)) ? m[1].str() : "";
+}
+
+TEST(Cli, TrainPrintsProgressEvalSampleAndWritesMatchingMetrics) {
+  TempDir dir;
+  Output o = remat_cli(fmt::format("train {} steps=4 log_period=2 eval_interval=2 eval_steps=1 sample_length=16 "
+                                   "base_output_directory={} run_name=e2e",
+                                   kSmall, dir.path.string()));
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_EQ(testing_support::filecheck(R"(
+// CHECK: plan: arena
+// CHECK: train: 4 steps x 1 microbatch(es) x 2 sequences x 32 tokens = 64 tokens/step
+// CHECK: step     2/4 | loss {{[0-9]+\.[0-9]+}} | lr {{[0-9.]+e-0[0-9]}} | {{ *[0-9]+}} tok/s | {{ *[0-9.]+}} ms/step | ETA
+// CHECK-NEXT: eval      2/4 | validation loss {{[0-9]+\.[0-9]+}} nats/byte
+// CHECK: step     4/4 | loss
+// CHECK-NEXT: eval      4/4 | validation loss
+// CHECK-NEXT: done in {{.*}}; metrics in {{.*}}metrics.jsonl; measured peak [[PEAK:[0-9.]+ [KMG]?i?B]] device (planned [[PEAK]])
+// CHECK-NEXT: sample (temperature 0.7, prompt "The "):
+// CHECK-NEXT: The
+// CHECK: final: train loss {{[0-9]+\.[0-9]+}}, validation loss {{[0-9]+\.[0-9]+}} nats/byte
+)",
+                                       o.text),
+            "");
+  std::ifstream in(dir.path / "e2e" / "metrics.jsonl");
+  ASSERT_TRUE(in.good()) << "no metrics.jsonl under " << dir.path;
+  std::vector<nlohmann::json> records;
+  for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(records.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(records[i].at("step"), i + 1);
+    EXPECT_TRUE(std::isfinite(records[i].at("loss").get<double>()));
+    EXPECT_GT(records[i].at("grad_norm").get<double>(), 0);
+    EXPECT_EQ(records[i].contains("validation_loss"), i % 2 == 1) << records[i];
+  }
+  // The printed figures are the recorded ones.
+  EXPECT_EQ(captured(o.text, R"(final: train loss ([0-9.]+))"), fmt::format("{:.4f}", records[3].at("loss").get<double>()));
+  EXPECT_EQ(captured(o.text, R"(eval +4/4 \| validation loss ([0-9.]+))"),
+            fmt::format("{:.4f}", records[3].at("validation_loss").get<double>()));
+  EXPECT_EQ(captured(o.text, R"(eval +2/4 \| validation loss ([0-9.]+))"),
+            fmt::format("{:.4f}", records[1].at("validation_loss").get<double>()));
+}
+
+TEST(Cli, PlanOverTheLimitExitsThreeWithTheNeedsLine) {  // the tiny default: 85 MiB
+  Output json = remat_cli("plan --json");
+  ASSERT_EQ(json.status, 0) << json.text;
+  const int64_t total = nlohmann::json::parse(json.text).at("total");
+  ASSERT_GT(total, 1 << 20) << "the figures below print in MiB";
+  const int64_t half = total / 2;
+  Output over = remat_cli(fmt::format("plan hbm_limit={}", half));
+  EXPECT_EQ(over.status, 3) << over.text;
+  EXPECT_NE(over.text.find(fmt::format("Out of memory: needs {:.2f} MiB of {:.2f} MiB (over by {:.2f} MiB)", total / 1048576.0,
+                                       half / 1048576.0, (total - half) / 1048576.0)),
+            std::string::npos)
+      << over.text;
+  EXPECT_EQ(remat_cli(fmt::format("plan hbm_limit={}", total - 1)).status, 3);
+  Output fits = remat_cli(fmt::format("plan hbm_limit={}", total));
+  EXPECT_EQ(fits.status, 0) << fits.text;
+  EXPECT_EQ(fits.text.find("Out of memory"), std::string::npos);
+}
+
+TEST(Cli, TimelineIsWellFormedSvgWithOneBandPerCategory) {
+  TempDir dir;
+  const fs::path svg = dir.path / "t.svg";
+  Output o = remat_cli(fmt::format("plan {} --timeline {}", kSmall, svg.string()));
+  ASSERT_EQ(o.status, 0) << o.text;
+  const std::string text = testing_support::read_file(svg.string());
+  // Well-formed: every element closed, in order.
+  std::vector<std::string> open;
+  const std::regex tag(R"(<(/?)([a-z]+)[^>]*?(/?)>)");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), tag); it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    if (m[1] == "/") {
+      ASSERT_FALSE(open.empty()) << "</" << m[2] << "> closes nothing";
+      ASSERT_EQ(open.back(), m[2].str());
+      open.pop_back();
+    } else if (m[3] != "/") {
+      open.push_back(m[2]);
+    }
+  }
+  EXPECT_TRUE(open.empty()) << "unclosed <" << (open.empty() ? "" : open.back()) << ">";
+  EXPECT_EQ(text.rfind("<svg", 0), 0u);
+  // One filled band per category, each with its legend entry in the same colour.
+  const std::regex band(R"re(<polygon points="[^"]+" fill="(#[0-9a-f]{6})" stroke="none"/>\n<rect [^>]*fill="(#[0-9a-f]{6})"/><text [^>]*>([a-z ]+)</text>)re");
+  std::vector<std::string> names, colours;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), band); it != std::sregex_iterator(); ++it) {
+    EXPECT_EQ((*it)[1], (*it)[2]);
+    colours.push_back((*it)[1]);
+    names.push_back((*it)[3]);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"parameters", "optimizer state", "batch", "weight copies", "saved residuals",
+                                             "gradients", "temporaries"}));
+  std::sort(colours.begin(), colours.end());
+  EXPECT_EQ(std::unique(colours.begin(), colours.end()), colours.end()) << "distinct colours";
+}
+
+TEST(Cli, UnknownKeyExitsTwoNamingIt) {
+  Output o = remat_cli("plan no_such_key=1");
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_NE(o.text.find("no_such_key"), std::string::npos) << o.text;
+}
+
+}  // namespace
+}  // namespace remat
