@@ -122,7 +122,16 @@ TEST(Cli, TimelineIsWellFormedSvgWithOneBandPerCategory) {
   const fs::path svg = dir.path / "t.svg";
   Output o = remat_cli(fmt::format("plan {} --timeline {}", kSmall, svg.string()));
   ASSERT_EQ(o.status, 0) << o.text;
-  const std::string text = testing_support::read_file(svg.string());
+  std::string text = testing_support::read_file(svg.string());
+  // Drop the polygons' long point lists first: std::regex recurses per character and would overflow the stack.
+  int polygons = 0;
+  for (size_t at = 0; (at = text.find("points=\"", at)) != std::string::npos; ++polygons) {
+    const size_t close = text.find('"', at + 8);
+    ASSERT_NE(close, std::string::npos);
+    text.erase(at + 8, close - at - 8);
+    at += 9;
+  }
+  EXPECT_EQ(polygons, 7);
   // Well-formed: every element closed, in order.
   std::vector<std::string> open;
   const std::regex tag(R"(<(/?)([a-z]+)[^>]*?(/?)>)");
@@ -139,7 +148,7 @@ TEST(Cli, TimelineIsWellFormedSvgWithOneBandPerCategory) {
   EXPECT_TRUE(open.empty()) << "unclosed <" << (open.empty() ? "" : open.back()) << ">";
   EXPECT_EQ(text.rfind("<svg", 0), 0u);
   // One filled band per category, each with its legend entry in the same colour.
-  const std::regex band(R"re(<polygon points="[^"]+" fill="(#[0-9a-f]{6})" stroke="none"/>\n<rect [^>]*fill="(#[0-9a-f]{6})"/><text [^>]*>([a-z ]+)</text>)re");
+  const std::regex band(R"re(<polygon points="" fill="(#[0-9a-f]{6})" stroke="none"/>\n<rect [^>]*fill="(#[0-9a-f]{6})"/><text [^>]*>([a-z ]+)</text>)re");
   std::vector<std::string> names, colours;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), band); it != std::sregex_iterator(); ++it) {
     EXPECT_EQ((*it)[1], (*it)[2]);
