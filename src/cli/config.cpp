@@ -97,6 +97,7 @@ const std::vector<Key>& keys() {
       bind<double>("loss_scale_min", [](Config& c) -> double& { return c.run.optimizer.loss_scale.min_scale; }),
       bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.run.model.remat_policy; }),
       bind<bool>("remat_allow_unmatched", [](Config& c) -> bool& { return c.run.remat_allow_unmatched; }),
+      bind_enum("checkpoint_naming", {"maxtext", "axlearn"}, [](Config& c) -> std::string& { return c.checkpoint_naming; }),
       bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }),
       bind<int64_t>("max_target_length", [](Config& c) -> int64_t& { return c.run.shape.seq; }),
       bind<int64_t>("gradient_accumulation_steps", [](Config& c) -> int64_t& { return c.run.shape.accumulation; }),
@@ -248,17 +249,19 @@ Config load_config(const std::string& base_path, const std::vector<std::string>&
         "loss scaling: loss_scale_initial ({}) must be >= 1, loss_scale_factor ({}) > 1, loss_scale_period ({}) >= 1 "
         "and loss_scale_min ({}) > 0",
         ls.initial, ls.factor, ls.period, ls.min_scale);
+  c.run.model.checkpoint_naming = c.checkpoint_naming == "axlearn" ? nn::names::Naming::axlearn : nn::names::Naming::maxtext;
   nn::validate(c.run.model);
   std::string& policy = c.run.model.remat_policy;
   if (policy == "custom") {
     std::vector<std::string> items;
-    for (std::string_view name : nn::names::kAll)
-      items.push_back(fmt::format("{}={}", name, c.custom_remat[std::string(name)]));
+    for (const nn::names::Name& name : nn::names::kAll)
+      if (!name.maxtext.empty())
+        items.push_back(fmt::format("{}={}", name.maxtext, c.custom_remat[std::string(name.maxtext)]));
     policy = fmt::format("custom({})", fmt::join(items, ", "));
   }
   if (policy != "none") {
     try {
-      rematerialize::parse_policy(policy);
+      rematerialize::parse_policy(policy, c.run.model.checkpoint_naming);
     } catch (const Error& e) {
       CHECK(false, "config key 'remat_policy': {}", e.what());
     }

@@ -24,6 +24,7 @@ struct Config {
   std::string dtype = "float32";              // MaxText's activation/compute dtype
   std::string weight_dtype = "float32";       // MaxText's parameter dtype
   std::string mp_cast = "per_layer";          // where weights are cast: per_layer (in the scan body) or upfront
+  std::string checkpoint_naming = "maxtext";  // the names the layer's tensors carry: maxtext | axlearn
 };
 
 // Every key the config accepts, in documentation order.

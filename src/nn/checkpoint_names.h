@@ -1,6 +1,27 @@
-// The checkpoint names of a decoder layer: the one place that says which tensor carries which name.
-// Spelled as in MaxText so that MaxText remat policies and name lists carry over unchanged.
+// The checkpoint names of a decoder layer: the one place that says which tensor carries which name, in
+// the two namings remat speaks (`checkpoint_naming`):
+//  - maxtext (the default): MaxText's names, so MaxText remat policies and name lists carry over unchanged.
+//  - axlearn: AXLearn's `<Class>.<name>` names (axlearn/common/attention.py, `_remat_name`), so a policy
+//    written for an AXLearn config (regexes over those names) selects the same tensors here.
 // Every matmul of a layer that multiplies an activation by a weight carries one of these names.
+//
+//   role                  maxtext              axlearn                                    tensor
+//   decoder_layer_input   decoder_layer_input  TransformerLayer.input                     x entering the layer [B,T,D]
+//   query_proj            query_proj           GroupedQueryAttention.q_proj               h . Wq, after RoPE [B,T,H,Dh]
+//   key_proj              key_proj             GroupedQueryAttention.k_proj               h . Wk, after RoPE [B,T,KV,Dh]
+//   value_proj            value_proj           GroupedQueryAttention.v_proj               h . Wv [B,T,KV,Dh]
+//   context               context              GroupedQueryAttention.context              probs . v, before Wo [B,T,H,Dh]
+//   out_proj              out_proj             GroupedQueryAttention.o_proj               context . Wo [B,T,D]
+//   attention_residual    (none)               TransformerAttentionLayer.residual_add     x + out_proj [B,T,D]
+//   mlpwi_0               mlpwi_0              TransformerFeedForwardLayer.linear1_0      h . W_wi_0 (gate, before SiLU) [B,T,F]
+//   mlpwi_1               mlpwi_1              TransformerFeedForwardLayer.linear1_1      h . W_wi_1 (up) [B,T,F]
+//   mlpwo                 mlpwo                TransformerFeedForwardLayer.linear2        (silu(gate) * up) . W_wo [B,T,D]
+//   mlp_residual          (none)               TransformerFeedForwardLayer.mlp_residual   x + mlpwo, the layer output [B,T,D]
+//
+// AXLearn's class for Llama-style attention is GroupedQueryAttention (it covers KV = H too). The two residual
+// names are the ones seed 001's Neuron change adds to AXLearn's TransformerAttentionLayer and
+// TransformerFeedForwardLayer; MaxText has no names there, so under maxtext the residual adds are unnamed.
+// MaxText presets (full, minimal, ...) list MaxText names; under axlearn they are translated by this table.
 #pragma once
 
 #include <array>
@@ -8,17 +29,36 @@
 
 namespace remat::nn::names {
 
-inline constexpr std::string_view kDecoderLayerInput = "decoder_layer_input";  // x entering the layer [B,T,D]
-inline constexpr std::string_view kQueryProj = "query_proj";  // h . Wq, after RoPE           [B,T,H,Dh]
-inline constexpr std::string_view kKeyProj = "key_proj";      // h . Wk, after RoPE           [B,T,KV,Dh]
-inline constexpr std::string_view kValueProj = "value_proj";  // h . Wv                       [B,T,KV,Dh]
-inline constexpr std::string_view kContext = "context";       // attention output before Wo   [B,T,H,Dh]
-inline constexpr std::string_view kOutProj = "out_proj";      // context . Wo                 [B,T,D]
-inline constexpr std::string_view kMlpWi0 = "mlpwi_0";        // h . W_wi_0 (gate, before SiLU) [B,T,F]
-inline constexpr std::string_view kMlpWi1 = "mlpwi_1";        // h . W_wi_1 (up)              [B,T,F]
-inline constexpr std::string_view kMlpWo = "mlpwo";           // (silu(gate) * up) . W_wo     [B,T,D]
+enum class Naming { maxtext, axlearn };
 
-inline constexpr std::array<std::string_view, 9> kAll = {kDecoderLayerInput, kQueryProj, kKeyProj, kValueProj, kContext,
-                                                         kOutProj,           kMlpWi0,    kMlpWi1,  kMlpWo};
+struct Name {
+  std::string_view maxtext, axlearn;  // maxtext empty: the tensor has no MaxText name
+};
+
+inline constexpr Name kDecoderLayerInput{"decoder_layer_input", "TransformerLayer.input"};
+inline constexpr Name kQueryProj{"query_proj", "GroupedQueryAttention.q_proj"};
+inline constexpr Name kKeyProj{"key_proj", "GroupedQueryAttention.k_proj"};
+inline constexpr Name kValueProj{"value_proj", "GroupedQueryAttention.v_proj"};
+inline constexpr Name kContext{"context", "GroupedQueryAttention.context"};
+inline constexpr Name kOutProj{"out_proj", "GroupedQueryAttention.o_proj"};
+inline constexpr Name kAttentionResidual{"", "TransformerAttentionLayer.residual_add"};
+inline constexpr Name kMlpWi0{"mlpwi_0", "TransformerFeedForwardLayer.linear1_0"};
+inline constexpr Name kMlpWi1{"mlpwi_1", "TransformerFeedForwardLayer.linear1_1"};
+inline constexpr Name kMlpWo{"mlpwo", "TransformerFeedForwardLayer.linear2"};
+inline constexpr Name kMlpResidual{"", "TransformerFeedForwardLayer.mlp_residual"};
+
+inline constexpr std::array<Name, 11> kAll = {kDecoderLayerInput, kQueryProj, kKeyProj,  kValueProj, kContext,    kOutProj,
+                                              kAttentionResidual, kMlpWi0,    kMlpWi1,   kMlpWo,     kMlpResidual};
+
+// The name under `naming`; empty when the tensor has none.
+constexpr std::string_view spelled(const Name& n, Naming naming) { return naming == Naming::maxtext ? n.maxtext : n.axlearn; }
+
+// A MaxText name under `naming` (MaxText presets and `custom` keys are written in MaxText names); a name
+// not in the table is returned as it is.
+constexpr std::string_view from_maxtext(std::string_view maxtext_name, Naming naming) {
+  for (const Name& n : kAll)
+    if (!n.maxtext.empty() && n.maxtext == maxtext_name) return spelled(n, naming);
+  return maxtext_name;
+}
 
 }  // namespace remat::nn::names

@@ -90,22 +90,26 @@ Tensor project(Tensor h, Tensor kernel, std::optional<DType> dtype = std::nullop
   return dot_general(convert(h, d), convert(kernel, d), DotDims{{2}, {0}, {}, {}});
 }
 
-Tensor named(Tensor x, std::string_view name) { return checkpoint_name(x, std::string(name)); }
+// Names x as `name` is spelled under the model's naming; a tensor with no name under it stays unnamed.
+Tensor named(Tensor x, const names::Name& name, names::Naming naming) {
+  const std::string_view spelled = names::spelled(name, naming);
+  return spelled.empty() ? x : checkpoint_name(x, std::string(spelled));
+}
 
 Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights& w, const LayerConsts& k) {
   auto s = b.scope("self_attention");
   Tensor q, key, v;
   {
     auto s2 = b.scope("query");
-    q = named(rope(project(h, w.query), k), names::kQueryProj);
+    q = named(rope(project(h, w.query), k), names::kQueryProj, c.checkpoint_naming);
   }
   {
     auto s2 = b.scope("key");
-    key = named(rope(project(h, w.key), k), names::kKeyProj);
+    key = named(rope(project(h, w.key), k), names::kKeyProj, c.checkpoint_naming);
   }
   {
     auto s2 = b.scope("value");
-    v = named(project(h, w.value), names::kValueProj);
+    v = named(project(h, w.value), names::kValueProj, c.checkpoint_naming);
   }
   Tensor context;
   {
@@ -124,25 +128,25 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     Tensor probs = convert(softmax(masked, 3), compute_dtype());
     // ctx[b,h,s,:] = sum_t probs[b,h,s,t] v[b,t,h,:], then [B,T,H,Dh]
     Tensor ctx = dot_general(probs, vv, DotDims{{3}, {1}, {0, 1}, {0, 2}});
-    context = named(transpose(ctx, {0, 2, 1, 3}), names::kContext);
+    context = named(transpose(ctx, {0, 2, 1, 3}), names::kContext, c.checkpoint_naming);
   }
   auto s2 = b.scope("out");
-  return named(dot_general(context, w.out, DotDims{{2, 3}, {0, 1}, {}, {}}), names::kOutProj);
+  return named(dot_general(context, w.out, DotDims{{2, 3}, {0, 1}, {}, {}}), names::kOutProj, c.checkpoint_naming);
 }
 
-Tensor mlp(Builder& b, Tensor h, const LayerWeights& w) {
+Tensor mlp(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights& w) {
   auto s = b.scope("mlp");
   Tensor gate, up;
   {
     auto s2 = b.scope("wi_0");
-    gate = named(project(h, w.wi0), names::kMlpWi0);
+    gate = named(project(h, w.wi0), names::kMlpWi0, c.checkpoint_naming);
   }
   {
     auto s2 = b.scope("wi_1");
-    up = named(project(h, w.wi1), names::kMlpWi1);
+    up = named(project(h, w.wi1), names::kMlpWi1, c.checkpoint_naming);
   }
   auto s2 = b.scope("wo");
-  return named(project(silu(gate) * up, w.wo), names::kMlpWo);
+  return named(project(silu(gate) * up, w.wo), names::kMlpWo, c.checkpoint_naming);
 }
 
 // The weights matmuls read in the compute dtype; the RMSNorm scales stay as they are (used in f32).
@@ -165,19 +169,19 @@ LayerWeights cast_to_compute(LayerWeights w) {
 }
 
 Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeights& weights, const LayerConsts& k) {
-  x = named(x, names::kDecoderLayerInput);
+  x = named(x, names::kDecoderLayerInput, c.checkpoint_naming);
   Tensor h;
   {
     auto s = b.scope("pre_self_attention_norm");
     h = rms_norm(x, weights.attn_norm, c.rms_eps);
   }
   const LayerWeights w = cast_to_compute(weights);
-  x = x + attention(b, c, h, w, k);
+  x = named(x + attention(b, c, h, w, k), names::kAttentionResidual, c.checkpoint_naming);
   {
     auto s = b.scope("post_self_attention_norm");
     h = rms_norm(x, w.mlp_norm, c.rms_eps);
   }
-  return x + mlp(b, h, w);
+  return named(x + mlp(b, c, h, w), names::kMlpResidual, c.checkpoint_naming);
 }
 
 LayerWeights layer_weights(std::span<const Tensor> w) {

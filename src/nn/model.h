@@ -18,6 +18,8 @@
 //   std::vector<exec::Array> params = nn::init_params(c, /*seed=*/0);
 #pragma once
 
+#include "nn/checkpoint_names.h"
+
 #include "exec/exec.h"
 #include "ir/ir.h"
 #include "nn/precision.h"
@@ -41,6 +43,7 @@ struct ModelConfig {
   bool scan_layers = true;           // run the layers under a scan (else unrolled)
   int64_t layers_per_group = 0;      // > 0: a scan over groups of this many layers, each a scan (double scan)
   std::string remat_policy = "full"; // remat policy of each layer (and group); "none": no remat region
+  names::Naming checkpoint_naming = names::Naming::maxtext;  // the checkpoint names the layer's tensors carry
   PrecisionPolicy precision;         // param (master weights), compute (activations, matmuls) dtypes
   bool cast_upfront = false;         // cast every layer's kernels to the compute dtype before the layers (mp_cast=upfront)
                                      // instead of each layer casting its own weights where it uses them

@@ -1,6 +1,7 @@
 #include "remat/policy.h"
 
 #include "base/check.h"
+#include "nn/checkpoint_names.h"
 
 #include <algorithm>
 #include <cctype>
@@ -17,7 +18,9 @@ const char* kGrammar =
     "a policy is one of: everything_saveable, nothing_saveable, dots_saveable, dots_with_no_batch_dims_saveable, "
     "offload_dot_with_no_batch_dims, save_only_these_names(a, b), save_any_names_but_these(a, b), "
     "save_and_offload_only_these_names(save=[a], offload=[b]), "
-    "save_and_offload_only_these_names_regex(save=\"re\", offload=\"re\"), save_from_both_policies(P, Q), "
+    "save_and_offload_only_these_names_regex(save=\"re\", offload=\"re\") (JAX/AXLearn keywords too: "
+    "names_which_can_be_saved=, names_which_can_be_offloaded=, offload_src=\"device\", "
+    "offload_dst=\"pinned_host\"; None; r\"...\" and adjacent literals), save_from_both_policies(P, Q), "
     "combine(P, Q[, prefer=save|offload]), custom(name=remat|device|offload, ...), or a MaxText preset";
 
 // MaxText's presets (src/maxtext/layers/decoders.py) as policy text. Names our decoder does not have
@@ -48,14 +51,17 @@ struct Tok {
 
 class Parser {
  public:
-  explicit Parser(const std::string& src) : src_(src) { lex(); }
+  Parser(const std::string& src, nn::names::Naming naming) : src_(src), naming_(naming) { lex(); }
 
   Policy policy() {
     Tok t = next();
     expect(t.kind == Tok::ident, t, "a policy name");
     auto preset = presets().find(t.text);
-    if (preset != presets().end()) {
+    if (preset != presets().end()) {  // written in MaxText names: spelled in the model's naming
       Policy p = parse_policy(preset->second);
+      for (std::vector<std::string>* list : {&p.save_names, &p.offload_names})
+        for (std::string& n : *list) n = std::string(nn::names::from_maxtext(n, naming_));
+      p.text = canonical(p);
       p.preset = t.text;
       return p;
     }
@@ -74,25 +80,13 @@ class Parser {
       p.save_names = name_list(")");
     } else if (t.text == "save_and_offload_only_these_names") {
       p.kind = Kind::save_and_offload_only_these_names;
-      open();
-      keyword("save");
-      p.save_names = bracketed();
-      comma();
-      keyword("offload");
-      p.offload_names = bracketed();
-      close();
+      keyword_arguments(t.text, false, p);
       for (const std::string& n : p.save_names)
         CHECK(std::find(p.offload_names.begin(), p.offload_names.end(), n) == p.offload_names.end(),
               "remat policy '{}': '{}' is both saved and offloaded; the two name lists must be disjoint", src_, n);
-    } else if (t.text == "save_and_offload_only_these_names_regex") {
-      p.kind = Kind::save_and_offload_regex;
-      open();
-      keyword("save");
-      p.save_regex = string();
-      comma();
-      keyword("offload");
-      p.offload_regex = string();
-      close();
+    } else if (t.text == "save_and_offload_only_these_names_regex" || t.text == "_save_and_offload_only_these_names_regex") {
+      p.kind = Kind::save_and_offload_regex;  // the underscored spelling: AXLearn's deprecated alias
+      keyword_arguments(t.text, true, p);
       for (const std::string* re : {&p.save_regex, &p.offload_regex}) {
         try {
           std::regex check(*re);
@@ -121,7 +115,8 @@ class Parser {
     } else if (t.text == "custom") {
       p.kind = Kind::save_and_offload_only_these_names;
       p.preset = "custom";
-      std::map<std::string, std::string> where = {{"decoder_layer_input", "device"}};
+      std::map<std::string, std::string> where = {
+          {std::string(nn::names::from_maxtext("decoder_layer_input", naming_)), "device"}};
       open();
       for (bool first = true; !peek(")"); first = false) {
         if (!first) comma();
@@ -131,7 +126,7 @@ class Parser {
         Tok v = next();
         expect(v.kind == Tok::ident && (v.text == "remat" || v.text == "device" || v.text == "offload"), v,
                "remat, device or offload");
-        where[key.text] = v.text;
+        where[std::string(nn::names::from_maxtext(key.text, naming_))] = v.text;
       }
       close();
       for (const auto& [name, loc] : where) {
@@ -178,24 +173,31 @@ class Parser {
     return "?";
   }
 
+  // Python's literal syntax where policies come from Python configs: '...' or "...", r"..." (raw: backslashes
+  // kept), adjacent literals concatenated into one ("(a" "|b)" is "(a|b)"), `#` comments to the end of the
+  // line, and the identifier None.
   void lex() {
     size_t i = 0;
     while (i < src_.size()) {
       char c = src_[i];
+      const bool raw = (c == 'r' || c == 'R') && i + 1 < src_.size() && (src_[i + 1] == '"' || src_[i + 1] == '\'');
       if (std::isspace(static_cast<unsigned char>(c))) {
         ++i;
+      } else if (c == '#') {
+        while (i < src_.size() && src_[i] != '\n') ++i;
+      } else if (raw || c == '"' || c == '\'') {
+        std::string text = string_literal(i, raw);
+        if (!toks_.empty() && toks_.back().kind == Tok::string) {  // adjacent literals: one string
+          toks_.back().text += text;
+        } else {
+          toks_.push_back({Tok::string, text});
+        }
       } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-') {
         size_t s = i;
         while (i < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[i])) || src_[i] == '_' ||
                                    src_[i] == '.' || src_[i] == '-'))
           ++i;
         toks_.push_back({Tok::ident, src_.substr(s, i - s)});
-      } else if (c == '"') {
-        size_t s = ++i;
-        while (i < src_.size() && src_[i] != '"') ++i;
-        CHECK(i < src_.size(), "remat policy '{}': unterminated string", src_);
-        toks_.push_back({Tok::string, src_.substr(s, i - s)});
-        ++i;
       } else if (std::string_view("()[],=").find(c) != std::string_view::npos) {
         toks_.push_back({Tok::punct, std::string(1, c)});
         ++i;
@@ -204,6 +206,26 @@ class Parser {
       }
     }
     toks_.push_back({Tok::end, "<end>"});
+  }
+  // The literal starting at i (after an r prefix when raw); moves i past it. Outside raw literals \\, \"
+  // and \' are unescaped and other escapes kept as written (Python keeps unknown ones, e.g. \. in a regex).
+  std::string string_literal(size_t& i, bool raw) {
+    if (raw) ++i;
+    const char quote = src_[i++];
+    std::string text;
+    while (i < src_.size() && src_[i] != quote) {
+      if (src_[i] == '\\' && i + 1 < src_.size()) {
+        const char e = src_[i + 1];
+        if (raw || (e != '\\' && e != '"' && e != '\'')) text += '\\';
+        text += e;
+        i += 2;
+      } else {
+        text += src_[i++];
+      }
+    }
+    CHECK(i < src_.size(), "remat policy '{}': unterminated string (a {} opened but never closed)", src_, quote);
+    ++i;
+    return text;
   }
   Tok next() { return toks_[pos_ < toks_.size() - 1 ? pos_++ : pos_]; }
   bool peek(const char* p) const { return toks_[pos_].kind == Tok::punct && toks_[pos_].text == p; }
@@ -224,13 +246,63 @@ class Parser {
     expect(t.kind == Tok::string, t, "a quoted regular expression");
     return t.text;
   }
+  // A regex argument: a string, or None (no pattern).
+  std::string pattern() {
+    if (toks_[pos_].kind == Tok::ident && toks_[pos_].text == "None") return ++pos_, "";
+    return string();
+  }
+  // A name list argument: [a, "b"] or (a, "b"), or None (no names).
+  std::vector<std::string> names() {
+    if (toks_[pos_].kind == Tok::ident && toks_[pos_].text == "None") return ++pos_, std::vector<std::string>{};
+    if (peek("(")) return name_list(")");
+    return bracketed();
+  }
+  // The arguments of save_and_offload_only_these_names[_regex], keyword-only as in JAX and AXLearn: our short
+  // save= and offload=, or JAX's names_which_can_be_saved=, names_which_can_be_offloaded=, offload_src=,
+  // offload_dst= (the only memory kinds: "device" to "pinned_host"), each at most once, in any order.
+  void keyword_arguments(const std::string& function, bool regex, Policy& p) {
+    static const std::map<std::string, std::string> canonical_keyword = {
+        {"save", "save"}, {"names_which_can_be_saved", "save"},
+        {"offload", "offload"}, {"names_which_can_be_offloaded", "offload"},
+        {"offload_src", "offload_src"}, {"offload_dst", "offload_dst"}};
+    std::set<std::string> seen;
+    open();
+    for (bool first = true; !peek(")"); first = false) {
+      if (!first) comma();
+      Tok key = next();
+      const bool keyword = key.kind == Tok::ident && toks_[pos_].kind == Tok::punct && toks_[pos_].text == "=";
+      CHECK(keyword, "remat policy '{}': {} takes keyword arguments only (as in JAX): save= (or "
+            "names_which_can_be_saved=), offload= (or names_which_can_be_offloaded=), offload_src=, offload_dst=; "
+            "got '{}'", src_, function, key.text);
+      auto it = canonical_keyword.find(key.text);
+      CHECK(it != canonical_keyword.end(), "remat policy '{}': {} has no keyword '{}'; it takes save= (or "
+            "names_which_can_be_saved=), offload= (or names_which_can_be_offloaded=), offload_src=, offload_dst=",
+            src_, function, key.text);
+      CHECK(seen.insert(it->second).second, "remat policy '{}': {} is given twice ('{}')", src_, it->second, key.text);
+      punct("=");
+      if (it->second == "offload_src" || it->second == "offload_dst") {
+        const char* allowed = it->second == "offload_src" ? "device" : "pinned_host";
+        Tok v = next();
+        CHECK(v.kind == Tok::string && v.text == allowed, "remat policy '{}': {}=\"{}\" is not supported; the only "
+              "value is \"{}\" (offloading moves device memory to host memory)", src_, it->second, v.text, allowed);
+      } else if (regex) {
+        (it->second == "save" ? p.save_regex : p.offload_regex) = pattern();
+      } else {
+        (it->second == "save" ? p.save_names : p.offload_names) = names();
+      }
+    }
+    close();
+  }
   std::vector<std::string> name_list(const char* closer) {
     std::vector<std::string> names;
     if (std::string(closer) == ")") open();
     while (!peek(closer)) {
-      if (!names.empty()) comma();
+      if (!names.empty()) {
+        comma();
+        if (peek(closer)) break;  // a trailing comma, as in Python's ("a",)
+      }
       Tok t = next();
-      expect(t.kind == Tok::ident, t, "a checkpoint name");
+      expect(t.kind == Tok::ident || t.kind == Tok::string, t, "a checkpoint name");
       names.push_back(t.text);
     }
     punct(closer);
@@ -242,6 +314,7 @@ class Parser {
   }
 
   std::string src_;
+  nn::names::Naming naming_;
   std::vector<Tok> toks_;
   size_t pos_ = 0;
 };
@@ -265,8 +338,8 @@ bool Policy::can_offload() const {
   }
 }
 
-Policy parse_policy(const std::string& text) {
-  Parser p(text);
+Policy parse_policy(const std::string& text, nn::names::Naming naming) {
+  Parser p(text, naming);
   Policy policy = p.policy();
   p.done();
   return policy;

@@ -7,6 +7,10 @@
 //   save_only_these_names(query_proj, key_proj)         save_any_names_but_these(mlpwo)
 //   save_and_offload_only_these_names(save=[query_proj], offload=[mlpwo])      (the two lists disjoint)
 //   save_and_offload_only_these_names_regex(save=".*_proj", offload="mlpwi_.*") (re.fullmatch)
+//   ... and JAX's / AXLearn's keyword spellings of both, pasted from Python: names_which_can_be_saved=,
+//   names_which_can_be_offloaded=, offload_src="device", offload_dst="pinned_host" (keyword-only, any order),
+//   None for no pattern or names, '...' / "..." / r"..." literals with adjacent ones concatenated, `#`
+//   comments, and AXLearn's deprecated alias _save_and_offload_only_these_names_regex
 //   save_from_both_policies(P, Q)        logical OR; neither may offload (as in JAX)
 //   combine(P, Q) | combine(P, Q, prefer=save|offload)   AXLearn's: the non-recompute answer wins; two
 //                                        different non-recompute answers are an error unless preferred
@@ -21,6 +25,7 @@
 #pragma once
 
 #include "autodiff/autodiff.h"
+#include "nn/checkpoint_names.h"
 
 #include <memory>
 #include <optional>
@@ -56,8 +61,9 @@ struct Policy {
   bool can_offload() const;
 };
 
-// Parses policy text; errors show the grammar and name what was wrong.
-Policy parse_policy(const std::string& text);
+// Parses policy text; errors show the grammar and name what was wrong. MaxText presets and `custom` keys
+// (MaxText names) are spelled in `naming` (nn/checkpoint_names.h); names written out are taken as written.
+Policy parse_policy(const std::string& text, nn::names::Naming naming = nn::names::Naming::maxtext);
 
 // MaxText's preset names (for errors and docs).
 std::vector<std::string> preset_names();

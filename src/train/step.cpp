@@ -122,7 +122,8 @@ double learning_rate_at(const OptimizerConfig& o, int64_t step) {
 }
 
 Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider) {
-  rematerialize::Decider local;
+  rematerialize::Decider local(model.checkpoint_naming);
+  ASSERT(decider == nullptr || decider->naming() == model.checkpoint_naming);
   Graph g;
   g.name = "grads";
   Builder b(g);
@@ -137,7 +138,8 @@ Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, remateri
 
 Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
                  rematerialize::Decider* decider) {
-  rematerialize::Decider local;
+  rematerialize::Decider local(model.checkpoint_naming);
+  ASSERT(decider == nullptr || decider->naming() == model.checkpoint_naming);
   Graph g;
   g.name = "train_step";
   Builder b(g);

@@ -28,6 +28,16 @@ TEST(Explain, TinyCustom) {
                 {"remat_policy=custom", "query_proj=offload", "key_proj=offload", "value_proj=device", "mlpwi_0=device"});
 }
 
+// Seed 001's policy as pasted from AXLearn, under AXLearn names (tests/remat/axlearn_policy_test.cpp checks
+// the saved set against the regex independently).
+TEST(Explain, TinyAxlearnSeedPolicy) {
+  expect_golden("explain_tiny_axlearn_seed.txt",
+                {"checkpoint_naming=axlearn",
+                 "remat_policy=_save_and_offload_only_these_names_regex(names_which_can_be_saved=r\"(TransformerAttentionLayer\\.residual_add\" "
+                 "r\"|.*\\.?(k|q|v)_proj\" r\"|.*\\.?linear1_[01]\" r\"|TransformerFeedForwardLayer\\.mlp_residual)\", "
+                 "names_which_can_be_offloaded=None, offload_src=\"device\", offload_dst=\"pinned_host\")"});
+}
+
 TEST(Explain, OffloadMovesBytesFromDeviceToHost) {
   // minimal saves q, k, v, out_proj, mlpwi_0, mlpwi_1 and the layer input x; minimal_offloaded offloads the
   // same six names and keeps only x on device. Per layer (16 x 128 tokens, f32):

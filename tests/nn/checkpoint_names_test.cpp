@@ -24,16 +24,55 @@ void count_names(const ir::Graph& g, std::map<std::string, int>& counts, int mul
   }
 }
 
-TEST(CheckpointNames, EachNameOncePerLayer) {
-  for (bool scan : {false, true}) {
-    nn::ModelConfig c = one_layer(scan);
-    c.num_decoder_layers = 3;
-    c.remat_policy = "minimal";
-    std::map<std::string, int> counts;
-    count_names(nn::loss_graph(c, 1, 4), counts, 1);
-    EXPECT_EQ(counts.size(), nn::names::kAll.size());
-    for (std::string_view name : nn::names::kAll) EXPECT_EQ(counts[std::string(name)], 3) << name << " scan=" << scan;
-  }
+TEST(CheckpointNames, EachNameOncePerLayerInEitherNaming) {
+  for (nn::names::Naming naming : {nn::names::Naming::maxtext, nn::names::Naming::axlearn})
+    for (bool scan : {false, true}) {
+      nn::ModelConfig c = one_layer(scan);
+      c.num_decoder_layers = 3;
+      c.remat_policy = "minimal";
+      c.checkpoint_naming = naming;
+      std::map<std::string, int> counts;
+      count_names(nn::loss_graph(c, 1, 4), counts, 1);
+      size_t spelled = 0;
+      for (const nn::names::Name& name : nn::names::kAll) {
+        const std::string_view n = nn::names::spelled(name, naming);
+        if (n.empty()) continue;
+        ++spelled;
+        EXPECT_EQ(counts[std::string(n)], 3) << n << " scan=" << scan;
+      }
+      EXPECT_EQ(counts.size(), spelled) << "no other names";
+      EXPECT_EQ(spelled, naming == nn::names::Naming::maxtext ? 9u : 11u);
+    }
+}
+
+// Under axlearn naming the same tensors carry AXLearn's names (the residual adds gain two), and the
+// traced graph is otherwise the same: names are identities.
+TEST(CheckpointNames, AxlearnNamesTheSameTensors) {
+  nn::ModelConfig m = one_layer(false), a = one_layer(false);
+  a.checkpoint_naming = nn::names::Naming::axlearn;
+  std::string maxtext = ir::print(nn::loss_graph(m, 1, 4)), axlearn = ir::print(nn::loss_graph(a, 1, 4));
+  EXPECT_EQ(testing_support::filecheck(R"(
+// CHECK: name({{.*}}) {name="TransformerLayer.input"}
+// CHECK: name({{.*}}) {name="GroupedQueryAttention.q_proj"} scope="decoder/layers/self_attention/query"
+// CHECK: name({{.*}}) {name="GroupedQueryAttention.k_proj"} scope="decoder/layers/self_attention/key"
+// CHECK: name({{.*}}) {name="GroupedQueryAttention.v_proj"} scope="decoder/layers/self_attention/value"
+// CHECK: name({{.*}}) {name="GroupedQueryAttention.context"} scope="decoder/layers/self_attention/attention"
+// CHECK: [[O:%[0-9]+]]: f32[1,4,16] = name({{.*}}) {name="GroupedQueryAttention.o_proj"}
+// CHECK-NEXT: [[R:%[0-9]+]]: f32[1,4,16] = add({{%[0-9]+}}, [[O]]) scope="decoder/layers"
+// CHECK-NEXT: name([[R]]) {name="TransformerAttentionLayer.residual_add"}
+// CHECK: name({{.*}}) {name="TransformerFeedForwardLayer.linear1_0"} scope="decoder/layers/mlp/wi_0"
+// CHECK: name({{.*}}) {name="TransformerFeedForwardLayer.linear1_1"} scope="decoder/layers/mlp/wi_1"
+// CHECK: [[WO:%[0-9]+]]: f32[1,4,16] = name({{.*}}) {name="TransformerFeedForwardLayer.linear2"}
+// CHECK-NEXT: [[Y:%[0-9]+]]: f32[1,4,16] = add({{%[0-9]+}}, [[WO]]) scope="decoder/layers"
+// CHECK-NEXT: name([[Y]]) {name="TransformerFeedForwardLayer.mlp_residual"}
+)", axlearn), "");
+  auto count = [](const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = 0; (at = s.find(what, at)) != std::string::npos; ++at) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(axlearn, "= name("), count(maxtext, "= name(") + 2);
+  EXPECT_EQ(count(axlearn, "\n"), count(maxtext, "\n") + 2);
 }
 
 TEST(CheckpointNames, GoldenOneLayerModel) {

@@ -1,0 +1,186 @@
+// Seed 001's policy, pasted as written in AXLearn: JAX/AXLearn keyword spellings and Python string literals
+// parse to the same policy as the short spelling; under checkpoint_naming=axlearn the seed's regex saves
+// exactly the tensors whose AXLearn names it matches, with gradients bit-identical to everything_saveable;
+// MaxText presets keep their meaning under AXLearn names; AXLearn's dot-count check holds.
+#include "remat/remat.h"
+#include "support/models.h"
+#include "train/step.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <regex>
+#include <set>
+
+namespace remat {
+namespace {
+
+using nn::names::Naming;
+using rematerialize::parse_policy;
+using rematerialize::Residency;
+
+// The seed's text (axlearn/experiments/text/gpt/fuji.py in the PR), Python literals and all.
+const char* kSeedPolicy =
+    "_save_and_offload_only_these_names_regex(\n"
+    "    names_which_can_be_saved=r\"(TransformerAttentionLayer\\.residual_add\"  # pylint: disable=C0301\n"
+    "                             r\"|.*\\.?(k|q|v)_proj\"\n"
+    "                             r\"|.*\\.?linear1_[01]\"\n"
+    "                             r\"|TransformerFeedForwardLayer\\.mlp_residual)\",\n"
+    "    names_which_can_be_offloaded=None, offload_src=\"device\", offload_dst=\"pinned_host\")";
+const char* kSeedRegex =
+    "(TransformerAttentionLayer\\.residual_add|.*\\.?(k|q|v)_proj|.*\\.?linear1_[01]|TransformerFeedForwardLayer\\.mlp_residual)";
+
+TEST(AxlearnSpellings, ParseToTheShortSpelling) {
+  const std::vector<std::pair<std::string, std::string>> same = {
+      {"save_and_offload_only_these_names_regex(names_which_can_be_saved=\".*_proj\", names_which_can_be_offloaded=\"mlpwi_.\")",
+       "save_and_offload_only_these_names_regex(save=\".*_proj\", offload=\"mlpwi_.\")"},
+      {"save_and_offload_only_these_names_regex(offload_dst=\"pinned_host\", names_which_can_be_offloaded='mlpwi_.', "
+       "offload_src=\"device\", names_which_can_be_saved=r'.*_proj')",
+       "save_and_offload_only_these_names_regex(save=\".*_proj\", offload=\"mlpwi_.\")"},
+      {"save_and_offload_only_these_names_regex(names_which_can_be_saved=\".*_proj\", names_which_can_be_offloaded=None)",
+       "save_and_offload_only_these_names_regex(save=\".*_proj\", offload=\"\")"},
+      {"save_and_offload_only_these_names_regex(names_which_can_be_saved=r\"(a\" r\"|b)\", names_which_can_be_offloaded=None)",
+       "save_and_offload_only_these_names_regex(save=\"(a|b)\", offload=\"\")"},
+      {"save_and_offload_only_these_names_regex(names_which_can_be_saved=r\"a\\.b\" \"|c\\\\.d\", names_which_can_be_offloaded=None)",
+       "save_and_offload_only_these_names_regex(save=\"a\\.b|c\\.d\", offload=\"\")"},  // a raw literal keeps its backslash; in "...", a doubled one is one
+      {kSeedPolicy, fmt::format("save_and_offload_only_these_names_regex(save=\"{}\", offload=\"\")", kSeedRegex)},
+      {"save_and_offload_only_these_names(names_which_can_be_saved=[\"query_proj\"], names_which_can_be_offloaded=(\"mlpwo\",), "
+       "offload_src=\"device\", offload_dst=\"pinned_host\")",
+       "save_and_offload_only_these_names(save=[query_proj], offload=[mlpwo])"},
+      {"save_and_offload_only_these_names(names_which_can_be_offloaded=None, names_which_can_be_saved=[key_proj, 'value_proj'])",
+       "save_and_offload_only_these_names(save=[key_proj, value_proj], offload=[])"},
+      {"save_only_these_names(\"query_proj\", 'key_proj')", "save_only_these_names(query_proj, key_proj)"},
+  };
+  for (const auto& [jax, short_form] : same) {
+    rematerialize::Policy a = parse_policy(jax), b = parse_policy(short_form);
+    EXPECT_EQ(a.kind, b.kind) << jax;
+    EXPECT_EQ(a.text, b.text) << jax;
+    EXPECT_EQ(a.save_names, b.save_names) << jax;
+    EXPECT_EQ(a.offload_names, b.offload_names) << jax;
+    EXPECT_EQ(a.save_regex, b.save_regex) << jax;
+    EXPECT_EQ(a.offload_regex, b.offload_regex) << jax;
+  }
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_policy(text);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(AxlearnSpellings, MalformedOnesAreOneLineErrors) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"save_and_offload_only_these_names_regex(names_which_can_be_kept=\"a\")", "has no keyword 'names_which_can_be_kept'"},
+      {"save_and_offload_only_these_names_regex(save=\"a\", offload_dst=\"device\")",
+       "offload_dst=\"device\" is not supported; the only value is \"pinned_host\""},
+      {"save_and_offload_only_these_names_regex(save=\"a\", offload_src=\"pinned_host\")",
+       "offload_src=\"pinned_host\" is not supported; the only value is \"device\""},
+      {"save_and_offload_only_these_names_regex(names_which_can_be_saved=r\"(a\" r\"|b)", "unterminated string"},
+      {"save_and_offload_only_these_names_regex(\"a\", \"b\")", "takes keyword arguments only"},
+      {"save_and_offload_only_these_names(save=[a], names_which_can_be_saved=[b])", "save is given twice"},
+  };
+  for (const auto& [text, why] : bad) {
+    std::string e = error_of(text);
+    EXPECT_NE(e.find(why), std::string::npos) << text << "\n -> " << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << "one line: " << e;
+  }
+}
+
+nn::ModelConfig model(const std::string& policy, Naming naming) {
+  nn::ModelConfig c = testing_support::small_model(2, true, policy);
+  c.checkpoint_naming = naming;
+  return c;
+}
+
+std::vector<exec::Array> args_for(const nn::ModelConfig& c) {
+  std::vector<exec::Array> args = nn::init_params(c, 2);
+  std::vector<int32_t> in(32), tg(32);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int32_t>((i * 37) % 256), tg[i] = static_cast<int32_t>((i * 11 + 3) % 256);
+  args.push_back(exec::Array::from<int32_t>({1, 2, 16}, in));
+  args.push_back(exec::Array::from<int32_t>({1, 2, 16}, tg));
+  return args;
+}
+
+TEST(SeedPolicy, SavesExactlyWhatItsRegexMatchesAndTrainsExactly) {
+  nn::ModelConfig c = model(kSeedPolicy, Naming::axlearn);
+  EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.naming = Naming::axlearn}).empty());
+  rematerialize::Decider d(Naming::axlearn);
+  ir::Graph g = train::grads_graph(c, {2, 16, 1}, &d);
+  // Which residuals are saved, derived here with re.fullmatch semantics over the recorded names.
+  const std::regex seed(kSeedRegex);
+  std::set<std::string> saved, expected;
+  for (const rematerialize::ResidualRecord& r : d.records()) {
+    if (r.region_input || r.alias || r.parameter_derived) continue;
+    const bool named = r.what.find(" @ ") == std::string::npos;
+    if (named && std::regex_match(r.what, seed)) expected.insert(r.what);
+    if (r.residency == Residency::save) saved.insert(r.what);
+    EXPECT_NE(r.residency, Residency::offload) << r.what;
+  }
+  EXPECT_EQ(saved, expected);
+  EXPECT_EQ(saved, (std::set<std::string>{"GroupedQueryAttention.q_proj", "GroupedQueryAttention.k_proj",
+                                          "GroupedQueryAttention.v_proj", "TransformerAttentionLayer.residual_add",
+                                          "TransformerFeedForwardLayer.linear1_0", "TransformerFeedForwardLayer.linear1_1"}));
+  // Gradients bit-identical to everything_saveable under the same naming.
+  std::vector<exec::Array> args = args_for(c);
+  std::vector<exec::Array> got = exec::run(g, args);
+  std::vector<exec::Array> want = exec::run(train::grads_graph(model("everything_saveable", Naming::axlearn), {2, 16, 1}), args);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(std::memcmp(got[i].bytes(), want[i].bytes(), static_cast<size_t>(got[i].type().bytes())), 0) << i;
+}
+
+TEST(SeedPolicy, UnderMaxTextNamesLintListsTheRealNames) {
+  try {
+    rematerialize::lint(nn::loss_graph(model(kSeedPolicy, Naming::maxtext), 2, 16), {});
+    FAIL() << "lint accepted a regex that matches no MaxText name";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("matches no checkpoint name in the model; the names are: context, decoder_layer_input, key_proj"),
+              std::string::npos)
+        << m;
+  }
+}
+
+// Each MaxText preset saves and offloads the same tensors (same bytes, same decisions in the same order)
+// whichever naming the model uses: presets go through the name table.
+TEST(SeedPolicy, MaxTextPresetsMeanTheSameUnderAxlearnNames) {
+  for (const std::string& preset : rematerialize::preset_names()) {
+    std::vector<std::pair<Residency, int64_t>> decisions[2];
+    for (Naming naming : {Naming::maxtext, Naming::axlearn}) {
+      rematerialize::Decider d(naming);
+      nn::ModelConfig c = model(preset == "custom" ? "custom(query_proj=offload, mlpwo=device)" : preset, naming);
+      EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.naming = naming}).empty()) << preset;
+      train::grads_graph(c, {2, 16, 1}, &d);
+      for (const rematerialize::ResidualRecord& r : d.records())
+        if (!r.region_input && !r.alias && r.what.rfind("TransformerAttentionLayer.", 0) != 0)
+          decisions[naming == Naming::axlearn].emplace_back(r.residency, r.type.bytes());
+    }
+    EXPECT_EQ(decisions[0], decisions[1]) << preset;
+    EXPECT_FALSE(decisions[0].empty()) << preset;
+  }
+}
+
+// AXLearn's attention_test.py check under AXLearn names: its NATIVE_ATTENTION pattern saves q/k/v, context
+// and o_proj, removing 5 of the 8 dots nothing_saveable recomputes per layer.
+TEST(SeedPolicy, AxlearnDotCountHoldsUnderAxlearnNames) {
+  auto recomputed_dots = [](const std::string& policy) {
+    nn::ModelConfig c = testing_support::micro_model(1, false, policy);
+    c.checkpoint_naming = Naming::axlearn;
+    rematerialize::Decider d(Naming::axlearn);
+    int n = 0;
+    for (const ir::Node& node : train::grads_graph(c, {1, 4, 1}, &d).nodes) n += node.recomputed && node.op == ir::Op::dot_general;
+    return n;
+  };
+  const int nothing = recomputed_dots("nothing_saveable");
+  const int native = recomputed_dots(
+      "save_and_offload_only_these_names_regex(names_which_can_be_saved=r\".*([qkvo]_proj|context)\", "
+      "names_which_can_be_offloaded=None)");
+  EXPECT_EQ(nothing, 8);
+  EXPECT_EQ(nothing - native, 5);
+}
+
+}  // namespace
+}  // namespace remat
