@@ -98,6 +98,8 @@ const std::vector<Key>& keys() {
       bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.run.model.remat_policy; }),
       bind<bool>("remat_allow_unmatched", [](Config& c) -> bool& { return c.run.remat_allow_unmatched; }),
       bind_enum("checkpoint_naming", {"maxtext", "axlearn"}, [](Config& c) -> std::string& { return c.checkpoint_naming; }),
+      bind<bool>("fused_qkv", [](Config& c) -> bool& { return c.run.model.fused_qkv; }),
+      bind<bool>("fused_mlp", [](Config& c) -> bool& { return c.run.model.fused_mlp; }),
       bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }),
       bind<int64_t>("max_target_length", [](Config& c) -> int64_t& { return c.run.shape.seq; }),
       bind<int64_t>("gradient_accumulation_steps", [](Config& c) -> int64_t& { return c.run.shape.accumulation; }),
@@ -130,6 +132,8 @@ const std::vector<Key>& keys() {
       custom_key("mlpwi_0"),
       custom_key("mlpwi_1"),
       custom_key("mlpwo"),
+      custom_key("qkv_proj"),
+      custom_key("mlpwi"),
       bind<std::string>("sample_prompt", [](Config& c) -> std::string& { return c.run.sample_prompt; }),
       bind<int64_t>("sample_length", [](Config& c) -> int64_t& { return c.run.sample_length; }),
       bind<double>("sample_temperature", [](Config& c) -> double& { return c.run.sample_temperature; }),
@@ -254,14 +258,17 @@ Config load_config(const std::string& base_path, const std::vector<std::string>&
   std::string& policy = c.run.model.remat_policy;
   if (policy == "custom") {
     std::vector<std::string> items;
-    for (const nn::names::Name& name : nn::names::kAll)
-      if (!name.maxtext.empty())
-        items.push_back(fmt::format("{}={}", name.maxtext, c.custom_remat[std::string(name.maxtext)]));
+    // The names this layer carries, and any other key set away from remat (lint then rejects it by name).
+    for (const nn::names::Name& name : nn::names::kAll) {
+      const std::string key(name.maxtext), where = c.custom_remat[key];
+      if (!key.empty() && (nn::names::carries(name, nn::vocabulary(c.run.model)) || where != "remat"))
+        items.push_back(fmt::format("{}={}", key, where));
+    }
     policy = fmt::format("custom({})", fmt::join(items, ", "));
   }
   if (policy != "none") {
     try {
-      rematerialize::parse_policy(policy, c.run.model.checkpoint_naming);
+      rematerialize::parse_policy(policy, nn::vocabulary(c.run.model));
     } catch (const Error& e) {
       CHECK(false, "config key 'remat_policy': {}", e.what());
     }

@@ -8,8 +8,8 @@ namespace remat::cli {
 std::string explain_report(const Config& config, bool json) {
   const train::RunConfig& run = config.run;
   ir::Graph forward = nn::loss_graph(run.model, run.shape.batch, run.shape.seq);
-  std::vector<std::string> warnings = rematerialize::lint(forward, {.allow_unmatched = run.remat_allow_unmatched, .naming = run.model.checkpoint_naming});
-  rematerialize::Decider decider(run.model.checkpoint_naming);
+  std::vector<std::string> warnings = rematerialize::lint(forward, {.allow_unmatched = run.remat_allow_unmatched, .names = nn::vocabulary(run.model)});
+  rematerialize::Decider decider(nn::vocabulary(run.model));
   ir::Graph step = train::grads_graph(run.model, run.shape, &decider);
   rematerialize::Explanation e = rematerialize::explain(decider.records(), forward, step);
   if (json) {

@@ -12,8 +12,8 @@ namespace remat::cli {
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
   const train::RunConfig& run = config.run;
   ir::Graph forward = nn::loss_graph(run.model, run.shape.batch, run.shape.seq);
-  rematerialize::lint(forward, {.allow_unmatched = run.remat_allow_unmatched, .naming = run.model.checkpoint_naming});
-  rematerialize::Decider decider(run.model.checkpoint_naming);
+  rematerialize::lint(forward, {.allow_unmatched = run.remat_allow_unmatched, .names = nn::vocabulary(run.model)});
+  rematerialize::Decider decider(nn::vocabulary(run.model));
   ir::Graph step = train::step_graph(run.model, run.shape, run.optimizer, &decider);
   rematerialize::Explanation e = rematerialize::explain(decider.records(), forward, step);
   ir::inline_remat_regions(step);

@@ -17,11 +17,22 @@
 //   mlpwi_1               mlpwi_1              TransformerFeedForwardLayer.linear1_1      h . W_wi_1 (up) [B,T,F]
 //   mlpwo                 mlpwo                TransformerFeedForwardLayer.linear2        (silu(gate) * up) . W_wo [B,T,D]
 //   mlp_residual          (none)               TransformerFeedForwardLayer.mlp_residual   x + mlpwo, the layer output [B,T,D]
+//   qkv_proj              qkv_proj             -                                          fused_qkv: h . W_qkv, before the split
+//                                                                                         and RoPE [B,T,H+2KV,Dh]
+//   mlpwi                 mlpwi                -                                          fused_mlp: h . W_wi [B,T,2,F]
+//
+// MaxText's fusions (fused_qkv, fused_mlp) replace names: under fused_qkv the layer has qkv_proj instead of
+// query_proj, key_proj and value_proj; under fused_mlp, mlpwi instead of mlpwi_0 and mlpwi_1. Their kernels:
+//   decoder/layers/self_attention/qkv_proj/kernel  [L, D, H+2KV, Dh]  (q heads, then k, then v; MaxText's
+//                                                   [D, 3, H, Dh] has the same layout when KV = H)
+//   decoder/layers/mlp/wi/kernel                   [L, D, 2, F]       (MaxText's wi: gate, then up)
+// They are MaxText's: AXLearn names fused projections after the split, so they need checkpoint_naming=maxtext.
 //
 // AXLearn's class for Llama-style attention is GroupedQueryAttention (it covers KV = H too). The two residual
 // names are the ones seed 001's Neuron change adds to AXLearn's TransformerAttentionLayer and
 // TransformerFeedForwardLayer; MaxText has no names there, so under maxtext the residual adds are unnamed.
-// MaxText presets (full, minimal, ...) list MaxText names; under axlearn they are translated by this table.
+// MaxText presets (full, minimal, ...) list MaxText names; under axlearn or a fusion they are translated by
+// this table.
 #pragma once
 
 #include <array>
@@ -47,18 +58,51 @@ inline constexpr Name kMlpWi1{"mlpwi_1", "TransformerFeedForwardLayer.linear1_1"
 inline constexpr Name kMlpWo{"mlpwo", "TransformerFeedForwardLayer.linear2"};
 inline constexpr Name kMlpResidual{"", "TransformerFeedForwardLayer.mlp_residual"};
 
-inline constexpr std::array<Name, 11> kAll = {kDecoderLayerInput, kQueryProj, kKeyProj,  kValueProj, kContext,    kOutProj,
-                                              kAttentionResidual, kMlpWi0,    kMlpWi1,   kMlpWo,     kMlpResidual};
+inline constexpr Name kQkvProj{"qkv_proj", ""};
+inline constexpr Name kMlpWi{"mlpwi", ""};
+
+inline constexpr std::array<Name, 13> kAll = {kDecoderLayerInput, kQueryProj, kKeyProj, kValueProj,   kContext,
+                                              kOutProj,           kAttentionResidual, kMlpWi0, kMlpWi1, kMlpWo,
+                                              kMlpResidual,       kQkvProj, kMlpWi};
+
+// The names a layer carries: its naming and MaxText's fusions.
+struct Vocabulary {
+  Naming naming = Naming::maxtext;
+  bool fused_qkv = false, fused_mlp = false;
+  bool operator==(const Vocabulary&) const = default;
+};
 
 // The name under `naming`; empty when the tensor has none.
 constexpr std::string_view spelled(const Name& n, Naming naming) { return naming == Naming::maxtext ? n.maxtext : n.axlearn; }
 
-// A MaxText name under `naming` (MaxText presets and `custom` keys are written in MaxText names); a name
-// not in the table is returned as it is.
+constexpr bool same(const Name& a, const Name& b) { return a.maxtext == b.maxtext && a.axlearn == b.axlearn; }
+
+// Whether a layer with names `v` carries `n`: spelled in its naming, and not replaced by a fusion (or a
+// fused name without its fusion).
+constexpr bool carries(const Name& n, const Vocabulary& v) {
+  if (spelled(n, v.naming).empty()) return false;
+  if (same(n, kQueryProj) || same(n, kKeyProj) || same(n, kValueProj)) return !v.fused_qkv;
+  if (same(n, kMlpWi0) || same(n, kMlpWi1)) return !v.fused_mlp;
+  if (same(n, kQkvProj)) return v.fused_qkv;
+  if (same(n, kMlpWi)) return v.fused_mlp;
+  return true;
+}
+
+// A MaxText name under `naming` (`custom` keys are written in MaxText names); a name not in the table is
+// returned as it is.
 constexpr std::string_view from_maxtext(std::string_view maxtext_name, Naming naming) {
   for (const Name& n : kAll)
     if (!n.maxtext.empty() && n.maxtext == maxtext_name) return spelled(n, naming);
   return maxtext_name;
+}
+
+// A name a MaxText preset lists, as the layer spells it: under a fusion the fused tensor's name (the
+// preset then lists it once), under axlearn the AXLearn name.
+constexpr std::string_view preset_name(std::string_view maxtext_name, const Vocabulary& v) {
+  if (v.fused_qkv && (maxtext_name == kQueryProj.maxtext || maxtext_name == kKeyProj.maxtext || maxtext_name == kValueProj.maxtext))
+    return kQkvProj.maxtext;
+  if (v.fused_mlp && (maxtext_name == kMlpWi0.maxtext || maxtext_name == kMlpWi1.maxtext)) return kMlpWi.maxtext;
+  return from_maxtext(maxtext_name, v.naming);
 }
 
 }  // namespace remat::nn::names

@@ -3,6 +3,7 @@
 #include "nn/checkpoint_names.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <random>
@@ -15,12 +16,34 @@ namespace {
 
 constexpr DType kF32 = DType::f32;
 
-// Indices into the param_specs() order.
-enum P : size_t { kEmbed, kAttnNorm, kQuery, kKey, kValue, kOut, kMlpNorm, kWi0, kWi1, kWo, kFinalNorm, kLogits };
-
+// One layer's weights. Under fused_qkv `qkv` [D, H+2KV, Dh] replaces query, key and value; under fused_mlp
+// `wi` [D, 2, F] replaces wi0 and wi1 (the absent ones are null tensors).
 struct LayerWeights {
-  Tensor attn_norm, query, key, value, out, mlp_norm, wi0, wi1, wo;
+  Tensor attn_norm, query, key, value, qkv, out, mlp_norm, wi0, wi1, wi, wo;
 };
+
+// The layer's parameters in param_specs() order (after the embedding): each name, and where it goes.
+struct LayerParam {
+  const char* name;  // the parameter path's module (decoder/layers/<...>) and the remat region input's name
+  Tensor LayerWeights::*field;
+};
+
+std::vector<LayerParam> layer_params(const ModelConfig& c) {
+  std::vector<LayerParam> p = {{"pre_self_attention_norm", &LayerWeights::attn_norm}};
+  if (c.fused_qkv) {
+    p.push_back({"qkv_proj", &LayerWeights::qkv});
+  } else {
+    p.insert(p.end(), {{"query", &LayerWeights::query}, {"key", &LayerWeights::key}, {"value", &LayerWeights::value}});
+  }
+  p.insert(p.end(), {{"out", &LayerWeights::out}, {"post_self_attention_norm", &LayerWeights::mlp_norm}});
+  if (c.fused_mlp) {
+    p.push_back({"wi", &LayerWeights::wi});
+  } else {
+    p.insert(p.end(), {{"wi_0", &LayerWeights::wi0}, {"wi_1", &LayerWeights::wi1}});
+  }
+  p.push_back({"wo", &LayerWeights::wo});
+  return p;
+}
 
 // Tables shared by every layer: RoPE cos/sin [T, Dh] and the causal mask [T, T].
 struct LayerConsts {
@@ -99,17 +122,27 @@ Tensor named(Tensor x, const names::Name& name, names::Naming naming) {
 Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights& w, const LayerConsts& k) {
   auto s = b.scope("self_attention");
   Tensor q, key, v;
-  {
-    auto s2 = b.scope("query");
-    q = named(rope(project(h, w.query), k), names::kQueryProj, c.checkpoint_naming);
-  }
-  {
-    auto s2 = b.scope("key");
-    key = named(rope(project(h, w.key), k), names::kKeyProj, c.checkpoint_naming);
-  }
-  {
-    auto s2 = b.scope("value");
-    v = named(project(h, w.value), names::kValueProj, c.checkpoint_naming);
+  if (c.fused_qkv) {  // one matmul for q, k and v, named before the split (MaxText's qkv_proj)
+    auto s2 = b.scope("qkv_proj");
+    Tensor qkv = named(project(h, w.qkv), names::kQkvProj, c.checkpoint_naming);
+    const Shape d = qkv.shape();  // [B, T, H + 2KV, Dh]
+    const int64_t H = c.num_heads, KV = c.num_kv_heads;
+    q = rope(slice(qkv, {0, 0, 0, 0}, {d[0], d[1], H, d[3]}), k);
+    key = rope(slice(qkv, {0, 0, H, 0}, {d[0], d[1], H + KV, d[3]}), k);
+    v = slice(qkv, {0, 0, H + KV, 0}, {d[0], d[1], H + 2 * KV, d[3]});
+  } else {
+    {
+      auto s2 = b.scope("query");
+      q = named(rope(project(h, w.query), k), names::kQueryProj, c.checkpoint_naming);
+    }
+    {
+      auto s2 = b.scope("key");
+      key = named(rope(project(h, w.key), k), names::kKeyProj, c.checkpoint_naming);
+    }
+    {
+      auto s2 = b.scope("value");
+      v = named(project(h, w.value), names::kValueProj, c.checkpoint_naming);
+    }
   }
   Tensor context;
   {
@@ -137,20 +170,33 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
 Tensor mlp(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights& w) {
   auto s = b.scope("mlp");
   Tensor gate, up;
-  {
-    auto s2 = b.scope("wi_0");
-    gate = named(project(h, w.wi0), names::kMlpWi0, c.checkpoint_naming);
-  }
-  {
-    auto s2 = b.scope("wi_1");
-    up = named(project(h, w.wi1), names::kMlpWi1, c.checkpoint_naming);
+  if (c.fused_mlp) {  // gate and up as one matmul against [D, 2, F], named before the split (MaxText's mlpwi)
+    auto s2 = b.scope("wi");
+    Tensor wi = named(project(h, w.wi), names::kMlpWi, c.checkpoint_naming);
+    const Shape d = wi.shape();  // [B, T, 2, F]
+    gate = reshape(slice(wi, {0, 0, 0, 0}, {d[0], d[1], 1, d[3]}), {d[0], d[1], d[3]});
+    up = reshape(slice(wi, {0, 0, 1, 0}, {d[0], d[1], 2, d[3]}), {d[0], d[1], d[3]});
+  } else {
+    {
+      auto s2 = b.scope("wi_0");
+      gate = named(project(h, w.wi0), names::kMlpWi0, c.checkpoint_naming);
+    }
+    {
+      auto s2 = b.scope("wi_1");
+      up = named(project(h, w.wi1), names::kMlpWi1, c.checkpoint_naming);
+    }
   }
   auto s2 = b.scope("wo");
   return named(project(silu(gate) * up, w.wo), names::kMlpWo, c.checkpoint_naming);
 }
 
 // The weights matmuls read in the compute dtype; the RMSNorm scales stay as they are (used in f32).
-std::array<Tensor*, 7> kernels(LayerWeights& w) { return {&w.query, &w.key, &w.value, &w.out, &w.wi0, &w.wi1, &w.wo}; }
+std::vector<Tensor*> kernels(LayerWeights& w) {
+  std::vector<Tensor*> k;
+  for (Tensor* t : {&w.query, &w.key, &w.value, &w.qkv, &w.out, &w.wi0, &w.wi1, &w.wi, &w.wo})
+    if (t->b != nullptr) k.push_back(t);  // present under this config's fusions
+  return k;
+}
 
 // The layer's compute copy of its kernels (jmp's cast_to_compute on one layer's parameters), made as one
 // allocation right before the layer's first matmul and freed after its last: under a scan only one
@@ -184,8 +230,18 @@ Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeig
   return named(x + mlp(b, c, h, w), names::kMlpResidual, c.checkpoint_naming);
 }
 
-LayerWeights layer_weights(std::span<const Tensor> w) {
-  return LayerWeights{w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]};
+LayerWeights layer_weights(const ModelConfig& c, std::span<const Tensor> w) {
+  LayerWeights lw;
+  const std::vector<LayerParam> names = layer_params(c);
+  ASSERT(w.size() == names.size());
+  for (size_t i = 0; i < names.size(); ++i) lw.*names[i].field = w[i];
+  return lw;
+}
+
+std::vector<Tensor> layer_tensors(const ModelConfig& c, const LayerWeights& lw) {
+  std::vector<Tensor> w;
+  for (const LayerParam& p : layer_params(c)) w.push_back(lw.*p.field);
+  return w;
 }
 
 // Layer l's slice of a stacked [L, ...] parameter.
@@ -198,22 +254,27 @@ Tensor layer_slice(Tensor stacked, int64_t l) {
   return reshape(slice(stacked, start, limit), per_layer);
 }
 
-// The inputs of a layer's (or group's) remat region: x, the 9 layer weights, the 3 tables.
-const std::array<std::string, 13> kRegionInputs = {
-    "x",  "pre_self_attention_norm", "query", "key",     "value",    "out",         "post_self_attention_norm",
-    "wi_0", "wi_1",                  "wo",    "rope_cos", "rope_sin", "causal_mask"};
+// The names of a layer's (or group's) remat region inputs: x, the layer weights, the 3 tables.
+std::vector<std::string> region_inputs(const ModelConfig& c) {
+  std::vector<std::string> names{"x"};
+  for (const LayerParam& p : layer_params(c)) names.push_back(p.name);
+  names.insert(names.end(), {"rope_cos", "rope_sin", "causal_mask"});
+  return names;
+}
 
 // One layer, inside a remat region unless the policy is "none".
 Tensor checkpointed_layer(Builder& b, const ModelConfig& c, Tensor x, std::span<const Tensor> w, const LayerConsts& k) {
-  if (c.remat_policy == "none") return decoder_layer(b, c, x, layer_weights(w), k);
+  if (c.remat_policy == "none") return decoder_layer(b, c, x, layer_weights(c, w), k);
   std::vector<Tensor> in{x};
   in.insert(in.end(), w.begin(), w.end());
   in.insert(in.end(), {k.cos, k.sin, k.mask});
+  const size_t nw = w.size();
   auto body = [&](Builder& rb, std::span<const Tensor> a) {
-    LayerConsts kb{a[10], a[11], a[12]};
-    return std::vector<Tensor>{decoder_layer(rb, c, a[0], layer_weights(a.subspan(1, 9)), kb)};
+    LayerConsts kb{a[1 + nw], a[2 + nw], a[3 + nw]};
+    return std::vector<Tensor>{decoder_layer(rb, c, a[0], layer_weights(c, a.subspan(1, nw)), kb)};
   };
-  return checkpoint(b, in, body, c.remat_policy, "decoder_layer", kRegionInputs)[0];
+  const std::vector<std::string> names = region_inputs(c);
+  return checkpoint(b, in, body, c.remat_policy, "decoder_layer", names)[0];
 }
 
 // A scan over stacked layers [n, ...]: carry x, consts the tables.
@@ -242,12 +303,14 @@ Tensor scan_groups(Builder& b, const ModelConfig& c, Tensor x, std::span<const T
     std::vector<Tensor> in{carry[0]};
     in.insert(in.end(), ws.begin(), ws.end());
     in.insert(in.end(), consts.begin(), consts.end());
+    const size_t nw = ws.size();
     auto group = [&](Builder& rb, std::span<const Tensor> a) {
-      LayerConsts kb{a[10], a[11], a[12]};
-      return std::vector<Tensor>{scan_layers(rb, c, a[0], a.subspan(1, 9), kb, "decoder_layer")};
+      LayerConsts kb{a[1 + nw], a[2 + nw], a[3 + nw]};
+      return std::vector<Tensor>{scan_layers(rb, c, a[0], a.subspan(1, nw), kb, "decoder_layer")};
     };
     if (c.remat_policy == "none") return group(gb, in);
-    return checkpoint(gb, in, group, c.remat_policy, "layer_group", kRegionInputs);
+    const std::vector<std::string> names = region_inputs(c);
+    return checkpoint(gb, in, group, c.remat_policy, "layer_group", names);
   };
   return scan(b, groups, std::array{k.cos, k.sin, k.mask}, std::array{x}, grouped, body, "layer_group")[0];
 }
@@ -271,27 +334,29 @@ Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p,
   Tensor x;
   {
     auto s = b.scope("token_embedder");
-    x = convert(gather(p[kEmbed], inputs), compute_dtype());
+    x = convert(gather(p[0], inputs), compute_dtype());
   }
   LayerConsts k = layer_consts(b, c, inputs.dim(1));
-  std::vector<Tensor> stacked(p.begin() + kAttnNorm, p.begin() + kFinalNorm);
+  // params: the embedding, the stacked layer weights, the final norm scale, the output kernel (if untied).
+  const size_t nw = layer_params(c).size(), final_norm = 1 + nw;
+  std::vector<Tensor> stacked(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(final_norm));
   if (c.cast_upfront) {  // every layer's kernels in the compute dtype before the layer loop (all L live)
     auto s = b.scope("decoder/cast_upfront");
-    LayerWeights all = layer_weights(stacked);
+    LayerWeights all = layer_weights(c, stacked);
     for (Tensor* w : kernels(all)) *w = convert(*w, compute_dtype());
-    stacked = {all.attn_norm, all.query, all.key, all.value, all.out, all.mlp_norm, all.wi0, all.wi1, all.wo};
+    stacked = layer_tensors(c, all);
   }
   x = decoder_layers(b, c, x, stacked, k);
   {
     auto s = b.scope("decoder/decoder_norm");
-    x = rms_norm(x, p[kFinalNorm], c.rms_eps);
+    x = rms_norm(x, p[final_norm], c.rms_eps);
   }
   auto s = b.scope("decoder/logits_dense");
   // Logits in f32 for the loss: the matmul in the compute dtype (or f32 with logits_dot_in_fp32), cast up.
   const DType dot = c.logits_dot_in_fp32 ? kF32 : compute_dtype();
   if (c.logits_via_embedding)
-    return convert(dot_general(convert(x, dot), convert(p[kEmbed], dot), DotDims{{2}, {1}, {}, {}}), kF32);
-  return convert(project(x, p[kLogits], dot), kF32);
+    return convert(dot_general(convert(x, dot), convert(p[0], dot), DotDims{{2}, {1}, {}, {}}), kF32);
+  return convert(project(x, p[final_norm + 1], dot), kF32);
 }
 
 }  // namespace
@@ -314,6 +379,10 @@ void validate(const ModelConfig& c) {
   CHECK(c.layers_per_group >= 0 && (c.layers_per_group == 0 || c.num_decoder_layers % c.layers_per_group == 0),
         "config key 'layers_per_group' ({}) must divide 'base_num_decoder_layers' ({})", c.layers_per_group,
         c.num_decoder_layers);
+  CHECK(c.checkpoint_naming == names::Naming::maxtext || !(c.fused_qkv || c.fused_mlp),
+        "config keys 'fused_qkv' and 'fused_mlp' are MaxText's fusions, named qkv_proj and mlpwi; AXLearn names its "
+        "fused projections after the split, which checkpoint_naming=axlearn does not model: use "
+        "checkpoint_naming=maxtext with them");
   CHECK(c.layers_per_group == 0 || c.scan_layers,
         "config key 'layers_per_group' ({}) needs scan_layers=true: groups are a scan of scans", c.layers_per_group);
 }
@@ -328,16 +397,24 @@ std::vector<ParamSpec> param_specs(const ModelConfig& c) {
   std::vector<ParamSpec> p = {
       {"token_embedder/embedding", t({V, D}), Init::normal, 0.02},
       {"decoder/layers/pre_self_attention_norm/scale", t({L, D}), Init::ones, 0},
-      {"decoder/layers/self_attention/query/kernel", t({L, D, H, Dh}), Init::normal, 0.02},
-      {"decoder/layers/self_attention/key/kernel", t({L, D, KV, Dh}), Init::normal, 0.02},
-      {"decoder/layers/self_attention/value/kernel", t({L, D, KV, Dh}), Init::normal, 0.02},
-      {"decoder/layers/self_attention/out/kernel", t({L, H, Dh, D}), Init::normal, out_std},
-      {"decoder/layers/post_self_attention_norm/scale", t({L, D}), Init::ones, 0},
-      {"decoder/layers/mlp/wi_0/kernel", t({L, D, F}), Init::normal, 0.02},
-      {"decoder/layers/mlp/wi_1/kernel", t({L, D, F}), Init::normal, 0.02},
-      {"decoder/layers/mlp/wo/kernel", t({L, F, D}), Init::normal, out_std},
-      {"decoder/decoder_norm/scale", t({D}), Init::ones, 0},
   };
+  if (c.fused_qkv) {
+    p.push_back({"decoder/layers/self_attention/qkv_proj/kernel", t({L, D, H + 2 * KV, Dh}), Init::normal, 0.02});
+  } else {
+    p.push_back({"decoder/layers/self_attention/query/kernel", t({L, D, H, Dh}), Init::normal, 0.02});
+    p.push_back({"decoder/layers/self_attention/key/kernel", t({L, D, KV, Dh}), Init::normal, 0.02});
+    p.push_back({"decoder/layers/self_attention/value/kernel", t({L, D, KV, Dh}), Init::normal, 0.02});
+  }
+  p.push_back({"decoder/layers/self_attention/out/kernel", t({L, H, Dh, D}), Init::normal, out_std});
+  p.push_back({"decoder/layers/post_self_attention_norm/scale", t({L, D}), Init::ones, 0});
+  if (c.fused_mlp) {
+    p.push_back({"decoder/layers/mlp/wi/kernel", t({L, D, 2, F}), Init::normal, 0.02});
+  } else {
+    p.push_back({"decoder/layers/mlp/wi_0/kernel", t({L, D, F}), Init::normal, 0.02});
+    p.push_back({"decoder/layers/mlp/wi_1/kernel", t({L, D, F}), Init::normal, 0.02});
+  }
+  p.push_back({"decoder/layers/mlp/wo/kernel", t({L, F, D}), Init::normal, out_std});
+  p.push_back({"decoder/decoder_norm/scale", t({D}), Init::ones, 0});
   if (!c.logits_via_embedding) p.push_back({"decoder/logits_dense/kernel", t({D, V}), Init::normal, 0.02});
   return p;
 }
@@ -349,6 +426,11 @@ int64_t param_count(const ModelConfig& c) {
 }
 
 std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
+  if (c.fused_qkv || c.fused_mlp) {  // the unfused draws, stacked: fused and unfused runs start alike
+    ModelConfig unfused = c;
+    unfused.fused_qkv = unfused.fused_mlp = false;
+    return fuse_params(c, init_params(unfused, seed));
+  }
   std::mt19937_64 rng(seed);
   std::vector<exec::Array> out;
   for (const ParamSpec& p : param_specs(c)) {
@@ -356,6 +438,51 @@ std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
     std::normal_distribution<float> dist(0.0f, static_cast<float>(p.std));
     for (int64_t i = 0; i < a.size(); ++i) a.set(i, p.init == Init::ones ? 1.0 : dist(rng));
     out.push_back(std::move(a));
+  }
+  return out;
+}
+
+namespace {
+// Concatenates arrays along `axis` (equal dims before it): each output row of the leading dims is the
+// rows of the parts, one after the other.
+exec::Array concatenate_arrays(std::span<const exec::Array> parts, ir::Type type, size_t axis) {
+  exec::Array out(type);
+  int64_t outer = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= type.shape[d];
+  std::byte* to = out.bytes();
+  for (int64_t o = 0; o < outer; ++o)
+    for (const exec::Array& a : parts) {
+      const int64_t row = a.type().bytes() / outer;
+      std::memcpy(to, a.bytes() + o * row, static_cast<size_t>(row));
+      to += row;
+    }
+  return out;
+}
+}  // namespace
+
+std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec::Array> unfused) {
+  ModelConfig plain = c;
+  plain.fused_qkv = plain.fused_mlp = false;
+  const std::vector<ParamSpec> from = param_specs(plain), to = param_specs(c);
+  CHECK(unfused.size() == from.size(), "fuse_params: {} arrays for {} unfused parameters", unfused.size(), from.size());
+  auto at = [&](const std::string& path) -> const exec::Array& {
+    for (size_t i = 0; i < from.size(); ++i)
+      if (from[i].path == path) return unfused[i];
+    CHECK(false, "fuse_params: no parameter {}", path);
+    return unfused[0];
+  };
+  std::vector<exec::Array> out;
+  for (const ParamSpec& p : to) {
+    if (p.path == "decoder/layers/self_attention/qkv_proj/kernel") {  // [L, D, H | KV | KV, Dh]
+      const exec::Array parts[] = {at("decoder/layers/self_attention/query/kernel"), at("decoder/layers/self_attention/key/kernel"),
+                                   at("decoder/layers/self_attention/value/kernel")};
+      out.push_back(concatenate_arrays(parts, p.type, 2));
+    } else if (p.path == "decoder/layers/mlp/wi/kernel") {  // [L, D, 2, F]: wi_0 then wi_1
+      const exec::Array parts[] = {at("decoder/layers/mlp/wi_0/kernel"), at("decoder/layers/mlp/wi_1/kernel")};
+      out.push_back(concatenate_arrays(parts, p.type, 2));
+    } else {
+      out.push_back(at(p.path));
+    }
   }
   return out;
 }

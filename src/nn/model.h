@@ -44,6 +44,8 @@ struct ModelConfig {
   int64_t layers_per_group = 0;      // > 0: a scan over groups of this many layers, each a scan (double scan)
   std::string remat_policy = "full"; // remat policy of each layer (and group); "none": no remat region
   names::Naming checkpoint_naming = names::Naming::maxtext;  // the checkpoint names the layer's tensors carry
+  bool fused_qkv = false;            // q, k, v as one matmul against [D, H+2KV, Dh], named qkv_proj (MaxText's)
+  bool fused_mlp = false;            // gate and up as one matmul against [D, 2, F], named mlpwi (MaxText's)
   PrecisionPolicy precision;         // param (master weights), compute (activations, matmuls) dtypes
   bool cast_upfront = false;         // cast every layer's kernels to the compute dtype before the layers (mp_cast=upfront)
                                      // instead of each layer casting its own weights where it uses them
@@ -55,6 +57,9 @@ struct ModelConfig {
 
 // Checks the shapes fit together; errors name the config key.
 void validate(const ModelConfig& c);
+
+// The checkpoint names the model's layer carries (its naming and fusions).
+inline names::Vocabulary vocabulary(const ModelConfig& c) { return {c.checkpoint_naming, c.fused_qkv, c.fused_mlp}; }
 
 enum class Init { normal, ones };
 
@@ -70,7 +75,12 @@ std::vector<ParamSpec> param_specs(const ModelConfig& c);
 int64_t param_count(const ModelConfig& c);
 
 // Deterministic initialisation from a seed (normal std 0.02; output projections 0.02 / sqrt(2L); norms 1).
+// Fused kernels are the unfused draws stacked, so fused and unfused models start from the same weights.
 std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed);
+
+// The parameters of `c` (with its fusions) from those of the same model unfused: qkv_proj = [query | key |
+// value] along the head axis, wi = [wi_0, wi_1] along a new axis 2; the rest as they are.
+std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec::Array> unfused);
 
 // (params..., inputs i32[B,T], targets i32[B,T]) -> (loss f32[]), plus logits f32[B,T,V] when asked.
 ir::Graph loss_graph(const ModelConfig& c, int64_t batch, int64_t seq, bool with_logits = false);

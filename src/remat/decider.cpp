@@ -4,7 +4,7 @@ namespace remat::rematerialize {
 
 const Policy& Decider::policy(const std::string& text) {
   auto it = cache_.find(text);
-  if (it == cache_.end()) it = cache_.emplace(text, parse_policy(text, naming_)).first;
+  if (it == cache_.end()) it = cache_.emplace(text, parse_policy(text, names_)).first;
   return it->second;
 }
 

@@ -62,7 +62,7 @@ std::vector<std::string> lint(const ir::Graph& forward, const LintOptions& optio
   Found f;
   collect(forward, false, f);
   std::vector<std::string> warnings;
-  for (const std::string& text : f.policies) check_policy(parse_policy(text, options.naming), f, options, warnings);
+  for (const std::string& text : f.policies) check_policy(parse_policy(text, options.names), f, options, warnings);
   return warnings;
 }
 

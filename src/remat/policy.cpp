@@ -44,6 +44,8 @@ const std::map<std::string, std::string>& presets() {
   return p;
 }
 
+bool listed(const std::vector<std::string>& names, const std::string& n);
+
 struct Tok {
   enum Kind { ident, string, punct, end } kind;
   std::string text;
@@ -51,16 +53,20 @@ struct Tok {
 
 class Parser {
  public:
-  Parser(const std::string& src, nn::names::Naming naming) : src_(src), naming_(naming) { lex(); }
+  Parser(const std::string& src, const nn::names::Vocabulary& names) : src_(src), names_(names) { lex(); }
 
   Policy policy() {
     Tok t = next();
     expect(t.kind == Tok::ident, t, "a policy name");
     auto preset = presets().find(t.text);
-    if (preset != presets().end()) {  // written in MaxText names: spelled in the model's naming
+    if (preset != presets().end()) {  // written in MaxText names: spelled as the model's layer spells them
       Policy p = parse_policy(preset->second);
-      for (std::vector<std::string>* list : {&p.save_names, &p.offload_names})
-        for (std::string& n : *list) n = std::string(nn::names::from_maxtext(n, naming_));
+      for (std::vector<std::string>* list : {&p.save_names, &p.offload_names}) {
+        std::vector<std::string> spelled;
+        for (const std::string& n : *list)
+          if (std::string s(nn::names::preset_name(n, names_)); !listed(spelled, s)) spelled.push_back(s);
+        *list = spelled;
+      }
       p.text = canonical(p);
       p.preset = t.text;
       return p;
@@ -116,7 +122,7 @@ class Parser {
       p.kind = Kind::save_and_offload_only_these_names;
       p.preset = "custom";
       std::map<std::string, std::string> where = {
-          {std::string(nn::names::from_maxtext("decoder_layer_input", naming_)), "device"}};
+          {std::string(nn::names::from_maxtext("decoder_layer_input", names_.naming)), "device"}};
       open();
       for (bool first = true; !peek(")"); first = false) {
         if (!first) comma();
@@ -126,7 +132,7 @@ class Parser {
         Tok v = next();
         expect(v.kind == Tok::ident && (v.text == "remat" || v.text == "device" || v.text == "offload"), v,
                "remat, device or offload");
-        where[std::string(nn::names::from_maxtext(key.text, naming_))] = v.text;
+        where[std::string(nn::names::from_maxtext(key.text, names_.naming))] = v.text;
       }
       close();
       for (const auto& [name, loc] : where) {
@@ -314,7 +320,7 @@ class Parser {
   }
 
   std::string src_;
-  nn::names::Naming naming_;
+  nn::names::Vocabulary names_;
   std::vector<Tok> toks_;
   size_t pos_ = 0;
 };
@@ -338,8 +344,8 @@ bool Policy::can_offload() const {
   }
 }
 
-Policy parse_policy(const std::string& text, nn::names::Naming naming) {
-  Parser p(text, naming);
+Policy parse_policy(const std::string& text, const nn::names::Vocabulary& names) {
+  Parser p(text, names);
   Policy policy = p.policy();
   p.done();
   return policy;

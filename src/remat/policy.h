@@ -61,9 +61,10 @@ struct Policy {
   bool can_offload() const;
 };
 
-// Parses policy text; errors show the grammar and name what was wrong. MaxText presets and `custom` keys
-// (MaxText names) are spelled in `naming` (nn/checkpoint_names.h); names written out are taken as written.
-Policy parse_policy(const std::string& text, nn::names::Naming naming = nn::names::Naming::maxtext);
+// Parses policy text; errors show the grammar and name what was wrong. MaxText presets (MaxText names) are
+// spelled as a layer with `names` spells them (its naming and fusions, nn/checkpoint_names.h), `custom` keys
+// in its naming; names written out are taken as written.
+Policy parse_policy(const std::string& text, const nn::names::Vocabulary& names = {});
 
 // MaxText's preset names (for errors and docs).
 std::vector<std::string> preset_names();

@@ -37,9 +37,9 @@ struct ResidualRecord {
 // Applies the policies of remat regions; keeps a record of every decision.
 class Decider : public autodiff::RematDecider {
  public:
-  // `naming`: the model's checkpoint naming, in which MaxText presets are spelled (nn/checkpoint_names.h).
-  explicit Decider(nn::names::Naming naming = nn::names::Naming::maxtext) : naming_(naming) {}
-  nn::names::Naming naming() const { return naming_; }
+  // `names`: the checkpoint names of the model's layer, in which MaxText presets are spelled.
+  explicit Decider(const nn::names::Vocabulary& names = {}) : names_(names) {}
+  const nn::names::Vocabulary& names() const { return names_; }
   Residency decide(const autodiff::ResidualQuery& q) override;
   void note_input(const std::string& policy, uint64_t region, int index, const std::string& param_name,
                   const ir::Type& type, bool parameter_derived, int64_t trip_count) override;
@@ -47,14 +47,14 @@ class Decider : public autodiff::RematDecider {
   const Policy& policy(const std::string& text);  // parsed once per text
 
  private:
-  nn::names::Naming naming_;
+  nn::names::Vocabulary names_;
   std::map<std::string, Policy> cache_;
   std::vector<ResidualRecord> records_;
 };
 
 struct LintOptions {
   bool allow_unmatched = false;  // a name or regex that matches no checkpoint name is then only a warning
-  nn::names::Naming naming = nn::names::Naming::maxtext;  // the model's checkpoint naming (MaxText presets)
+  nn::names::Vocabulary names = {};  // the checkpoint names of the model's layer (MaxText presets are spelled in them)
 };
 
 // Checks the policies of every remat region of `forward` against the checkpoint names it holds: a name or

@@ -122,8 +122,8 @@ double learning_rate_at(const OptimizerConfig& o, int64_t step) {
 }
 
 Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider) {
-  rematerialize::Decider local(model.checkpoint_naming);
-  ASSERT(decider == nullptr || decider->naming() == model.checkpoint_naming);
+  rematerialize::Decider local(nn::vocabulary(model));
+  ASSERT(decider == nullptr || decider->names() == nn::vocabulary(model));
   Graph g;
   g.name = "grads";
   Builder b(g);
@@ -138,8 +138,8 @@ Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, remateri
 
 Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
                  rematerialize::Decider* decider) {
-  rematerialize::Decider local(model.checkpoint_naming);
-  ASSERT(decider == nullptr || decider->naming() == model.checkpoint_naming);
+  rematerialize::Decider local(nn::vocabulary(model));
+  ASSERT(decider == nullptr || decider->names() == nn::vocabulary(model));
   Graph g;
   g.name = "train_step";
   Builder b(g);

@@ -112,9 +112,9 @@ RunResult run(const RunConfig& c) {
 
   const int64_t k = c.shape.accumulation, B = c.shape.batch, T = c.shape.seq;
   ir::Graph forward = nn::loss_graph(c.model, B, T);
-  for (const std::string& w : rematerialize::lint(forward, {.allow_unmatched = c.remat_allow_unmatched, .naming = c.model.checkpoint_naming}))
+  for (const std::string& w : rematerialize::lint(forward, {.allow_unmatched = c.remat_allow_unmatched, .names = nn::vocabulary(c.model)}))
     fmt::print("warning: {}\n", w);
-  rematerialize::Decider decider(c.model.checkpoint_naming);
+  rematerialize::Decider decider(nn::vocabulary(c.model));
   ir::Graph traced = step_graph(c.model, c.shape, c.optimizer, &decider);
   std::string explained = rematerialize::explain(decider.records(), forward, traced).text();
   fmt::print("remat: policy {}; {}", c.model.remat_policy, explained.substr(explained.rfind("step: ") + 6));

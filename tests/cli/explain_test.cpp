@@ -38,6 +38,16 @@ TEST(Explain, TinyAxlearnSeedPolicy) {
                  "names_which_can_be_offloaded=None, offload_src=\"device\", offload_dst=\"pinned_host\")"});
 }
 
+// MaxText's fusions: minimal saves qkv_proj [B,T,H+2KV,Dh] and mlpwi [B,T,2,F], the same bytes as unfused.
+TEST(Explain, TinyFusedMinimal) {
+  expect_golden("explain_tiny_fused_minimal.txt", {"remat_policy=minimal", "fused_mlp=true", "fused_qkv=true"});
+  nlohmann::json fused = nlohmann::json::parse(
+      explain_report(load_config(base(), {"remat_policy=minimal", "fused_mlp=true", "fused_qkv=true"}), true));
+  nlohmann::json plain = nlohmann::json::parse(explain_report(load_config(base(), {"remat_policy=minimal"}), true));
+  EXPECT_EQ(fused["bytes_per_step"], plain["bytes_per_step"]);
+  EXPECT_EQ(fused["bytes_per_step"]["saved"].get<double>(), 4 * 13.0 * (1 << 20));
+}
+
 TEST(Explain, OffloadMovesBytesFromDeviceToHost) {
   // minimal saves q, k, v, out_proj, mlpwi_0, mlpwi_1 and the layer input x; minimal_offloaded offloads the
   // same six names and keeps only x on device. Per layer (16 x 128 tokens, f32):

@@ -24,24 +24,30 @@ void count_names(const ir::Graph& g, std::map<std::string, int>& counts, int mul
   }
 }
 
-TEST(CheckpointNames, EachNameOncePerLayerInEitherNaming) {
-  for (nn::names::Naming naming : {nn::names::Naming::maxtext, nn::names::Naming::axlearn})
+// Every name the layer carries appears once per layer, and no other: both namings, every fusion.
+TEST(CheckpointNames, EachNameOncePerLayerInEveryVocabulary) {
+  using nn::names::Naming;
+  for (nn::names::Vocabulary v : {nn::names::Vocabulary{Naming::maxtext, false, false}, {Naming::axlearn, false, false},
+                                  {Naming::maxtext, true, false}, {Naming::maxtext, false, true}, {Naming::maxtext, true, true}})
     for (bool scan : {false, true}) {
       nn::ModelConfig c = one_layer(scan);
       c.num_decoder_layers = 3;
       c.remat_policy = "minimal";
-      c.checkpoint_naming = naming;
+      c.checkpoint_naming = v.naming;
+      c.fused_qkv = v.fused_qkv;
+      c.fused_mlp = v.fused_mlp;
       std::map<std::string, int> counts;
       count_names(nn::loss_graph(c, 1, 4), counts, 1);
-      size_t spelled = 0;
+      size_t carried = 0;
       for (const nn::names::Name& name : nn::names::kAll) {
-        const std::string_view n = nn::names::spelled(name, naming);
-        if (n.empty()) continue;
-        ++spelled;
-        EXPECT_EQ(counts[std::string(n)], 3) << n << " scan=" << scan;
+        if (!nn::names::carries(name, v)) continue;
+        ++carried;
+        const std::string n(nn::names::spelled(name, v.naming));
+        EXPECT_EQ(counts[n], 3) << n << " scan=" << scan;
       }
-      EXPECT_EQ(counts.size(), spelled) << "no other names";
-      EXPECT_EQ(spelled, naming == nn::names::Naming::maxtext ? 9u : 11u);
+      EXPECT_EQ(counts.size(), carried) << "no other names";
+      // maxtext: 9 names, less 2 under fused_qkv (3 -> qkv_proj), less 1 under fused_mlp; axlearn: 11.
+      EXPECT_EQ(carried, v.naming == Naming::axlearn ? 11u : 9u - 2 * v.fused_qkv - v.fused_mlp);
     }
 }
 

@@ -106,8 +106,8 @@ std::vector<exec::Array> args_for(const nn::ModelConfig& c) {
 
 TEST(SeedPolicy, SavesExactlyWhatItsRegexMatchesAndTrainsExactly) {
   nn::ModelConfig c = model(kSeedPolicy, Naming::axlearn);
-  EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.naming = Naming::axlearn}).empty());
-  rematerialize::Decider d(Naming::axlearn);
+  EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.names = {Naming::axlearn}}).empty());
+  rematerialize::Decider d({Naming::axlearn});
   ir::Graph g = train::grads_graph(c, {2, 16, 1}, &d);
   // Which residuals are saved, derived here with re.fullmatch semantics over the recorded names.
   const std::regex seed(kSeedRegex);
@@ -150,9 +150,9 @@ TEST(SeedPolicy, MaxTextPresetsMeanTheSameUnderAxlearnNames) {
   for (const std::string& preset : rematerialize::preset_names()) {
     std::vector<std::pair<Residency, int64_t>> decisions[2];
     for (Naming naming : {Naming::maxtext, Naming::axlearn}) {
-      rematerialize::Decider d(naming);
+      rematerialize::Decider d({naming});
       nn::ModelConfig c = model(preset == "custom" ? "custom(query_proj=offload, mlpwo=device)" : preset, naming);
-      EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.naming = naming}).empty()) << preset;
+      EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.names = {naming}}).empty()) << preset;
       train::grads_graph(c, {2, 16, 1}, &d);
       for (const rematerialize::ResidualRecord& r : d.records())
         if (!r.region_input && !r.alias && r.what.rfind("TransformerAttentionLayer.", 0) != 0)
@@ -169,7 +169,7 @@ TEST(SeedPolicy, AxlearnDotCountHoldsUnderAxlearnNames) {
   auto recomputed_dots = [](const std::string& policy) {
     nn::ModelConfig c = testing_support::micro_model(1, false, policy);
     c.checkpoint_naming = Naming::axlearn;
-    rematerialize::Decider d(Naming::axlearn);
+    rematerialize::Decider d({Naming::axlearn});
     int n = 0;
     for (const ir::Node& node : train::grads_graph(c, {1, 4, 1}, &d).nodes) n += node.recomputed && node.op == ir::Op::dot_general;
     return n;

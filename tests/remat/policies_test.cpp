@@ -17,10 +17,17 @@ namespace {
 
 enum class Layout { scanned, unrolled, nested };
 
-nn::ModelConfig model(Layout layout, const std::string& policy, bool bf16 = false) {
+// MaxText's fusions of the layer's input projections (fused_qkv, fused_mlp).
+struct Fusion {
+  bool qkv = false, mlp = false;
+};
+
+nn::ModelConfig model(Layout layout, const std::string& policy, bool bf16 = false, Fusion fusion = {}) {
   nn::ModelConfig c = testing_support::small_model(layout == Layout::nested ? 4 : 2, layout != Layout::unrolled, policy);
   c.layers_per_group = layout == Layout::nested ? 2 : 0;
   if (bf16) c.precision = nn::parse_precision("p=f32,c=bf16");
+  c.fused_qkv = fusion.qkv;
+  c.fused_mlp = fusion.mlp;
   return c;
 }
 
@@ -87,12 +94,11 @@ void derived_origins(const ir::Graph& g, const std::vector<bool>& param_flags, s
 
 class AllPolicies : public testing::TestWithParam<std::tuple<Layout, bool, std::string>> {};
 
-TEST_P(AllPolicies, GradientsAreBitIdenticalToEverythingSaveable) {
-  auto [layout, bf16, policy] = GetParam();
-  nn::ModelConfig base = model(layout, "everything_saveable", bf16), c = model(layout, policy, bf16);
+void expect_exact_gradients(Layout layout, bool bf16, const std::string& policy, Fusion fusion) {
+  nn::ModelConfig base = model(layout, "everything_saveable", bf16, fusion), c = model(layout, policy, bf16, fusion);
   std::vector<exec::Array> args = args_for(c);
   std::vector<exec::Array> want = exec::run(train::grads_graph(base, {2, 16, 1}), args);
-  rematerialize::Decider decider;
+  rematerialize::Decider decider(nn::vocabulary(c));
   ir::Graph g = train::grads_graph(c, {2, 16, 1}, &decider);
   ir::verify(g);
   exec::Profile profile;
@@ -141,6 +147,34 @@ TEST_P(AllPolicies, GradientsAreBitIdenticalToEverythingSaveable) {
     EXPECT_GT(casts, 0) << policy << ": the layer's bf16 weight casts are residuals, recomputed";
   }
 }
+
+TEST_P(AllPolicies, GradientsAreBitIdenticalToEverythingSaveable) {
+  auto [layout, bf16, policy] = GetParam();
+  expect_exact_gradients(layout, bf16, policy, {});
+}
+
+// Every MaxText preset under fused_qkv, fused_mlp and both (the presets list qkv_proj and mlpwi there).
+class FusedPolicies : public testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(FusedPolicies, GradientsAreBitIdenticalToEverythingSaveable) {
+  auto [fusion, preset] = GetParam();
+  expect_exact_gradients(Layout::scanned, false, preset, Fusion{(fusion & 1) != 0, (fusion & 2) != 0});
+}
+
+std::vector<std::string> presets_and_custom() {
+  std::vector<std::string> p = rematerialize::preset_names();
+  p.push_back("custom(qkv_proj=offload, mlpwi=device, out_proj=device)");  // custom takes the fused names
+  return p;
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, FusedPolicies,
+                         testing::Combine(testing::Values(1, 2, 3), testing::ValuesIn(presets_and_custom())),
+                         [](const testing::TestParamInfo<std::tuple<int, std::string>>& i) {
+                           const int f = std::get<0>(i.param);
+                           std::string name = std::get<1>(i.param);
+                           name = name.substr(0, name.find('('));
+                           return fmt::format("{}{}{}", f & 1 ? "qkv_" : "", f & 2 ? "mlp_" : "", name);
+                         });
 
 std::string label(const testing::TestParamInfo<std::tuple<Layout, bool, std::string>>& info) {
   auto [layout, bf16, policy] = info.param;
