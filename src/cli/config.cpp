@@ -8,8 +8,11 @@
 
 #include <charconv>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <set>
+#include <sstream>
 #include <unistd.h>
 
 namespace remat::cli {
@@ -169,25 +172,33 @@ const Key& find_key(const std::string& name, const std::string& where) {
   __builtin_unreachable();
 }
 
-// key -> raw scalar text of a flat YAML mapping.
-std::vector<std::pair<std::string, std::string>> read_yaml(const std::string& path) {
-  CHECK(fs::is_regular_file(path), "cannot read config file '{}': no such file", path);
+// key -> raw scalar text of a flat YAML mapping: `text`, read from `where` (a file, or the built-in configs).
+std::vector<std::pair<std::string, std::string>> parse_yaml(const std::string& text, const std::string& where) {
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    CHECK(false, "config file '{}' is not valid YAML: {}", path, e.what());
+    CHECK(false, "config file '{}' is not valid YAML: {}", where, e.what());
   }
   std::vector<std::pair<std::string, std::string>> out;
   if (root.IsNull()) return out;
-  CHECK(root.IsMap(), "config file '{}' must be a mapping of key: value lines", path);
+  CHECK(root.IsMap(), "config file '{}' must be a mapping of key: value lines", where);
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
     CHECK(kv.second.IsScalar() || kv.second.IsNull(), "config key '{}' in '{}' must be a single value (line {})", key,
-          path, kv.second.Mark().line + 1);
+          where, kv.second.Mark().line + 1);
     out.emplace_back(key, kv.second.IsNull() ? "" : kv.second.as<std::string>());
   }
   return out;
+}
+
+std::vector<std::pair<std::string, std::string>> read_yaml(const std::string& path) {
+  CHECK(fs::is_regular_file(path), "cannot read config file '{}': no such file", path);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  CHECK(in.good() || in.eof(), "cannot read config file '{}'", path);
+  return parse_yaml(text.str(), path);
 }
 
 std::pair<std::string, std::string> split_override(const std::string& arg) {
@@ -196,13 +207,15 @@ std::pair<std::string, std::string> split_override(const std::string& arg) {
   return {arg.substr(0, eq), arg.substr(eq + 1)};
 }
 
+// Model presets: the built-in ones and those in `dir` (models/ beside the user's config file), sorted.
 std::vector<std::string> presets(const fs::path& dir) {
-  std::vector<std::string> names;
+  std::set<std::string> names;
+  for (const auto& [path, text] : embedded_configs())
+    if (path.rfind("models/", 0) == 0) names.insert(fs::path(path).stem().string());
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().extension() == ".yml") names.push_back(e.path().stem().string());
-  std::sort(names.begin(), names.end());
-  return names;
+    if (e.path().extension() == ".yml") names.insert(e.path().stem().string());
+  return {names.begin(), names.end()};
 }
 
 }  // namespace
@@ -213,29 +226,31 @@ std::vector<std::string> config_keys() {
   return names;
 }
 
-std::string default_base_config() {
-  if (fs::is_regular_file("configs/base.yml")) return "configs/base.yml";
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  fs::path beside = exe.parent_path().parent_path() / "configs" / "base.yml";
-  return !ec && fs::is_regular_file(beside) ? beside.string() : "configs/base.yml";
-}
-
-Config load_config(const std::string& base_path, const std::vector<std::string>& overrides) {
-  const std::string base = base_path.empty() ? default_base_config() : base_path;
+Config load_config(const std::string& config_path, const std::vector<std::string>& overrides) {
   Config c;
-  for (const auto& [k, v] : read_yaml(base)) find_key(k, base).set(c, v, fmt::format("in {}", base));
+  auto apply = [&](const std::vector<std::pair<std::string, std::string>>& kvs, const std::string& where) {
+    for (const auto& [k, v] : kvs) find_key(k, where).set(c, v, fmt::format("in {}", where));
+  };
+  apply(parse_yaml(embedded_configs().at("base.yml"), "built-in configs/base.yml"), "built-in configs/base.yml");
+  if (!config_path.empty()) apply(read_yaml(config_path), config_path);
   std::vector<std::pair<std::string, std::string>> cli;
   for (const std::string& arg : overrides) {
     cli.push_back(split_override(arg));
     const auto& [k, v] = cli.back();
     if (k == "model") find_key(k, "").set(c, v, fmt::format("argument '{}'", arg));
   }
-  fs::path preset_dir = fs::path(base).parent_path() / "models";
-  fs::path preset = preset_dir / (c.model + ".yml");
-  CHECK(fs::is_regular_file(preset), "config key 'model' has no preset '{}' (looked for {}); available: {}", c.model,
-        preset.string(), fmt::join(presets(preset_dir), ", "));
-  for (const auto& [k, v] : read_yaml(preset.string())) find_key(k, preset.string()).set(c, v, fmt::format("in {}", preset.string()));
+  // The preset: models/<model>.yml beside the user's config file, else the built-in one.
+  const fs::path preset_dir = config_path.empty() ? fs::path() : fs::path(config_path).parent_path() / "models";
+  const fs::path beside = preset_dir / (c.model + ".yml");
+  const auto built_in = embedded_configs().find("models/" + c.model + ".yml");
+  if (!config_path.empty() && fs::is_regular_file(beside)) {
+    apply(read_yaml(beside.string()), beside.string());
+  } else {
+    CHECK(built_in != embedded_configs().end(), "config key 'model' has no preset '{}'{}; available: {}", c.model,
+          config_path.empty() ? "" : fmt::format(" (looked for {} and the built-in presets)", beside.string()),
+          fmt::join(presets(preset_dir), ", "));
+    apply(parse_yaml(built_in->second, "built-in configs/" + built_in->first), "built-in configs/" + built_in->first);
+  }
   for (size_t i = 0; i < cli.size(); ++i) {
     const auto& [k, v] = cli[i];
     find_key(k, fmt::format("argument '{}'", overrides[i])).set(c, v, fmt::format("argument '{}'", overrides[i]));

@@ -30,11 +30,12 @@ struct Config {
 // Every key the config accepts, in documentation order.
 std::vector<std::string> config_keys();
 
-// Loads `base_path` (or the default base config when empty), the model preset, then `overrides`
-// ("key=value" strings). Fills run.run_dir.
-Config load_config(const std::string& base_path, const std::vector<std::string>& overrides);
+// Loads the built-in configs/base.yml, then `config_path` over it (a YAML file anywhere; "" for none), the
+// model preset (models/<model>.yml beside `config_path` if there is one, else the built-in one), then
+// `overrides` ("key=value" strings). Fills run.run_dir.
+Config load_config(const std::string& config_path, const std::vector<std::string>& overrides);
 
-// The default base config: configs/base.yml under the working directory, else beside the executable.
-std::string default_base_config();
+// configs/ as built into the binary, by path relative to it: "base.yml", "models/tiny.yml", ...
+const std::map<std::string, std::string>& embedded_configs();
 
 }  // namespace remat::cli

@@ -1,5 +1,5 @@
 // `remat`: the command-line entry point.
-//   remat train [CONFIG.yml] [key=value ...]   trains the configured decoder (default: configs/base.yml)
+//   remat train [CONFIG.yml] [key=value ...]   trains the configured decoder (built-in configs/base.yml, CONFIG.yml over it)
 //   remat explain [CONFIG.yml] [key=value ...] [--json]   every residual of the step and its remat decision
 //   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg]   the memory plan of the step
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task

@@ -27,9 +27,9 @@ struct Output {
   std::string text;  // stdout and stderr
 };
 
-// Runs `remat ARGS` from the repository root (where configs/ is).
-Output remat_cli(const std::string& args) {
-  const std::string cmd = fmt::format("cd '{}/..' && '{}' {} 2>&1", REMAT_TEST_DATA, REMAT_BINARY, args);
+// Runs `remat ARGS` in `folder` (default: the repository root).
+Output remat_cli(const std::string& args, const std::string& folder = std::string(REMAT_TEST_DATA) + "/..") {
+  const std::string cmd = fmt::format("cd '{}' && '{}' {} 2>&1", folder, REMAT_BINARY, args);
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr) << cmd;
   Output out{-1, ""};
@@ -159,6 +159,31 @@ TEST(Cli, TimelineIsWellFormedSvgWithOneBandPerCategory) {
                                              "gradients", "temporaries"}));
   std::sort(colours.begin(), colours.end());
   EXPECT_EQ(std::unique(colours.begin(), colours.end()), colours.end()) << "distinct colours";
+}
+
+// The configs are built in: from an empty folder outside the repository, with a config file of the user's
+// own (in yet another folder) that names `model: tiny`.
+TEST(Cli, RunsFromAnyFolderWithAConfigFileAnywhere) {
+  TempDir work, elsewhere;
+  std::ofstream(elsewhere.path / "mine.yml") << "model: tiny\nsteps: 2\neval_interval: 2\neval_steps: 1\n"
+                                                "sample_length: 4\nper_device_batch_size: 2\n";
+  Output o = remat_cli(fmt::format("train {} max_target_length=32 base_num_decoder_layers=1",
+                                   (elsewhere.path / "mine.yml").string()),
+                       work.path.string());
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("train: 2 steps x 1 microbatch(es) x 2 sequences x 32 tokens"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("1 layers (scan_layers=true), d=128"), std::string::npos) << "the tiny preset, built in: " << o.text;
+  EXPECT_TRUE(fs::is_regular_file(work.path / "runs" / "tiny" / "metrics.jsonl")) << "runs/ under the working folder";
+  // A preset beside the user's file wins over the built-in one of the same name.
+  fs::create_directories(elsewhere.path / "models");
+  std::ofstream(elsewhere.path / "models" / "tiny.yml") << "base_mlp_dim: 48\n";
+  Output p = remat_cli(fmt::format("explain {}", (elsewhere.path / "mine.yml").string()), work.path.string());
+  ASSERT_EQ(p.status, 0) << p.text;
+  EXPECT_NE(p.text.find("[2,128,48]"), std::string::npos) << "mlp width from models/tiny.yml beside the file: " << p.text;
+  Output bad = remat_cli("plan model=nope", work.path.string());
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.text.find("has no preset 'nope'; available: llama2-70b, llama2-7b, llama3-8b, tiny"), std::string::npos)
+      << bad.text;
 }
 
 TEST(Cli, UnknownKeyExitsTwoNamingIt) {
