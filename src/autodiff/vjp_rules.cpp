@@ -251,12 +251,13 @@ std::vector<Cot> vjp_reload(Builder&, size_t, const Node&, Cots c, Context&) { r
 
 // The cotangent is not named (as in JAX: only the primal carries the checkpoint name).
 std::vector<Cot> vjp_name(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }
+std::vector<Cot> vjp_check_finite(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }  // identity
 
 }  // namespace
 
 VjpRule vjp_rule(Op op) {
   switch (op) {
-#define X(e, arity) \
+#define X(e, ...) \
   case Op::e:       \
     return &vjp_##e;
     REMAT_OPS(X)

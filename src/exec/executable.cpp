@@ -159,7 +159,7 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
     f.ins.clear();
     f.outs.clear();
     for (ir::ValueId v : n.inputs) f.ins.push_back(vals[static_cast<size_t>(v)]);
-    const bool alias = n.op == Op::reshape || n.op == Op::name;
+    const bool alias = ir::is_view(n.op);  // the kernel makes the output a view of the operand
     for (ir::ValueId v : n.outputs) f.outs.push_back(alias ? Array::unallocated(&g.type(v)) : storage(v));
     if (top) {
       for (ir::ValueId v : n.inputs)
@@ -204,7 +204,7 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
         }
       } else {
         switch (n.op) {
-#define X(e, arity)                                \
+#define X(e, ...)                                \
   case Op::e:                                      \
     kernel_##e(n, f.ins, f.outs, options_);        \
     break;

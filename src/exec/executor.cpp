@@ -15,7 +15,7 @@ using ir::Op;
 
 void kernel_for(const Node& n, std::span<const Array> in, std::span<Array> out, const Options& options) {
   switch (n.op) {
-#define X(e, arity) \
+#define X(e, ...) \
   case Op::e:       \
     return kernel_##e(n, in, out, options);
     REMAT_OPS(X)
@@ -26,7 +26,7 @@ void kernel_for(const Node& n, std::span<const Array> in, std::span<Array> out, 
 namespace {
 
 // Ops whose outputs are not fresh buffers: views of an operand, or (scan) set by the loop itself.
-bool allocates_own_outputs(Op op) { return op == Op::reshape || op == Op::name || ir::has_body(op); }
+bool allocates_own_outputs(Op op) { return ir::is_view(op) || ir::has_body(op); }
 
 }  // namespace
 

@@ -150,6 +150,8 @@ Tensor checkpoint_name(Tensor x, const std::string& name) {
   return x.b->emit1(Op::name, std::array{x}, Attrs().set("name", name));
 }
 
+Tensor check_finite(Tensor x) { return x.b->emit1(Op::check_finite, std::array{x}); }
+
 std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> consts, std::span<const Tensor> carries,
                          std::span<const Tensor> xs, const ScanBody& body, const std::string& name, bool reverse) {
   auto g = std::make_shared<Graph>();

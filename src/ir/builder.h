@@ -108,6 +108,8 @@ Tensor full(Builder& b, Type t, double value);
 Tensor gather(Tensor table, Tensor indices);
 Tensor scatter_add(Tensor operand, Tensor indices, Tensor updates);
 Tensor checkpoint_name(Tensor x, const std::string& name);
+// x, after failing the run (naming the scope) if it holds a NaN or an infinity; kept even if unread.
+Tensor check_finite(Tensor x);
 
 // lax.scan. `body(b, consts, carries, x_slices)` returns carries' next values followed by the y slices.
 // Returns the final carries followed by the stacked ys ([length, ...]).

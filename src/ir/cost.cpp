@@ -4,24 +4,19 @@ namespace remat::ir {
 
 double flops(const Graph& g, const Node& n) {
   auto elements = [&](ValueId v) { return static_cast<double>(g.type(v).num_elements()); };
-  switch (n.op) {
-    case Op::dot_general: {
+  switch (op_traits(n.op).cost) {  // the op table's cost column
+    case OpCost::none: return 0;
+    case OpCost::per_output: return elements(n.outputs[0]);
+    case OpCost::per_input: return elements(n.inputs[0]);
+    case OpCost::per_update: return elements(n.inputs[2]);
+    case OpCost::contraction: {  // 2 per multiply-add: 2 · (result elements) · (contracted size)
       double k = 1;
       for (int64_t d : n.attrs.int_lists("contract")[0]) k *= static_cast<double>(g.type(n.inputs[0]).shape[static_cast<size_t>(d)]);
       return 2 * elements(n.outputs[0]) * k;
     }
-    case Op::scan: return static_cast<double>(n.attrs.integer("length")) * flops(*n.body);
-    case Op::remat: return flops(*n.body);
-    case Op::reduce_sum:
-    case Op::reduce_max: return elements(n.inputs[0]);
-    case Op::broadcast_in_dim: case Op::reshape: case Op::transpose: case Op::slice: case Op::dynamic_slice:
-    case Op::dynamic_update_slice: case Op::concatenate: case Op::iota: case Op::full: case Op::gather:
-    case Op::name: case Op::offload: case Op::reload: case Op::convert_element_type:
-    case Op::convert_group:
-      return 0;
-    case Op::scatter_add: return elements(n.inputs[2]);
-    default: return elements(n.outputs[0]);  // elementwise
+    case OpCost::body: return (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0) * flops(*n.body);
   }
+  return 0;
 }
 
 double flops(const Graph& g) {

@@ -64,7 +64,7 @@ void dce(Graph& g) {
   std::vector<Node> kept;
   for (auto it = g.nodes.rbegin(); it != g.nodes.rend(); ++it) {
     Node& n = *it;
-    bool any = false;
+    bool any = is_effectful(n.op);  // an effect is its own reason to run
     for (ValueId v : n.outputs) any = any || live[static_cast<size_t>(v)];
     if (!any) continue;
     if (has_body(n.op)) prune_region(n, live);

@@ -8,6 +8,19 @@
 // `convert_group` converts several arrays to one dtype into a single allocation: its outputs live and
 // die together (a layer's compute copy of its weights as one buffer, like jmp's cast_to_compute of a
 // layer's parameters or FSDP's flat parameter); the planner keeps it whole.
+// `check_finite` is the identity that fails the run, naming its scope, when its operand holds a NaN or an
+// infinity (jax_debug_nans as an op); it is effectful: never removed, never reordered against another
+// effectful op.
+//
+// Each row answers, for every stage that reads it: X(op, arity, class, effects, cost)
+//   class   what the op is: elementwise (element i of the result from element i of each operand),
+//           view (the result is its operand's storage, retyped: no buffer of its own), layout (moves or
+//           replicates data), contraction, reduction, constant, group, transfer (between memory spaces),
+//           region (owns a body graph)
+//   effects pure, or effectful: DCE keeps it though nothing reads it; the scheduler never moves it
+//   cost    FLOPs (ir/cost.h): none, per_output (one per result element), per_input (one per operand
+//           element), per_update (one per element of operand 2), contraction (2·M·N·K), body (its graph)
+// Every column must be answered: a row with a missing one does not compile.
 #pragma once
 
 #include <cstdint>
@@ -16,71 +29,92 @@
 
 namespace remat::ir {
 
-#define REMAT_OPS(X)              \
-  X(dot_general, 2)               \
-  X(add, 2)                       \
-  X(sub, 2)                       \
-  X(mul, 2)                       \
-  X(div, 2)                       \
-  X(max, 2)                       \
-  X(min, 2)                       \
-  X(pow, 2)                       \
-  X(neg, 1)                       \
-  X(exp, 1)                       \
-  X(log, 1)                       \
-  X(tanh, 1)                      \
-  X(logistic, 1)                  \
-  X(sqrt, 1)                      \
-  X(rsqrt, 1)                     \
-  X(sin, 1)                       \
-  X(cos, 1)                       \
-  X(compare, 2)                   \
-  X(select, 3)                    \
-  X(broadcast_in_dim, 1)          \
-  X(reshape, 1)                   \
-  X(transpose, 1)                 \
-  X(slice, 1)                     \
-  X(dynamic_slice, -1)            \
-  X(dynamic_update_slice, -1)     \
-  X(concatenate, -1)              \
-  X(reduce_sum, 1)                \
-  X(reduce_max, 1)                \
-  X(convert_element_type, 1)      \
-  X(convert_group, -1)            \
-  X(iota, 0)                      \
-  X(full, 0)                      \
-  X(gather, 2)                    \
-  X(scatter_add, 3)               \
-  X(name, 1)                      \
-  X(offload, 1)                   \
-  X(reload, 1)                    \
-  X(scan, -1)                     \
-  X(remat, -1)
+#define REMAT_OPS(X)                                                          \
+  X(dot_general, 2, contraction, pure, contraction)                           \
+  X(add, 2, elementwise, pure, per_output)                                    \
+  X(sub, 2, elementwise, pure, per_output)                                    \
+  X(mul, 2, elementwise, pure, per_output)                                    \
+  X(div, 2, elementwise, pure, per_output)                                    \
+  X(max, 2, elementwise, pure, per_output)                                    \
+  X(min, 2, elementwise, pure, per_output)                                    \
+  X(pow, 2, elementwise, pure, per_output)                                    \
+  X(neg, 1, elementwise, pure, per_output)                                    \
+  X(exp, 1, elementwise, pure, per_output)                                    \
+  X(log, 1, elementwise, pure, per_output)                                    \
+  X(tanh, 1, elementwise, pure, per_output)                                   \
+  X(logistic, 1, elementwise, pure, per_output)                               \
+  X(sqrt, 1, elementwise, pure, per_output)                                   \
+  X(rsqrt, 1, elementwise, pure, per_output)                                  \
+  X(sin, 1, elementwise, pure, per_output)                                    \
+  X(cos, 1, elementwise, pure, per_output)                                    \
+  X(compare, 2, elementwise, pure, per_output)                                \
+  X(select, 3, elementwise, pure, per_output)                                 \
+  X(broadcast_in_dim, 1, layout, pure, none)                                  \
+  X(reshape, 1, view, pure, none)                                             \
+  X(transpose, 1, layout, pure, none)                                         \
+  X(slice, 1, layout, pure, none)                                             \
+  X(dynamic_slice, -1, layout, pure, none)                                    \
+  X(dynamic_update_slice, -1, layout, pure, none)                             \
+  X(concatenate, -1, layout, pure, none)                                      \
+  X(reduce_sum, 1, reduction, pure, per_input)                                \
+  X(reduce_max, 1, reduction, pure, per_input)                                \
+  X(convert_element_type, 1, elementwise, pure, none)                         \
+  X(convert_group, -1, group, pure, none)                                     \
+  X(iota, 0, constant, pure, none)                                            \
+  X(full, 0, constant, pure, none)                                            \
+  X(gather, 2, layout, pure, none)                                            \
+  X(scatter_add, 3, layout, pure, per_update)                                 \
+  X(name, 1, view, pure, none)                                                \
+  X(check_finite, 1, view, effectful, none)                                   \
+  X(offload, 1, transfer, pure, none)                                         \
+  X(reload, 1, transfer, pure, none)                                          \
+  X(scan, -1, region, pure, body)                                             \
+  X(remat, -1, region, pure, body)
 
 enum class Op : uint8_t {
-#define X(e, arity) e,
+#define X(e, ...) e,
   REMAT_OPS(X)
 #undef X
 };
 
 inline constexpr int kNumOps = 0
-#define X(e, arity) +1
+#define X(e, ...) +1
     REMAT_OPS(X)
 #undef X
     ;
 
+enum class OpClass : uint8_t { elementwise, view, layout, contraction, reduction, constant, group, transfer, region };
+enum class OpEffects : uint8_t { pure, effectful };
+enum class OpCost : uint8_t { none, per_output, per_input, per_update, contraction, body };
+
+struct OpTraits {
+  int arity;  // number of inputs, or -1 when variadic
+  OpClass cls;
+  OpEffects effects;
+  OpCost cost;
+};
+
+constexpr OpTraits op_traits(Op op) {
+  switch (op) {
+#define X(e, arity, cls, effects, cost) \
+  case Op::e:                           \
+    return {arity, OpClass::cls, OpEffects::effects, OpCost::cost};
+    REMAT_OPS(X)
+#undef X
+  }
+  return {};
+}
+
 std::string_view op_name(Op op);
 std::optional<Op> parse_op(std::string_view text);
-// Number of inputs, or -1 when variadic.
-int op_arity(Op op);
-bool is_elementwise_unary(Op op);
-bool is_elementwise_binary(Op op);
-// Ops whose output element i depends only on element i of each operand (safe to compute in place).
-inline bool is_elementwise(Op op) {
-  return is_elementwise_unary(op) || is_elementwise_binary(op) || op == Op::select || op == Op::compare ||
-         op == Op::convert_element_type;
-}
+constexpr int op_arity(Op op) { return op_traits(op).arity; }
+// Element i of the result depends only on element i of each operand (safe to compute in place).
+constexpr bool is_elementwise(Op op) { return op_traits(op).cls == OpClass::elementwise; }
+// The result is the operand's storage, retyped: planned and executed without a buffer of its own.
+constexpr bool is_view(Op op) { return op_traits(op).cls == OpClass::view; }
+// Kept by DCE though nothing reads it, and never moved by the scheduler.
+constexpr bool is_effectful(Op op) { return op_traits(op).effects == OpEffects::effectful; }
 // Ops that own a body graph.
-inline bool has_body(Op op) { return op == Op::scan || op == Op::remat; }
+constexpr bool has_body(Op op) { return op_traits(op).cls == OpClass::region; }
 
 }  // namespace remat::ir

@@ -281,6 +281,10 @@ std::vector<Type> rule_name(const Ctx& c) {
   return same_as_input(c);
 }
 
+std::vector<Type> rule_check_finite(const Ctx& c) {
+  CHECK(is_float(c.in[0].dtype), "{}: check_finite takes a floating-point operand, got {}", c.where, type_str(c.in[0]));
+  return same_as_input(c);
+}
 std::vector<Type> rule_offload(const Ctx& c) { return same_as_input(c); }
 std::vector<Type> rule_reload(const Ctx& c) { return same_as_input(c); }
 
@@ -347,7 +351,7 @@ std::vector<Type> infer_types(Op op, const std::vector<Type>& inputs, const Attr
         inputs.size());
   Ctx c{where, inputs, attrs, body};
   switch (op) {
-#define X(e, a)  \
+#define X(e, ...)  \
   case Op::e:    \
     return rule_##e(c);
     REMAT_OPS(X)

@@ -16,8 +16,6 @@ using ir::ValueId;
 
 int64_t aligned(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment; }
 
-bool is_alias(Op op) { return op == Op::reshape || op == Op::name; }
-
 // The given order, except that two kinds of nodes move to just before their first consumer: those
 // reading only loop-invariant values (the first `invariant` params, constants, and what is computed from
 // them alone: constants and weight broadcasts then live for one step instead of the whole forward; in a
@@ -39,7 +37,9 @@ std::vector<int> schedule(const Graph& g, size_t invariant, bool float_recompute
       all = all && (p < 0 ? !variant[static_cast<size_t>(v)] : floating[static_cast<size_t>(p)]);
     }
     const Node& node = g.nodes[static_cast<size_t>(i)];
-    floating[static_cast<size_t>(i)] = (all || (float_recomputes && node.recomputed)) && !node.body;
+    // Effectful nodes never move (so they keep their order among themselves), nor do regions.
+    floating[static_cast<size_t>(i)] =
+        (all || (float_recomputes && node.recomputed)) && !node.body && !ir::is_effectful(node.op);
   }
   std::vector<std::vector<int>> consumers(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)
@@ -134,7 +134,7 @@ Plan build(const Graph& g, const Options& options) {
     for (ValueId v : node.inputs) last[static_cast<size_t>(p.root[static_cast<size_t>(v)])] = s;
     for (size_t k = 0; k < node.outputs.size(); ++k) {
       ValueId v = node.outputs[k];
-      if (is_alias(node.op)) {
+      if (ir::is_view(node.op)) {
         p.root[static_cast<size_t>(v)] = p.root[static_cast<size_t>(node.inputs[0])];
         space[static_cast<size_t>(v)] = space[static_cast<size_t>(node.inputs[0])];
       } else {
@@ -203,7 +203,7 @@ Plan build(const Graph& g, const Options& options) {
       }
       p.bodies.emplace(i, std::move(body));
     }
-    if (is_alias(node.op)) continue;
+    if (ir::is_view(node.op)) continue;
     if (node.op == Op::convert_group) {  // one buffer for all outputs, live until the last use of any
       Buffer b;
       b.value = node.outputs[0];

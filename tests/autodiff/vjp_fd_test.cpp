@@ -109,6 +109,7 @@ std::vector<Case> cases() {
                  return scatter_add(p(b, "x", {5, 3}), const_i32(b, {4, 0, 4}), p(b, "u", {3, 3}));
                }});
   c.push_back({"name", [=](Builder& b) { return checkpoint_name(p(b, "x", {2, 3}) * 3.0, "mlpwo"); }});
+  c.push_back({"check_finite", [=](Builder& b) { return tanh(check_finite(p(b, "x", {2, 3}) * 3.0)); }});
   c.push_back({"offload_reload", [=](Builder& b) {
                  Tensor x = p(b, "x", {2, 3});
                  return b.emit1(Op::reload, std::array{b.emit1(Op::offload, std::array{tanh(x)})}) * x;

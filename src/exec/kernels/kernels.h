@@ -13,7 +13,7 @@
 
 namespace remat::exec {
 
-#define X(e, arity) \
+#define X(e, ...) \
   void kernel_##e(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options);
 REMAT_OPS(X)
 #undef X

@@ -2,6 +2,7 @@
 #include "exec/kernels/kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace remat::exec {
@@ -47,6 +48,14 @@ void kernel_reshape(const ir::Node&, std::span<const Array> in, std::span<Array>
   out[0] = in[0].view_as(out[0]);
 }
 void kernel_name(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+  out[0] = in[0].view_as(out[0]);
+}
+void kernel_check_finite(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+  for (int64_t i = 0; i < in[0].size(); ++i) {
+    const double v = in[0].get(i);
+    CHECK(std::isfinite(v), "check_finite{}: element {} of {} is {}", n.scope.empty() ? "" : fmt::format(" (scope '{}')", n.scope),
+          i, ir::type_str(in[0].type()), v);
+  }
   out[0] = in[0].view_as(out[0]);
 }
 
