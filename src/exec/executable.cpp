@@ -47,8 +47,10 @@ Executable::Executable(Graph graph, plan::Plan plan, Options options)
   if (options_.separate_buffers) {
     allocate_separately(graph_, plan_);
   } else {
-    device_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[0], 1)}});
-    host_ = Array(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[1], 1)}});
+    // Faulted in here, once (zeroed: every page touched; 2 MiB pages where the kernel gives them), so a
+    // step never takes a page fault in the arenas.
+    device_ = Array::zeros(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[0], 1)}});
+    host_ = Array::zeros(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[1], 1)}});
   }
   if (options_.poison) {
     std::function<void(const plan::Plan&)> index = [&](const plan::Plan& p) {
