@@ -100,6 +100,16 @@ std::string sample(const RunConfig& c, const std::vector<exec::Array>& params) {
 
 }  // namespace
 
+namespace {
+// A line of /proc/self/status in bytes: VmRSS (resident now) or VmHWM (the peak); 0 where there is none.
+int64_t resident_bytes(const char* field) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(line.find(':') + 1)) * 1024;  // "VmHWM:  1234 kB"
+  return 0;
+}
+}  // namespace
+
 RunResult run(const RunConfig& c) {
   CHECK(c.steps > 0, "config key 'steps' must be positive, got {}", c.steps);
   CHECK(c.eval_interval > 0 && c.eval_steps > 0 && c.log_period > 0,
@@ -107,6 +117,7 @@ RunResult run(const RunConfig& c) {
         c.log_period);
   Dataset data = load_dataset(c.dataset_path, c.validation_fraction);
   fmt::print("data: {}; {} train / {} validation bytes\n", data.description, data.train.size(), data.validation.size());
+  const int64_t baseline_rss = resident_bytes("VmRSS");  // binary, libraries and data, before any compile
   Batcher batcher(data.train, c.shape.seq, c.data_seed, "train");
   Evaluator evaluator(c, data);
 
@@ -202,6 +213,12 @@ RunResult run(const RunConfig& c) {
   fmt::print("done in {}; metrics in {}; measured peak {} device (planned {})\n", duration_str(seconds_since(start)),
              metrics_path, plan::bytes_str(static_cast<double>(step.measured_peak(plan::Space::device))),
              plan::bytes_str(static_cast<double>(step.plan().lower_bound[0])));
+  // What the plan does not cover yet shows here: evaluation and sampling run unplanned, kernels keep scratch.
+  const int64_t planned = plan::argument_bytes(step.graph()) + step.plan().arena[0] + step.plan().arena[1];
+  fmt::print("process: peak RSS {} = baseline {} (before compiling) + {}; the step's plan: {} (arguments and arenas)\n",
+             plan::bytes_str(static_cast<double>(resident_bytes("VmHWM"))), plan::bytes_str(static_cast<double>(baseline_rss)),
+             plan::bytes_str(static_cast<double>(resident_bytes("VmHWM") - baseline_rss)),
+             plan::bytes_str(static_cast<double>(planned)));
   fmt::print("sample ({}, prompt \"{}\"):\n{}\n", c.sample_temperature > 0 ? fmt::format("temperature {}", c.sample_temperature) : "greedy",
              printable(c.sample_prompt), printable(sample(c, params)));
   return result;

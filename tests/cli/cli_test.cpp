@@ -74,6 +74,7 @@ TEST(Cli, TrainPrintsProgressEvalSampleAndWritesMatchingMetrics) {
 // CHECK: step     4/4 | loss
 // CHECK-NEXT: eval      4/4 | validation loss
 // CHECK-NEXT: done in {{.*}}; metrics in {{.*}}metrics.jsonl; measured peak [[PEAK:[0-9.]+ [KMG]?i?B]] device (planned [[PEAK]])
+// CHECK-NEXT: process: peak RSS {{[0-9.]+ [KMG]?i?B}} = baseline {{[0-9.]+ [KMG]?i?B}} (before compiling) + {{.*}}; the step's plan: {{[0-9.]+ [KMG]?i?B}} (arguments and arenas)
 // CHECK-NEXT: sample (temperature 0.7, prompt "The "):
 // CHECK-NEXT: The
 // CHECK: final: train loss {{[0-9]+\.[0-9]+}}, validation loss {{[0-9]+\.[0-9]+}} nats/byte
