@@ -56,6 +56,15 @@ void prune_group(Node& n, const std::vector<bool>& live) {
   n.outputs = std::move(outputs);
 }
 
+// Whether running `n` has an effect: an effectful op, or a region whose body holds one.
+bool has_effects(const Node& n) {
+  if (is_effectful(n.op)) return true;
+  if (n.body)
+    for (const Node& m : n.body->nodes)
+      if (has_effects(m)) return true;
+  return false;
+}
+
 }  // namespace
 
 void dce(Graph& g) {
@@ -64,7 +73,7 @@ void dce(Graph& g) {
   std::vector<Node> kept;
   for (auto it = g.nodes.rbegin(); it != g.nodes.rend(); ++it) {
     Node& n = *it;
-    bool any = is_effectful(n.op);  // an effect is its own reason to run
+    bool any = has_effects(n);  // an effect is its own reason to run
     for (ValueId v : n.outputs) any = any || live[static_cast<size_t>(v)];
     if (!any) continue;
     if (has_body(n.op)) prune_region(n, live);

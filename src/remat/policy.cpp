@@ -126,6 +126,7 @@ class Parser {
       open();
       for (bool first = true; !peek(")"); first = false) {
         if (!first) comma();
+        if (peek(")")) break;  // a trailing comma, as Python allows
         Tok key = next();
         expect(key.kind == Tok::ident, key, "a checkpoint name");
         expect(next().text == "=", key, "name=remat|device|offload");
@@ -275,6 +276,7 @@ class Parser {
     open();
     for (bool first = true; !peek(")"); first = false) {
       if (!first) comma();
+      if (peek(")")) break;  // a trailing comma, as Python (and black) writes it
       Tok key = next();
       const bool keyword = key.kind == Tok::ident && toks_[pos_].kind == Tok::punct && toks_[pos_].text == "=";
       CHECK(keyword, "remat policy '{}': {} takes keyword arguments only (as in JAX): save= (or "

@@ -57,6 +57,23 @@ TEST(OpTable, EffectfulOpsSurviveDceAndKeepTheirPlace) {
   }
 }
 
+// A region whose body holds an effectful op is kept though nothing reads its outputs.
+TEST(OpTable, RegionsHoldingEffectsSurviveDce) {
+  Graph g;
+  Builder b(g);
+  Tensor x = b.param("x", {DType::f32, {4}});
+  std::vector<Tensor> in{x};
+  checkpoint(b, in, [](Builder&, std::span<const Tensor> a) { return std::vector<Tensor>{check_finite(tanh(a[0]))}; },
+             "nothing_saveable");  // its output unread
+  checkpoint(b, in, [](Builder&, std::span<const Tensor> a) { return std::vector<Tensor>{tanh(a[0])}; },
+             "nothing_saveable");  // pure and unread: removed
+  b.result(exp(x));
+  dce(g);
+  int regions = 0;
+  for (const Node& n : g.nodes) regions += n.op == Op::remat;
+  EXPECT_EQ(regions, 1) << print(g);
+}
+
 TEST(OpTable, ColumnsAgreeWithTheStages) {
   EXPECT_TRUE(is_view(Op::reshape) && is_view(Op::name) && is_view(Op::check_finite));
   EXPECT_FALSE(is_view(Op::transpose));

@@ -50,6 +50,8 @@ TEST(AxlearnSpellings, ParseToTheShortSpelling) {
       {"save_and_offload_only_these_names(names_which_can_be_offloaded=None, names_which_can_be_saved=[key_proj, 'value_proj'])",
        "save_and_offload_only_these_names(save=[key_proj, value_proj], offload=[])"},
       {"save_only_these_names(\"query_proj\", 'key_proj')", "save_only_these_names(query_proj, key_proj)"},
+      {"save_and_offload_only_these_names_regex(\n    names_which_can_be_saved=\".*_proj\",\n    names_which_can_be_offloaded=None,\n)",
+       "save_and_offload_only_these_names_regex(save=\".*_proj\", offload=\"\")"},  // black's trailing comma
   };
   for (const auto& [jax, short_form] : same) {
     rematerialize::Policy a = parse_policy(jax), b = parse_policy(short_form);
