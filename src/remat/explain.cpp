@@ -89,13 +89,16 @@ std::string Explanation::text() const {
                        bytes_str(offloaded * t), bytes_str(recomputed * t));
     i = end;
   }
+  return out + "step: " + step_summary() + "\n";
+}
+
+std::string Explanation::step_summary() const {
   const double backward = step_flops - forward_flops - recompute_flops;
-  out += fmt::format(
-      "step: saved {} on device, {} offloaded to host; {:.3f} GFLOP forward, {:.3f} GFLOP backward and update, "
-      "{:.3f} GFLOP recompute ({:.1f}% of the step)\n",
+  return fmt::format(
+      "saved {} on device, {} offloaded to host; {:.3f} GFLOP forward, {:.3f} GFLOP backward and update, "
+      "{:.3f} GFLOP recompute ({:.1f}% of the step)",
       bytes_str(saved_bytes()), bytes_str(offloaded_bytes()), forward_flops / 1e9, backward / 1e9, recompute_flops / 1e9,
       step_flops > 0 ? 100 * recompute_flops / step_flops : 0.0);
-  return out;
 }
 
 nlohmann::json Explanation::json() const {

@@ -72,6 +72,8 @@ struct Explanation {
   double saved_bytes() const;
   double offloaded_bytes() const;
   std::string text() const;
+  // The whole step in one line: bytes saved and offloaded, GFLOP forward, backward, recompute (text()'s last line).
+  std::string step_summary() const;
   nlohmann::json json() const;
 };
 

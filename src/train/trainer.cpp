@@ -127,8 +127,8 @@ RunResult run(const RunConfig& c) {
     fmt::print("warning: {}\n", w);
   rematerialize::Decider decider(nn::vocabulary(c.model));
   ir::Graph traced = step_graph(c.model, c.shape, c.optimizer, &decider);
-  std::string explained = rematerialize::explain(decider.records(), forward, traced).text();
-  fmt::print("remat: policy {}; {}", c.model.remat_policy, explained.substr(explained.rfind("step: ") + 6));
+  fmt::print("remat: policy {}; {}\n", c.model.remat_policy,
+             rematerialize::explain(decider.records(), forward, traced).step_summary());
   ir::inline_remat_regions(traced);
   plan::Plan memory = plan::build(traced, {.donate = step_donation(c.model)});
   fmt::print("plan: arena {} device (lower bound {}), {} host; parameters, moments updated in place\n",

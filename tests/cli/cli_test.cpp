@@ -67,7 +67,8 @@ TEST(Cli, TrainPrintsProgressEvalSampleAndWritesMatchingMetrics) {
                                    kSmall, dir.path.string()));
   ASSERT_EQ(o.status, 0) << o.text;
   EXPECT_EQ(testing_support::filecheck(R"(
-// CHECK: plan: arena
+// CHECK: remat: policy full; saved {{[0-9.]+ [KMG]?i?B}} on device, 0 B offloaded to host; {{.*}} GFLOP recompute
+// CHECK-NEXT: plan: arena
 // CHECK: train: 4 steps x 1 microbatch(es) x 2 sequences x 32 tokens = 64 tokens/step
 // CHECK: step     2/4 | loss {{[0-9]+\.[0-9]+}} | lr {{[0-9.]+e-0[0-9]}} | {{ *[0-9]+}} tok/s | {{ *[0-9.]+}} ms/step | ETA
 // CHECK-NEXT: eval      2/4 | validation loss {{[0-9]+\.[0-9]+}} nats/byte
