@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 
 #include <dlfcn.h>
@@ -95,19 +96,32 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 namespace remat {
 namespace {
 
-TEST(ZeroAllocation, SteadyStateTrainingStep) {
-  for (const char* policy : {"full", "minimal_offloaded"}) {
-    nn::ModelConfig c = testing_support::small_model(2, true, policy);
-    ir::Graph g = train::step_graph(c, {2, 16, 2}, train::OptimizerConfig{});
+// A planned training step of the small model (2 microbatches) and its arguments, after a first step has
+// built the caches (oneDNN primitives, kernel scratch, per-graph frames).
+struct WarmStep {
+  nn::ModelConfig c;
+  std::unique_ptr<exec::Executable> step;
+  std::vector<exec::Array> args;
+
+  WarmStep(const std::string& policy, train::StepShape shape) : c(testing_support::small_model(2, true, policy)) {
+    ir::Graph g = train::step_graph(c, shape, train::OptimizerConfig{});
     ir::inline_remat_regions(g);
-    exec::Executable step(g, plan::build(g, {.donate = train::step_donation(c)}));
-    std::vector<exec::Array> args = nn::init_params(c, 1);
+    plan::Plan p = plan::build(g, {.donate = train::step_donation(c)});
+    step = std::make_unique<exec::Executable>(std::move(g), std::move(p));
+    args = nn::init_params(c, 1);
     const size_t np = args.size();
     for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));
     args.push_back(exec::Array::from<int32_t>({}, {0}));
-    args.push_back(exec::Array::zeros({DType::i32, {2, 2, 16}}));
-    args.push_back(exec::Array::zeros({DType::i32, {2, 2, 16}}));
-    step.run(args);  // the first step builds the caches
+    for (int k = 0; k < 2; ++k) args.push_back(exec::Array::zeros({DType::i32, {shape.accumulation, shape.batch, shape.seq}}));
+    step->run(args);
+  }
+};
+
+TEST(ZeroAllocation, SteadyStateTrainingStep) {
+  for (const char* policy : {"full", "minimal_offloaded"}) {
+    WarmStep w(policy, {2, 16, 2});
+    exec::Executable& step = *w.step;
+    std::vector<exec::Array>& args = w.args;
     allocations = 0;
     library_allocations = 0;
     counting = true;
@@ -123,20 +137,11 @@ TEST(ZeroAllocation, SteadyStateTrainingStep) {
 // The arenas are faulted in when the executable is made: steady-state steps (the 2nd on) take no minor
 // page fault at all, in any thread of the process (getrusage counts them all).
 TEST(ZeroAllocation, SteadyStateStepsTakeNoPageFault) {
-  nn::ModelConfig c = testing_support::small_model(2, true, "minimal_offloaded");
-  ir::Graph g = train::step_graph(c, {4, 32, 2}, train::OptimizerConfig{});
-  ir::inline_remat_regions(g);
-  exec::Executable step(g, plan::build(g, {.donate = train::step_donation(c)}));
-  std::vector<exec::Array> args = nn::init_params(c, 1);
-  const size_t np = args.size();
-  for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));
-  args.push_back(exec::Array::from<int32_t>({}, {0}));
-  args.push_back(exec::Array::zeros({DType::i32, {2, 4, 32}}));
-  args.push_back(exec::Array::zeros({DType::i32, {2, 4, 32}}));
-  step.run(args);  // the first step builds the caches
+  WarmStep w("minimal_offloaded", {4, 32, 2});
+  exec::Executable& step = *w.step;
   rusage before{}, after{};
   getrusage(RUSAGE_SELF, &before);
-  for (int k = 0; k < 3; ++k) step.run(args);
+  for (int k = 0; k < 3; ++k) step.run(w.args);
   getrusage(RUSAGE_SELF, &after);
   EXPECT_EQ(after.ru_minflt - before.ru_minflt, 0) << "minor page faults in 3 steady-state steps";
   EXPECT_EQ(after.ru_majflt - before.ru_majflt, 0);
