@@ -77,14 +77,22 @@ constexpr std::string_view spelled(const Name& n, Naming naming) { return naming
 
 constexpr bool same(const Name& a, const Name& b) { return a.maxtext == b.maxtext && a.axlearn == b.axlearn; }
 
+// The fused tensor that replaces `n` under its fusion (qkv_proj for q, k and v; mlpwi for mlpwi_0/1), if any.
+constexpr const Name* fused_into(const Name& n) {
+  if (same(n, kQueryProj) || same(n, kKeyProj) || same(n, kValueProj)) return &kQkvProj;
+  if (same(n, kMlpWi0) || same(n, kMlpWi1)) return &kMlpWi;
+  return nullptr;
+}
+
+// Whether the fusion that makes the fused tensor `fused` is on in `v`.
+constexpr bool fused_on(const Name& fused, const Vocabulary& v) { return same(fused, kQkvProj) ? v.fused_qkv : v.fused_mlp; }
+
 // Whether a layer with names `v` carries `n`: spelled in its naming, and not replaced by a fusion (or a
 // fused name without its fusion).
 constexpr bool carries(const Name& n, const Vocabulary& v) {
   if (spelled(n, v.naming).empty()) return false;
-  if (same(n, kQueryProj) || same(n, kKeyProj) || same(n, kValueProj)) return !v.fused_qkv;
-  if (same(n, kMlpWi0) || same(n, kMlpWi1)) return !v.fused_mlp;
-  if (same(n, kQkvProj)) return v.fused_qkv;
-  if (same(n, kMlpWi)) return v.fused_mlp;
+  if (const Name* f = fused_into(n)) return !fused_on(*f, v);
+  if (same(n, kQkvProj) || same(n, kMlpWi)) return fused_on(n, v);
   return true;
 }
 
@@ -99,9 +107,8 @@ constexpr std::string_view from_maxtext(std::string_view maxtext_name, Naming na
 // A name a MaxText preset lists, as the layer spells it: under a fusion the fused tensor's name (the
 // preset then lists it once), under axlearn the AXLearn name.
 constexpr std::string_view preset_name(std::string_view maxtext_name, const Vocabulary& v) {
-  if (v.fused_qkv && (maxtext_name == kQueryProj.maxtext || maxtext_name == kKeyProj.maxtext || maxtext_name == kValueProj.maxtext))
-    return kQkvProj.maxtext;
-  if (v.fused_mlp && (maxtext_name == kMlpWi0.maxtext || maxtext_name == kMlpWi1.maxtext)) return kMlpWi.maxtext;
+  for (const Name& n : kAll)
+    if (const Name* f = fused_into(n); f != nullptr && n.maxtext == maxtext_name && fused_on(*f, v)) return f->maxtext;
   return from_maxtext(maxtext_name, v.naming);
 }
 
