@@ -1,6 +1,7 @@
 // Training-step time (forward, backward, AdamW; remat full; the planned arena executor) in f32 and in
 // bf16 compute, for the `tiny` config and a ~100M-parameter one. Run: make bench
 #include "exec/executable.h"
+#include "compile/compile.h"
 #include "train/step.h"
 
 #include <benchmark/benchmark.h>
@@ -25,9 +26,8 @@ void TrainStep(benchmark::State& state) {
   nn::ModelConfig c = model(state.range(0));
   c.precision = nn::parse_precision(state.range(1) ? "p=f32,c=bf16" : "f32");
   const train::StepShape shape{state.range(0) == 100 ? 4 : 16, 128, 1};
-  ir::Graph g = train::step_graph(c, shape, train::OptimizerConfig{});
-  ir::inline_remat_regions(g);
-  exec::Executable step(g, plan::build(g, {.donate = train::step_donation(c)}));
+  compile::Compiled s = compile::compile({.model = c, .shape = shape});
+  exec::Executable step(std::move(s.program), std::move(s.plan));
   std::vector<exec::Array> args = nn::init_params(c, 0);
   const size_t np = args.size();
   for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));

@@ -5,7 +5,7 @@
 // came from, and what is allowed.
 #pragma once
 
-#include "train/trainer.h"
+#include "trainer/trainer.h"
 
 #include <map>
 #include <string>
@@ -14,7 +14,7 @@
 namespace remat::cli {
 
 struct Config {
-  train::RunConfig run;
+  trainer::RunConfig run;
   std::map<std::string, std::string> custom_remat;  // checkpoint name -> remat|device|offload (remat_policy=custom)
   std::string model = "tiny";                 // preset name (configs/models/<model>.yml)
   std::string run_name;                       // "" = the model name

@@ -6,12 +6,12 @@
 namespace remat::cli {
 
 std::string explain_report(const Config& config, bool json) {
-  const train::RunConfig& run = config.run;
-  ir::Graph forward = nn::loss_graph(run.model, run.shape.batch, run.shape.seq);
-  std::vector<std::string> warnings = rematerialize::lint(forward, {.allow_unmatched = run.remat_allow_unmatched, .names = nn::vocabulary(run.model)});
-  rematerialize::Decider decider(nn::vocabulary(run.model));
-  ir::Graph step = train::grads_graph(run.model, run.shape, &decider);
-  rematerialize::Explanation e = rematerialize::explain(decider.records(), forward, step);
+  const trainer::RunConfig& run = config.run;
+  compile::Compiled grads = compile::compile({.model = run.model, .shape = run.shape, .optimizer = run.optimizer,
+                                              .program = compile::Program::grads,
+                                              .allow_unmatched = run.remat_allow_unmatched});
+  const std::vector<std::string>& warnings = grads.warnings;
+  const rematerialize::Explanation& e = grads.explanation;
   if (json) {
     nlohmann::json out = e.json();
     out["model"] = config.model;

@@ -10,14 +10,10 @@
 namespace remat::cli {
 
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
-  const train::RunConfig& run = config.run;
-  ir::Graph forward = nn::loss_graph(run.model, run.shape.batch, run.shape.seq);
-  rematerialize::lint(forward, {.allow_unmatched = run.remat_allow_unmatched, .names = nn::vocabulary(run.model)});
-  rematerialize::Decider decider(nn::vocabulary(run.model));
-  ir::Graph step = train::step_graph(run.model, run.shape, run.optimizer, &decider);
-  rematerialize::Explanation e = rematerialize::explain(decider.records(), forward, step);
-  ir::inline_remat_regions(step);
-  plan::Plan p = plan::build(step, {.donate = train::step_donation(run.model)});
+  const trainer::RunConfig& run = config.run;
+  compile::Compiled step = compile::compile({.model = run.model, .shape = run.shape, .optimizer = run.optimizer,
+                                             .allow_unmatched = run.remat_allow_unmatched});
+  const rematerialize::Explanation& e = step.explanation;
   plan::ReportOptions o;
   const double params = static_cast<double>(nn::param_count(run.model));
   const nn::PrecisionPolicy& mp = run.model.precision;
@@ -32,7 +28,7 @@ std::string plan_report(const Config& config, bool json, const std::string& time
   o.forward_flops = e.forward_flops;
   o.recompute_flops = e.recompute_flops;
   o.backward_flops = e.step_flops - e.forward_flops - e.recompute_flops;
-  plan::Report r = plan::report(p, step, o);
+  plan::Report r = plan::report(step.plan, step.program, step.signature, o);
   if (fits) *fits = r.fits();
   if (!timeline.empty()) {
     std::ofstream out(timeline);

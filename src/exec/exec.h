@@ -1,13 +1,16 @@
-// Public header of the executor (DESIGN §1, §11): runs a graph on the CPU.
-// Kernels are plain functions per op (exec/kernels/); dot_general goes through oneDNN for f32 and has a
-// naive reference twin (kernels/ref/). Scan runs its body `length` times over views of the stacked
-// inputs. Buffers are freed after their last use (the memory planner replaces this with an arena).
+// Public header of the executor (DESIGN §1, §11). One executor, exec::Executable (executable.h), runs a
+// planned graph over its arenas through a backend (backend.h: memory, copies, the kernel table, workspace
+// sizes; the CPU's kernels are plain functions per op in exec/kernels/, dot_general through oneDNN with a
+// naive reference twin in kernels/ref/). exec::run is the one-call form for tests and small programs: it
+// plans the graph (remat regions inlined) and runs it once.
 //
 //   std::vector<exec::Array> out = exec::run(graph, {x, w});
 #pragma once
 
 #include "exec/array.h"
+#include "exec/backend.h"
 
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -30,6 +33,7 @@ inline constexpr bool kAddressSanitizer = false;
 #endif
 
 struct Options {
+  const Backend* backend = &cpu();  // memory, copies and kernels
   bool reference_kernels = false;  // use the naive reference twins (tests compare the two)
   Profile* profile = nullptr;      // when set, every kernel call is timed into it
   // Checks of the memory plan (exec::Executable only):
@@ -42,7 +46,11 @@ struct Options {
   bool separate_buffers = kAddressSanitizer;
 };
 
-// Runs g on `args` (one per param, types must match). Errors name the node that failed.
+// Plans g (a copy, remat regions inlined, with the backend's workspace) and runs it once on `args` (one per
+// param, types must match). Errors name the node that failed. The results keep the run's arena alive.
 std::vector<Array> run(const ir::Graph& g, std::span<const Array> args, const Options& options = {});
+
+// The planner's workspace question, answered by `backend` (plan::Options::workspace).
+std::function<int64_t(const ir::Node&, std::span<const ir::Type>)> workspace_of(const Backend& backend);
 
 }  // namespace remat::exec

@@ -2,6 +2,7 @@
 
 #include "exec/kernels/kernels.h"
 
+#include <chrono>
 #include <cstring>
 #include <functional>
 
@@ -19,38 +20,32 @@ struct Executable::Frame {
 
 namespace {
 
-void copy_bytes(const Array& from, const Array& to, int64_t byte_offset = 0) {
-  if (from.bytes() == to.bytes() + byte_offset) return;
-  std::memmove(to.bytes() + byte_offset, from.bytes(), static_cast<size_t>(from.type().bytes()));
-}
-
 // Copies the body's carry results into the outer carry buffers. A carry result that is another carry's
 // buffer (carries passed on in a different order) is staged first, so no carry is overwritten before read.
-void copy_carries(const Graph& body, const std::vector<Array>& values, std::span<Array> outs, size_t nh) {
+void copy_carries(const Backend& backend, const Graph& body, const std::vector<Array>& values, std::span<Array> outs,
+                  size_t nh) {
   bool crossed = false;
   for (size_t k = 0; k < nh; ++k)
     for (size_t j = 0; j < nh; ++j)
       crossed = crossed || (j != k && values[static_cast<size_t>(body.results[k])].bytes() == outs[j].bytes());
   if (!crossed) {
-    for (size_t k = 0; k < nh; ++k) copy_bytes(values[static_cast<size_t>(body.results[k])], outs[k]);
+    for (size_t k = 0; k < nh; ++k) backend.copy(values[static_cast<size_t>(body.results[k])], outs[k]);
     return;
   }
   std::vector<Array> staged;
   for (size_t k = 0; k < nh; ++k) staged.push_back(values[static_cast<size_t>(body.results[k])].clone());
-  for (size_t k = 0; k < nh; ++k) copy_bytes(staged[k], outs[k]);
+  for (size_t k = 0; k < nh; ++k) backend.copy(staged[k], outs[k]);
 }
 
 }  // namespace
 
 Executable::Executable(Graph graph, plan::Plan plan, Options options)
-    : graph_(std::move(graph)), plan_(std::move(plan)), options_(options) {
+    : graph_(std::move(graph)), plan_(std::move(plan)), options_(options), backend_(*options_.backend) {
   if (options_.separate_buffers) {
     allocate_separately(graph_, plan_);
-  } else {
-    // Faulted in here, once (zeroed: every page touched; 2 MiB pages where the kernel gives them), so a
-    // step never takes a page fault in the arenas.
-    device_ = Array::zeros(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[0], 1)}});
-    host_ = Array::zeros(ir::Type{DType::pred, {std::max<int64_t>(plan_.arena[1], 1)}});
+  } else {  // faulted in here, once, so a step never takes a page fault in the arenas
+    device_ = backend_.allocate(false, plan_.arena[0]);
+    host_ = backend_.allocate(true, plan_.arena[1]);
   }
   if (options_.poison) {
     std::function<void(const plan::Plan&)> index = [&](const plan::Plan& p) {
@@ -65,8 +60,9 @@ Executable::Executable(Graph graph, plan::Plan plan, Options options)
   for (ir::ValueId r : graph_.results) result_types_.push_back(std::make_shared<const ir::Type>(graph_.type(r)));
 }
 
-// One allocation per buffer, of the bytes its values use (not the 64-byte rounding), so the first byte past
-// them is ASan's redzone. A scan's sub-arena is not allocated: its body's buffers are, one by one.
+// One allocation per buffer, of the bytes its values use (not the 64-byte rounding; a workspace: its planned
+// bytes), so the first byte past them is ASan's redzone. A scan's sub-arena is not allocated: its body's
+// buffers are, one by one.
 void Executable::allocate_separately(const Graph& g, const plan::Plan& p) {
   std::vector<Array>& mine = separate_[&p];
   std::vector<int64_t> used(p.buffers.size(), 0);
@@ -74,7 +70,9 @@ void Executable::allocate_separately(const Graph& g, const plan::Plan& p) {
     if (const int b = p.buffer_of[v]; b >= 0)
       used[static_cast<size_t>(b)] = std::max(used[static_cast<size_t>(b)], p.within[v] + g.types[v].bytes());
   for (size_t b = 0; b < p.buffers.size(); ++b)
-    mine.push_back(p.buffers[b].value < 0 ? Array() : Array::exact(used[b]));
+    mine.push_back(p.buffers[b].workspace ? Array::exact(p.buffers[b].bytes)
+                   : p.buffers[b].value < 0 ? Array()
+                                            : Array::exact(used[b]));
   for (const auto& [node, body] : p.bodies) allocate_separately(*g.nodes[static_cast<size_t>(node)].body, body);
 }
 
@@ -85,6 +83,27 @@ std::byte* Executable::buffer_bytes(const plan::Plan& p, size_t b, int64_t devic
 }
 
 Executable::~Executable() = default;
+
+std::vector<Array>& Executable::own_arguments(const std::map<int, Array>& shared) {
+  ASSERT(arguments_.empty());
+  const Graph& g = graph_;
+  std::vector<int64_t> offset(g.params.size(), -1);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < g.params.size(); ++i)
+    if (!shared.contains(static_cast<int>(i))) offset[i] = bytes, bytes += (g.type(g.params[i]).bytes() + 63) / 64 * 64;
+  arguments_block_ = backend_.allocate(false, bytes);
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    if (offset[i] >= 0) {
+      arguments_.push_back(arguments_block_.view(g.type(g.params[i]), offset[i]));
+      continue;
+    }
+    const Array& a = shared.at(static_cast<int>(i));
+    CHECK(a.type() == g.type(g.params[i]), "graph @{}: shared argument {} (%{}) is {} but the graph expects {}", g.name,
+          i, g.param_names[i], ir::type_str(a.type()), ir::type_str(g.type(g.params[i])));
+    arguments_.push_back(a);
+  }
+  return arguments_;
+}
 
 Executable::Frame& Executable::frame_for(const Graph& g) {
   auto it = frames_.find(&g);
@@ -113,6 +132,7 @@ const std::vector<Array>& Executable::run(std::span<const Array> args) {
   f.first_write.assign(plan_.buffers.size(), -1);
   f.last_read.assign(plan_.buffers.size(), -1);
   run_graph(g, plan_, 0, 0, f, args, true);
+  backend_.synchronize();
   results_.clear();
   for (size_t r = 0; r < g.results.size(); ++r) {
     const int p = plan_.donated_param[r];
@@ -169,7 +189,7 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
       for (ir::ValueId v : n.outputs)
         if (int b = p.buffer_of[static_cast<size_t>(v)]; b >= 0 && f.first_write[static_cast<size_t>(b)] < 0)
           f.first_write[static_cast<size_t>(b)] = static_cast<int>(s);
-      for (const auto* m : {&p.body_buffer, &p.body_host_buffer})
+      for (const auto* m : {&p.body_buffer, &p.body_host_buffer, &p.workspace_buffer})
         if (auto it = m->find(i); it != m->end()) {
           f.first_write[static_cast<size_t>(it->second)] = static_cast<int>(s);
           f.last_read[static_cast<size_t>(it->second)] = static_cast<int>(s);
@@ -188,7 +208,7 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
         const int64_t length = n.attrs.integer("length");
         const size_t nc = static_cast<size_t>(n.attrs.integer("num_consts"));
         const size_t nh = static_cast<size_t>(n.attrs.integer("num_carry"));
-        for (size_t k = 0; k < nh; ++k) copy_bytes(f.ins[nc + k], f.outs[k]);
+        for (size_t k = 0; k < nh; ++k) backend_.copy(f.ins[nc + k], f.outs[k]);
         for (int64_t step = 0; step < length; ++step) {
           const int64_t t = n.attrs.boolean("reverse") ? length - 1 - step : step;
           f.body_args.clear();
@@ -200,19 +220,16 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
           // ys first: a y may be a carry param, which is the outer carry buffer the carries overwrite next.
           for (size_t k = nh; k < n.outputs.size(); ++k) {
             const Array& r = bf.values[static_cast<size_t>(body.results[k])];
-            copy_bytes(r, f.outs[k], t * r.type().bytes());
+            backend_.copy(r, f.outs[k], t * r.type().bytes());
           }
-          copy_carries(body, bf.values, f.outs, nh);
+          copy_carries(backend_, body, bf.values, f.outs, nh);
         }
       } else {
-        switch (n.op) {
-#define X(e, ...)                                \
-  case Op::e:                                      \
-    kernel_##e(n, f.ins, f.outs, options_);        \
-    break;
-          REMAT_OPS(X)
-#undef X
-        }
+        std::span<std::byte> workspace;
+        if (auto it = p.workspace_buffer.find(i); it != p.workspace_buffer.end())
+          workspace = {buffer_bytes(p, static_cast<size_t>(it->second), device_base, host_base),
+                       static_cast<size_t>(p.buffers[static_cast<size_t>(it->second)].bytes)};
+        call_kernel(n, f.ins, f.outs, workspace);
       }
     } catch (const Error& e) {
       CHECK(false, "{}: {}", ir::describe_node(g, static_cast<size_t>(i)), e.what());
@@ -221,6 +238,20 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
     if (options_.poison)
       for (int b : ends_at_.at(&p)[s]) poison(p, static_cast<size_t>(b), device_base, host_base);
   }
+}
+
+void Executable::call_kernel(const Node& n, std::span<const Array> in, std::span<Array> out,
+                             std::span<std::byte> workspace) {
+  const KernelContext ctx{options_, workspace};
+  const Kernel kernel = backend_.kernel(n.op);
+  if (options_.profile == nullptr) return kernel(n, in, out, ctx);
+  const auto t0 = std::chrono::steady_clock::now();
+  kernel(n, in, out, ctx);
+  backend_.synchronize();
+  const std::string key(ir::op_name(n.op));
+  options_.profile->seconds[key] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  options_.profile->calls[key] += 1;
+  options_.profile->runs_by_origin[n.origin] += 1;
 }
 
 void Executable::poison(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base) {

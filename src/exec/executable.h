@@ -1,7 +1,10 @@
-// A graph compiled against its memory plan: one device arena and one host arena allocated at construction
-// (2 MiB-aligned, MADV_HUGEPAGE), every kernel reading and writing at planned offsets, scan bodies in
-// their sub-arenas. Donated results (updated parameters and moments) are written into their argument
-// buffers in place. Other results are views into the arena, valid until the next run().
+// A graph compiled against its memory plan: one device arena and one host arena allocated by the backend
+// at construction (faulted in: 2 MiB-aligned, MADV_HUGEPAGE), every kernel reading and writing at planned
+// offsets with its planned workspace, scan bodies in their sub-arenas. Donated results (updated parameters
+// and moments) are written into their argument buffers in place. Other results are views into the arena,
+// valid until the next run(). The arguments either come with each run, or live in buffers the executable
+// owns (own_arguments), some of which may be views of another executable's (evaluation reading the
+// training step's parameters).
 //
 //   exec::Executable step(graph, plan::build(graph, {.donate = pairs}));
 //   const std::vector<exec::Array>& out = step.run(args);   // args[p] is overwritten for each donated p
@@ -24,6 +27,13 @@ class Executable {
 
   // The results stay valid until the next run (their vector is reused: a steady-state run allocates nothing).
   const std::vector<Array>& run(std::span<const Array> args);
+  // Allocates the arguments, one zeroed, faulted-in block for all of them, except those in `shared` (by
+  // argument index), which are used as given; once. Fill them, then run() without arguments.
+  std::vector<Array>& own_arguments(const std::map<int, Array>& shared = {});
+  const std::vector<Array>& arguments() const { return arguments_; }
+  const std::vector<Array>& run() { return run(arguments_); }
+  // Bytes of the arguments this executable owns.
+  int64_t owned_argument_bytes() const { return arguments_block_.bytes() ? arguments_block_.type().bytes() : 0; }
 
   const ir::Graph& graph() const { return graph_; }
   const plan::Plan& plan() const { return plan_; }
@@ -39,6 +49,7 @@ class Executable {
   void run_graph(const ir::Graph& g, const plan::Plan& p, int64_t device_base, int64_t host_base, Frame& f,
                  std::span<const Array> args, bool top);
   Frame& frame_for(const ir::Graph& g);
+  void call_kernel(const ir::Node& n, std::span<const Array> in, std::span<Array> out, std::span<std::byte> workspace);
   // Where buffer `b` of plan `p` is: its own allocation (separate_buffers) or its arena slot.
   std::byte* buffer_bytes(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base) const;
   void allocate_separately(const ir::Graph& g, const plan::Plan& p);
@@ -47,7 +58,10 @@ class Executable {
   ir::Graph graph_;
   plan::Plan plan_;
   Options options_;
+  const Backend& backend_;
   Array device_, host_;
+  Array arguments_block_;
+  std::vector<Array> arguments_;
   std::map<const plan::Plan*, std::vector<Array>> separate_;  // options_.separate_buffers: per plan, by buffer
   std::map<const plan::Plan*, std::vector<std::vector<int>>> ends_at_;  // options_.poison: buffers by last step
   std::map<const ir::Graph*, std::unique_ptr<Frame>> frames_;

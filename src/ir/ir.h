@@ -11,6 +11,7 @@
 #include "ir/inline.h"
 #include "ir/ops.h"
 #include "ir/shape_rules.h"
+#include "ir/signature.h"
 #include "ir/sink_converts.h"
 #include "ir/text.h"
 #include "ir/verify.h"

@@ -425,20 +425,31 @@ int64_t param_count(const ModelConfig& c) {
   return n;
 }
 
-std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
+void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into) {
+  const std::vector<ParamSpec> specs = param_specs(c);
+  CHECK(into.size() == specs.size(), "init_params: {} arrays for {} parameters", into.size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i)
+    CHECK(into[i].type() == specs[i].type, "init_params: {} is {}, the model has {}", specs[i].path,
+          ir::type_str(into[i].type()), ir::type_str(specs[i].type));
   if (c.fused_qkv || c.fused_mlp) {  // the unfused draws, stacked: fused and unfused runs start alike
     ModelConfig unfused = c;
     unfused.fused_qkv = unfused.fused_mlp = false;
-    return fuse_params(c, init_params(unfused, seed));
+    std::vector<exec::Array> fused = fuse_params(c, init_params(unfused, seed));
+    for (size_t i = 0; i < specs.size(); ++i)
+      std::memcpy(into[i].bytes(), fused[i].bytes(), static_cast<size_t>(specs[i].type.bytes()));
+    return;
   }
   std::mt19937_64 rng(seed);
-  std::vector<exec::Array> out;
-  for (const ParamSpec& p : param_specs(c)) {
-    exec::Array a(p.type);
-    std::normal_distribution<float> dist(0.0f, static_cast<float>(p.std));
-    for (int64_t i = 0; i < a.size(); ++i) a.set(i, p.init == Init::ones ? 1.0 : dist(rng));
-    out.push_back(std::move(a));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::normal_distribution<float> dist(0.0f, static_cast<float>(specs[i].std));
+    for (int64_t k = 0; k < into[i].size(); ++k) into[i].set(k, specs[i].init == Init::ones ? 1.0 : dist(rng));
   }
+}
+
+std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
+  std::vector<exec::Array> out;
+  for (const ParamSpec& p : param_specs(c)) out.emplace_back(p.type);
+  init_params(c, seed, out);
   return out;
 }
 

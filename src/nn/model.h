@@ -77,6 +77,9 @@ int64_t param_count(const ModelConfig& c);
 // Deterministic initialisation from a seed (normal std 0.02; output projections 0.02 / sqrt(2L); norms 1).
 // Fused kernels are the unfused draws stacked, so fused and unfused models start from the same weights.
 std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed);
+// The same values written into existing arrays of the parameters' types (an executable's own buffers).
+// Fused projections are drawn unfused and stacked, through a temporary copy of the parameters.
+void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into);
 
 // The parameters of `c` (with its fusions) from those of the same model unfused: qkv_proj = [query | key |
 // value] along the head axis, wi = [wi_0, wi_1] along a new axis 2; the rest as they are.

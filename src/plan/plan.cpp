@@ -190,7 +190,8 @@ Plan build(const Graph& g, const Options& options) {
     if (node.op == Op::scan) {
       Plan body = build(*node.body, {.donate = {},
                                      .invariant_params = static_cast<size_t>(node.attrs.integer("num_consts")),
-                                     .float_recomputes = !node.recomputed});
+                                     .float_recomputes = !node.recomputed,
+                                     .workspace = options.workspace});
       for (Space sp : {Space::device, Space::host}) {
         if (body.arena[static_cast<int>(sp)] == 0) continue;
         Buffer sub;
@@ -202,6 +203,19 @@ Plan build(const Graph& g, const Options& options) {
         p.buffers.push_back(sub);
       }
       p.bodies.emplace(i, std::move(body));
+    }
+    if (options.workspace && !ir::has_body(node.op)) {
+      std::vector<ir::Type> in;
+      for (ValueId v : node.inputs) in.push_back(g.type(v));
+      if (const int64_t bytes = options.workspace(node, in); bytes > 0) {
+        Buffer w;
+        w.node = i;
+        w.bytes = aligned(bytes);
+        w.start = w.end = s;
+        w.workspace = true;
+        p.workspace_buffer[i] = static_cast<int>(p.buffers.size());
+        p.buffers.push_back(w);
+      }
     }
     if (ir::is_view(node.op)) continue;
     if (node.op == Op::convert_group) {  // one buffer for all outputs, live until the last use of any
@@ -261,7 +275,8 @@ std::string trace(const Plan& p, const Graph& g) {
   std::vector<std::vector<int>> frees(p.schedule.size() + 1);
   for (size_t b = 0; b < p.buffers.size(); ++b) frees[static_cast<size_t>(p.buffers[b].end)].push_back(static_cast<int>(b));
   auto name = [&](const Buffer& b) {
-    return b.value >= 0 ? fmt::format("%{}", b.value) : fmt::format("body of node #{}", b.node);
+    return b.value >= 0 ? fmt::format("%{}", b.value)
+                        : fmt::format("{} of node #{}", b.workspace ? "workspace" : "body", b.node);
   };
   for (size_t s = 0; s < p.schedule.size(); ++s) {
     const int i = p.schedule[s];

@@ -10,6 +10,7 @@
 //    sub-arena is one buffer live at the scan's step. Stacked outputs are outer buffers, planned once.
 //  - A convert_group's outputs share one buffer (at their offsets `within` it), live from the group's
 //    step to the last use of any member.
+//  - A kernel's workspace (Options::workspace) is a buffer of its node, live at that node's step only.
 //  - Graph params are arguments (not in the arenas). A donated result (an updated parameter or moment)
 //    is written into its argument's storage, never a second copy.
 //
@@ -19,7 +20,9 @@
 
 #include "ir/ir.h"
 
+#include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,11 +35,13 @@ inline constexpr int64_t kAlignment = 64;  // every buffer starts on a 64-byte b
 
 struct Buffer {
   ir::ValueId value = -1;   // the value (alias root) it holds (a convert_group's first); -1: a scan's sub-arena
+                            // or a kernel's workspace
   int node = -1;            // index (in the graph) of the node that defines it
   int64_t bytes = 0;        // rounded up to kAlignment
   int start = 0, end = 0;   // schedule positions, inclusive
   Space space = Space::device;
   int64_t offset = 0;       // in its space's arena
+  bool workspace = false;   // the workspace of node `node`'s kernel, live at its step only
 };
 
 struct Plan {
@@ -49,6 +54,7 @@ struct Plan {
   std::map<int, Plan> bodies;             // scan node index -> the body's plan
   std::map<int, int> body_buffer;         // scan node index -> its sub-arena buffer (device)
   std::map<int, int> body_host_buffer;    // scan node index -> its host sub-arena buffer, if any
+  std::map<int, int> workspace_buffer;    // node index -> its kernel's workspace buffer, if it needs one
   std::vector<int> donated_param;         // result index -> param index it is written into, or -1
   int64_t arena[2] = {0, 0};              // bytes per Space
   int64_t lower_bound[2] = {0, 0};        // max live bytes over the schedule, per Space
@@ -58,13 +64,16 @@ struct Plan {
 struct Options {
   // (result index, param index) pairs: the result may be written into the param's storage when the param
   // is dead by then (checked; otherwise it is an ordinary output).
-  std::vector<std::pair<int, int>> donate;
+  std::vector<std::pair<int, int>> donate = {};
   // Params that hold one value for the whole graph (all of a step's; a scan body's consts): nodes
   // computed from them alone are scheduled just before their first use.
   size_t invariant_params = SIZE_MAX;
   // Recomputed nodes are scheduled just before their first use (false for the body of a recomputed scan,
   // where every node is a recompute).
   bool float_recomputes = true;
+  // Workspace bytes a kernel call of a node needs on operands of these types (the backend's answer:
+  // operand copies, library scratchpads); planned as a buffer live at the node's step. Unset: none.
+  std::function<int64_t(const ir::Node&, std::span<const ir::Type>)> workspace = {};
 };
 
 Plan build(const ir::Graph& g, const Options& options = {});

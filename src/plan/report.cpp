@@ -23,10 +23,18 @@ const char* kCategoryKeys[] = {"parameters",      "optimizer_state", "batch",   
 static_assert(std::size(kCategoryNames) == kNumCategories && std::size(kColors) == kNumCategories &&
               std::size(kCategoryKeys) == kNumCategories);
 
-Category argument_kind(const std::string& name) {
-  if (name.rfind("opt_m/", 0) == 0 || name.rfind("opt_v/", 0) == 0) return kOptimizer;
-  if (name == "inputs" || name == "targets" || name == "step") return kBatch;
-  return kParameters;
+// The step counter and the loss-scale state are a few bytes; they count with the batch.
+Category argument_kind(ir::Role role) {
+  switch (role) {
+    case ir::Role::parameter: return kParameters;
+    case ir::Role::optimizer_state: return kOptimizer;
+    case ir::Role::step:
+    case ir::Role::loss_scale:
+    case ir::Role::batch:
+    case ir::Role::metric:
+    case ir::Role::output: return kBatch;
+  }
+  return kBatch;
 }
 
 // The checkpoint name a buffer's value carries, if any: a name op aliasing it, or, for a scan's stacked
@@ -70,12 +78,13 @@ int64_t parse_bytes(const std::string& text, const std::string& key) {
   return 0;
 }
 
-Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
+Report report(const Plan& p, const Graph& g, const ir::Signature& sig, const ReportOptions& options) {
+  ASSERT(sig.args.size() == g.params.size() && sig.results.size() == g.results.size());
   Report r;
   r.options = options;
   std::array<int64_t, kNumCategories> args{};
   for (size_t i = 0; i < g.params.size(); ++i)
-    args[argument_kind(g.param_names[i])] += g.type(g.params[i]).bytes();
+    args[argument_kind(sig.args[i].role)] += g.type(g.params[i]).bytes();
   r.parameters = args[kParameters];
   r.optimizer_state = args[kOptimizer];
   r.batch = args[kBatch];
@@ -93,13 +102,14 @@ Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
   // values outside the optimizer are gradients; the rest are temporaries. Buffers inside a scan body are
   // its sub-arena, one temporary (per_layer's casts; with gradient accumulation, the whole model's).
   int loss_step = 0;
-  if (!g.results.empty())
+  const auto loss = std::find_if(sig.results.begin(), sig.results.end(), [](const ir::Slot& s) { return s.name == "loss"; });
+  if (loss != sig.results.end())
     for (size_t i = 0; i < g.nodes.size(); ++i)
       for (ir::ValueId v : g.nodes[i].outputs)
-        if (v == g.results[0]) loss_step = p.position[i];
+        if (v == g.results[static_cast<size_t>(loss - sig.results.begin())]) loss_step = p.position[i];
   std::vector<ir::Type> weight_types;
   for (size_t i = 0; i < g.params.size(); ++i)
-    if (argument_kind(g.param_names[i]) == kParameters) weight_types.push_back(g.type(g.params[i]));
+    if (argument_kind(sig.args[i].role) == kParameters) weight_types.push_back(g.type(g.params[i]));
   const int steps = static_cast<int>(p.schedule.size());
   std::array<int64_t, kNumCategories> at_start{};
   for (int c : {kParameters, kOptimizer, kBatch}) at_start[static_cast<size_t>(c)] = args[static_cast<size_t>(c)];
@@ -114,7 +124,7 @@ Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
       v = n.inputs[0];
     }
     auto it = std::find(g.params.begin(), g.params.end(), v);
-    return it != g.params.end() && argument_kind(g.param_names[static_cast<size_t>(it - g.params.begin())]) == kParameters;
+    return it != g.params.end() && argument_kind(sig.args[static_cast<size_t>(it - g.params.begin())].role) == kParameters;
   };
   auto weight_copy = [&](const Buffer& b) {
     if (b.value < 0) return false;
@@ -152,7 +162,9 @@ Report report(const Plan& p, const Graph& g, const ReportOptions& options) {
     const Node& def = g.nodes[static_cast<size_t>(b->node)];
     Allocation a;
     a.bytes = b->bytes;
-    a.op = b->value < 0 ? "scan body (sub-arena)" : std::string(ir::op_name(def.op));
+    a.op = b->workspace  ? fmt::format("{} (workspace)", ir::op_name(def.op))
+           : b->value < 0 ? "scan body (sub-arena)"
+                          : std::string(ir::op_name(def.op));
     a.scope = def.scope;
     a.name = checkpoint_name(g, p, *b);
     std::vector<std::string> shapes;  // a convert_group's buffer holds all its outputs

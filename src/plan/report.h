@@ -54,8 +54,8 @@ struct Report {
   nlohmann::json peak_json() const;  // {"step": n, "parameters": bytes, "optimizer_state": ..., ...} at the peak
 };
 
-// Parameters are the graph params not named opt_m/..., opt_v/..., inputs, targets or step.
-Report report(const Plan& p, const ir::Graph& g, const ReportOptions& options);
+// Arguments are counted by their role in `sig` (the step counter and loss-scale state with the batch).
+Report report(const Plan& p, const ir::Graph& g, const ir::Signature& sig, const ReportOptions& options);
 
 // "21.91 GiB"
 std::string bytes_str(double bytes);

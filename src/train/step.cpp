@@ -62,27 +62,43 @@ struct StepInputs {
   Tensor loss_scale, loss_scale_count;  // with loss scaling
 };
 
-StepInputs declare(Builder& b, const nn::ModelConfig& model, const StepShape& shape, std::vector<Tensor>* m,
-                   std::vector<Tensor>* v, Tensor* step, bool loss_scaling = false) {
+// Declares the step's arguments as graph params, each with its role in `sig`.
+StepInputs declare(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const StepShape& shape,
+                   std::vector<Tensor>* m, std::vector<Tensor>* v, Tensor* step, bool loss_scaling = false) {
   CHECK(shape.batch > 0 && shape.seq > 0 && shape.accumulation > 0,
         "per_device_batch_size ({}), max_target_length ({}) and gradient_accumulation_steps ({}) must be positive",
         shape.batch, shape.seq, shape.accumulation);
+  auto param = [&](const std::string& name, const ir::Type& type, ir::Role role) {
+    sig.args.push_back({name, role});
+    return b.param(name, type);
+  };
   StepInputs in;
   std::vector<nn::ParamSpec> specs = nn::param_specs(model);
-  for (const auto& s : specs) in.params.push_back(b.param(s.path, s.type));
+  for (const auto& s : specs) in.params.push_back(param(s.path, s.type, ir::Role::parameter));
   if (m)
-    for (const auto& s : specs) m->push_back(b.param("opt_m/" + s.path, s.type));
+    for (const auto& s : specs) m->push_back(param("opt_m/" + s.path, s.type, ir::Role::optimizer_state));
   if (v)
-    for (const auto& s : specs) v->push_back(b.param("opt_v/" + s.path, s.type));
-  if (step) *step = b.param("step", {DType::i32, {}});
+    for (const auto& s : specs) v->push_back(param("opt_v/" + s.path, s.type, ir::Role::optimizer_state));
+  if (step) *step = param("step", {DType::i32, {}}, ir::Role::step);
   if (loss_scaling) {
-    in.loss_scale = b.param("loss_scale", {DType::f32, {}});
-    in.loss_scale_count = b.param("loss_scale_count", {DType::i32, {}});
+    in.loss_scale = param("loss_scale", {DType::f32, {}}, ir::Role::loss_scale);
+    in.loss_scale_count = param("loss_scale_count", {DType::i32, {}}, ir::Role::loss_scale);
   }
   Type tokens{DType::i32, {shape.accumulation, shape.batch, shape.seq}};
-  in.inputs = b.param("inputs", tokens);
-  in.targets = b.param("targets", tokens);
+  in.inputs = param("inputs", tokens, ir::Role::batch);
+  in.targets = param("targets", tokens, ir::Role::batch);
   return in;
+}
+
+// Adds a result: a named metric or output, or (`updates`) the new value of that argument, in its role.
+void result(Builder& b, ir::Signature& sig, Tensor x, const std::string& name, ir::Role role) {
+  b.result(x);
+  sig.results.push_back({name, role});
+}
+void result_updating(Builder& b, ir::Signature& sig, Tensor x, const std::string& arg) {
+  const int a = sig.arg(arg);
+  b.result(x);
+  sig.results.push_back({arg, sig.args[static_cast<size_t>(a)].role, a});
 }
 
 Tensor sum_all(Tensor x) {
@@ -106,13 +122,6 @@ Tensor schedule(Builder& b, const OptimizerConfig& o, Tensor step) {
 
 }  // namespace
 
-std::vector<std::pair<int, int>> step_donation(const nn::ModelConfig& model) {
-  std::vector<std::pair<int, int>> d;
-  const int np = static_cast<int>(nn::param_specs(model).size());
-  for (int i = 0; i < 3 * np; ++i) d.emplace_back(3 + i, i);
-  return d;
-}
-
 double learning_rate_at(const OptimizerConfig& o, int64_t step) {
   const double peak = o.learning_rate, low = peak * o.final_lr_fraction;
   if (step < o.warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(std::max<int64_t>(1, o.warmup_steps));
@@ -121,31 +130,34 @@ double learning_rate_at(const OptimizerConfig& o, int64_t step) {
   return low + 0.5 * (peak - low) * (1 + std::cos(std::numbers::pi * progress));
 }
 
-Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider) {
+Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider) {
   rematerialize::Decider local(nn::vocabulary(model));
   ASSERT(decider == nullptr || decider->names() == nn::vocabulary(model));
-  Graph g;
+  Program prog;
+  Graph& g = prog.graph;
   g.name = "grads";
   Builder b(g);
-  StepInputs in = declare(b, model, shape, nullptr, nullptr, nullptr);
+  StepInputs in = declare(b, prog.signature, model, shape, nullptr, nullptr, nullptr);
   LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
-  b.result(r.loss);
-  for (Tensor t : r.grads) b.result(t);
+  result(b, prog.signature, r.loss, "loss", ir::Role::metric);
+  for (size_t i = 0; i < r.grads.size(); ++i) result(b, prog.signature, r.grads[i], "grad/" + g.param_names[i], ir::Role::output);
   sink_converts_into_scans(g);
   dce(g);
-  return g;
+  return prog;
 }
 
-Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
-                 rematerialize::Decider* decider) {
+Program step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
+                     rematerialize::Decider* decider) {
   rematerialize::Decider local(nn::vocabulary(model));
   ASSERT(decider == nullptr || decider->names() == nn::vocabulary(model));
-  Graph g;
+  Program prog;
+  Graph& g = prog.graph;
+  ir::Signature& sig = prog.signature;
   g.name = "train_step";
   Builder b(g);
   std::vector<Tensor> m, v;
   Tensor step;
-  StepInputs in = declare(b, model, shape, &m, &v, &step, o.loss_scale.enabled);
+  StepInputs in = declare(b, sig, model, shape, &m, &v, &step, o.loss_scale.enabled);
   std::optional<Tensor> loss_scale;
   if (o.loss_scale.enabled) loss_scale = in.loss_scale;
   LossAndGrads r =
@@ -191,9 +203,13 @@ Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const Opt
     new_m.push_back(m2);
     new_v.push_back(v2);
   }
-  for (Tensor x : {r.loss, norm, lr}) b.result(x);
-  for (auto* list : {&new_p, &new_m, &new_v})
-    for (Tensor x : *list) b.result(x);
+  result(b, sig, r.loss, "loss", ir::Role::metric);
+  result(b, sig, norm, "grad_norm", ir::Role::metric);
+  result(b, sig, lr, "lr", ir::Role::metric);
+  const size_t np = in.params.size();
+  for (size_t i = 0; i < np; ++i) result_updating(b, sig, new_p[i], g.param_names[i]);
+  for (size_t i = 0; i < np; ++i) result_updating(b, sig, new_m[i], g.param_names[np + i]);
+  for (size_t i = 0; i < np; ++i) result_updating(b, sig, new_v[i], g.param_names[2 * np + i]);
   if (finite) {
     auto ls = b.scope("loss_scale");
     const LossScaleConfig& c = o.loss_scale;
@@ -202,13 +218,36 @@ Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const Opt
     Tensor grow = select(*finite, grown, *finite);  // finite and due
     Tensor zero = scalar(b, DType::i32, 0);
     Tensor backoff = max(*loss_scale * (1.0 / c.factor), scalar(b, DType::f32, c.min_scale));
-    b.result(select(*finite, select(grow, *loss_scale * c.factor, *loss_scale), backoff));
-    b.result(select(*finite, select(grow, zero, count), zero));
-    b.result(convert(*finite, DType::f32));
+    result_updating(b, sig, select(*finite, select(grow, *loss_scale * c.factor, *loss_scale), backoff), "loss_scale");
+    result_updating(b, sig, select(*finite, select(grow, zero, count), zero), "loss_scale_count");
+    result(b, sig, convert(*finite, DType::f32), "finite", ir::Role::metric);
   }
   sink_converts_into_scans(g);
   dce(g);
-  return g;
+  return prog;
+}
+
+namespace {
+// nn's forward graphs: the model's parameters, then `batch_args` batch inputs; one result.
+ir::Signature forward_signature(const Graph& g, size_t batch_args, const std::string& result, ir::Role role) {
+  ir::Signature sig;
+  for (size_t i = 0; i < g.param_names.size(); ++i)
+    sig.args.push_back({g.param_names[i], i + batch_args < g.param_names.size() ? ir::Role::parameter : ir::Role::batch});
+  sig.results.push_back({result, role});
+  return sig;
+}
+}  // namespace
+
+Program loss_program(const nn::ModelConfig& model, int64_t batch, int64_t seq) {
+  Graph g = nn::loss_graph(model, batch, seq);
+  ir::Signature sig = forward_signature(g, 2, "loss", ir::Role::metric);
+  return {std::move(g), std::move(sig)};
+}
+
+Program logits_program(const nn::ModelConfig& model, int64_t batch, int64_t seq) {
+  Graph g = nn::logits_graph(model, batch, seq);
+  ir::Signature sig = forward_signature(g, 1, "logits", ir::Role::output);
+  return {std::move(g), std::move(sig)};
 }
 
 }  // namespace remat::train

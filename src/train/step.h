@@ -39,21 +39,32 @@ struct StepShape {
   int64_t accumulation = 1;    // microbatches per step (gradient accumulation)
 };
 
+// A program and its typed signature (ir/signature.h): every argument and result named, with its role.
+struct Program {
+  ir::Graph graph;
+  ir::Signature signature;
+};
+
 // (params P..., inputs i32[k,B,T], targets i32[k,B,T]) -> (loss, grads P...): the mean loss and its
 // gradients over k microbatches. k > 1 runs the microbatches under a scan whose carry sums the gradients.
 // Remat regions follow the model's remat_policy; `decider` (optional) records every residual's decision.
-ir::Graph grads_graph(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider = nullptr);
+// Results: `loss` (metric), `grad/<param>` (output).
+Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider = nullptr);
 
 // (params P..., m P..., v P..., step i32[], inputs i32[k,B,T], targets i32[k,B,T])
 //   -> (loss, grad_norm, lr, params' P..., m' P..., v' P...).
-// `step` counts the updates done before this one (0 for the first). With loss scaling the params
-// `loss_scale` f32[] and `loss_scale_count` i32[] come after `step`, and the results end with
-// loss_scale', loss_scale_count' and `finite` (1 if the update was applied, 0 if skipped).
-ir::Graph step_graph(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& opt,
+// Arguments: parameters by their path, moments `opt_m/<path>` and `opt_v/<path>` (optimizer_state), `step`
+// (the updates done before this one, 0 for the first), `inputs` and `targets` (batch). With loss scaling
+// `loss_scale` f32[] and `loss_scale_count` i32[] (loss_scale) come after `step`, and the results end with
+// their new values and the metric `finite` (1 if the update was applied, 0 if skipped). Every new value
+// is a result named as the argument it updates (Signature::updates()).
+Program step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& opt,
                      rematerialize::Decider* decider = nullptr);
 
-// step_graph's donation: params', m', v' (results 3 ...) are written into params, m, v (params 0 ...).
-std::vector<std::pair<int, int>> step_donation(const nn::ModelConfig& model);
+// Evaluation: (params P..., inputs i32[B,T], targets i32[B,T]) -> the metric `loss`.
+Program loss_program(const nn::ModelConfig& model, int64_t batch, int64_t seq);
+// Sampling: (params P..., inputs i32[B,T]) -> `logits` f32[B,T,V].
+Program logits_program(const nn::ModelConfig& model, int64_t batch, int64_t seq);
 
 // The learning rate of update `step` (0-based), the same formula the step graph evaluates.
 double learning_rate_at(const OptimizerConfig& opt, int64_t step);

@@ -78,7 +78,7 @@ TEST(MixedPrecisionPlan, BothCastPlacementsGiveBitIdenticalLossAndGradients) {
   std::vector<std::vector<exec::Array>> outs;
   for (const char* mode : {"per_layer", "upfront"}) {
     Config c = tiny_bf16(mode, {"per_device_batch_size=2", "max_target_length=32"});
-    ir::Graph g = train::grads_graph(c.run.model, c.run.shape);
+    ir::Graph g = train::grads_program(c.run.model, c.run.shape).graph;
     std::vector<exec::Array> args = nn::init_params(c.run.model, 7);
     for (int k = 0; k < 2; ++k) {
       exec::Array t({DType::i32, {1, 2, 32}});

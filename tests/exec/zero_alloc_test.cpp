@@ -9,6 +9,7 @@
 
 #include "exec/executable.h"
 #include "support/models.h"
+#include "compile/compile.h"
 #include "train/step.h"
 
 #include <gtest/gtest.h>
@@ -104,10 +105,8 @@ struct WarmStep {
   std::vector<exec::Array> args;
 
   WarmStep(const std::string& policy, train::StepShape shape) : c(testing_support::small_model(2, true, policy)) {
-    ir::Graph g = train::step_graph(c, shape, train::OptimizerConfig{});
-    ir::inline_remat_regions(g);
-    plan::Plan p = plan::build(g, {.donate = train::step_donation(c)});
-    step = std::make_unique<exec::Executable>(std::move(g), std::move(p));
+    compile::Compiled s = compile::compile({.model = c, .shape = shape});
+    step = std::make_unique<exec::Executable>(std::move(s.program), std::move(s.plan));
     args = nn::init_params(c, 1);
     const size_t np = args.size();
     for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));

@@ -4,6 +4,7 @@
 #include "exec/executable.h"
 #include "remat/remat.h"
 #include "support/models.h"
+#include "compile/compile.h"
 #include "train/step.h"
 
 #include <gtest/gtest.h>
@@ -66,9 +67,8 @@ std::vector<double> losses(const nn::ModelConfig& c) {
   o.learning_rate = 1e-2;
   o.warmup_steps = 2;
   o.schedule_steps = 20;
-  ir::Graph g = train::step_graph(c, shape, o);
-  ir::inline_remat_regions(g);
-  exec::Executable step(g, plan::build(g, {.donate = train::step_donation(c)}));
+  compile::Compiled s = compile::compile({.model = c, .shape = shape, .optimizer = o});
+  exec::Executable step(std::move(s.program), std::move(s.plan));
   std::vector<exec::Array> args = nn::init_params(c, 3);
   const size_t np = args.size();
   for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));
@@ -129,8 +129,8 @@ TEST(FusedProjections, EachOpRunsInTheSameDtypeFusedOrNot) {
         c->float32_qk_product = qk_f32;
         c->logits_dot_in_fp32 = logits_f32;
       }
-      dtype_signatures(train::grads_graph(a, {2, 16, 1}), plain);
-      dtype_signatures(train::grads_graph(b, {2, 16, 1}), fused);
+      dtype_signatures(train::grads_program(a, {2, 16, 1}).graph, plain);
+      dtype_signatures(train::grads_program(b, {2, 16, 1}).graph, fused);
       EXPECT_EQ(plain, fused) << "float32_qk_product=" << qk_f32 << " logits_dot_in_fp32=" << logits_f32;
       EXPECT_TRUE(fused.count("dot_general(bf16) -> bf16")) << "the fused projections run in bf16";
       EXPECT_TRUE(fused.count("logistic(bf16) -> bf16")) << "SiLU in the compute dtype, as unfused";
@@ -144,7 +144,7 @@ TEST(FusedProjections, MinimalSavesTheFusedTensorsAndTheSameBytes) {
     nn::ModelConfig c = model(fused, fused, false);
     c.remat_policy = "minimal";
     rematerialize::Decider d(nn::vocabulary(c));
-    train::grads_graph(c, {2, 16, 1}, &d);
+    train::grads_program(c, {2, 16, 1}, &d);
     std::map<std::string, std::string> out;  // name -> type
     int64_t bytes = 0;
     for (const rematerialize::ResidualRecord& r : d.records())

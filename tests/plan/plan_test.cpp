@@ -7,6 +7,8 @@
 #include "exec/executable.h"
 #include "remat/remat.h"
 #include "support/models.h"
+#include "support/reference_executor.h"
+#include "compile/compile.h"
 #include "train/step.h"
 
 #include <gtest/gtest.h>
@@ -85,7 +87,7 @@ std::vector<exec::Array> deep_copy(std::span<const exec::Array> v) {
 // run gets its own copy of the arguments: donated results overwrite them.)
 void expect_planned_run_is_exact(const ir::Graph& g, const plan::Plan& p, std::span<const exec::Array> args,
                                  const std::string& what) {
-  const std::vector<exec::Array> want = exec::run(g, deep_copy(args));
+  const std::vector<exec::Array> want = testing_support::reference_run(g, deep_copy(args));
   for (exec::Options o : {exec::Options{.poison = true, .separate_buffers = false},
                           exec::Options{.poison = true, .separate_buffers = true}}) {
     exec::Executable e(g, p, o);
@@ -100,12 +102,43 @@ TEST(Plan, NoOverlapOnRandomGraphsAndTheirRunsAreExact) {
   std::mt19937 rng(123);
   for (int trial = 0; trial < 200; ++trial) {
     ir::Graph g = random_graph(rng);
-    plan::Plan p = plan::build(g);
+    plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
     expect_no_overlap(p);
     // Every buffer fits in the arena.
     for (const plan::Buffer& x : p.buffers) EXPECT_LE(x.offset + x.bytes, p.arena[static_cast<int>(x.space)]);
     expect_planned_run_is_exact(g, p, random_args(g, rng), fmt::format("random graph {}\n{}", trial, ir::print(g)));
   }
+}
+
+// Kernel workspace is planned: a dot_general whose lhs must be copied into [batch, M, K] order (its
+// contracting dim leads) gets a workspace buffer of at least that copy, live at its node's step only and
+// counted in the lower bound; the planned run (poisoned; separate buffers under ASan, where a kernel
+// writing past its workspace hits a redzone) matches the reference, and its measured peak is the plan's.
+TEST(Plan, KernelWorkspaceIsABufferLiveAtItsNodeOnly) {
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor x = b.param("x", {DType::f32, {8, 4, 16}});  // [K, B, M]
+  ir::Tensor w = b.param("w", {DType::f32, {4, 8, 5}});   // [B, K, N]
+  ir::Tensor y = ir::dot_general(ir::tanh(x), w, {.lhs_contract = {0}, .rhs_contract = {1}, .lhs_batch = {1}, .rhs_batch = {0}});
+  b.result(ir::exp(y));
+  plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
+  const int dot = 1;
+  ASSERT_EQ(g.nodes[dot].op, ir::Op::dot_general);
+  ASSERT_TRUE(p.workspace_buffer.contains(dot));
+  const plan::Buffer& ws = p.buffers[static_cast<size_t>(p.workspace_buffer.at(dot))];
+  EXPECT_GE(ws.bytes, 8 * 4 * 16 * 4) << "the lhs copy";
+  EXPECT_EQ(ws.start, p.position[dot]);
+  EXPECT_EQ(ws.end, p.position[dot]);
+  const int64_t at_dot = 8 * 4 * 16 * 4 + 4 * 16 * 5 * 4 + ws.bytes;  // tanh(x), y and the workspace
+  EXPECT_EQ(p.live[0][static_cast<size_t>(p.position[dot])], at_dot);
+  EXPECT_EQ(p.lower_bound[0], at_dot);
+  EXPECT_FALSE(plan::build(g).workspace_buffer.contains(dot)) << "no workspace unless the backend asks";
+  std::mt19937 rng(7);
+  std::vector<exec::Array> args = random_args(g, rng);
+  expect_planned_run_is_exact(g, p, args, "dot with a copied operand");
+  exec::Executable e(g, p);
+  e.run(args);
+  EXPECT_EQ(e.measured_peak(plan::Space::device), p.lower_bound[0]);
 }
 
 // The poison check can fail: a plan that ends a buffer one step before its last read (so a later value may
@@ -116,12 +149,12 @@ TEST(Plan, PoisonShowsABufferEndedBeforeItsLastRead) {
   ir::Tensor x = b.param("x", {DType::f32, {64}});
   ir::Tensor t = ir::tanh(x);               // read again at the end
   b.result(ir::exp(ir::exp(t)) + t);
-  plan::Plan p = plan::build(g);
+  plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
   const size_t buffer = static_cast<size_t>(p.buffer_of[static_cast<size_t>(t.id)]);
   ASSERT_EQ(p.buffers[buffer].end, 3);
   std::mt19937 rng(1);
   std::vector<exec::Array> args = random_args(g, rng);
-  const exec::Array want = exec::run(g, args)[0];
+  const exec::Array want = testing_support::reference_run(g, args)[0];
   EXPECT_TRUE(same_bytes(exec::Executable(g, p, {.poison = true}).run(args)[0], want));
   p.buffers[buffer].end = 2;
   exec::Executable wrong(g, p, {.poison = true, .separate_buffers = true});
@@ -141,12 +174,13 @@ Step training_step(const std::string& policy, int64_t k = 1) {
   train::OptimizerConfig o;
   Step s;
   rematerialize::Decider decider;
-  s.graph = train::step_graph(c, {2, 16, k}, o, &decider);
+  train::Program program = train::step_program(c, {2, 16, k}, o, &decider);
+  s.graph = std::move(program.graph);
+  s.donate = program.signature.updates();
   for (const rematerialize::ResidualRecord& r : decider.records())
     if (r.residency == rematerialize::Residency::offload) s.offloaded_bytes += r.type.bytes() * r.trip_count;
   ir::inline_remat_regions(s.graph);
   std::vector<exec::Array> params = nn::init_params(c, 4);
-  const int np = static_cast<int>(params.size());
   s.args = params;
   for (int rep = 0; rep < 2; ++rep)
     for (const exec::Array& p : params) s.args.push_back(exec::Array::zeros(p.type()));
@@ -158,7 +192,6 @@ Step training_step(const std::string& policy, int64_t k = 1) {
     for (auto& x : t) x = tok(rng);
     s.args.push_back(exec::Array::from<int32_t>({k, 2, 16}, t));
   }
-  for (int i = 0; i < 3 * np; ++i) s.donate.emplace_back(3 + i, i);  // params', m', v' into params, m, v
   return s;
 }
 
@@ -167,8 +200,8 @@ class PlannedStep : public testing::TestWithParam<std::string> {};
 
 TEST_P(PlannedStep, ArenaRunIsBitIdenticalAndPeakIsAsPlanned) {
   Step s = training_step(GetParam());
-  std::vector<exec::Array> want = exec::run(s.graph, s.args);
-  plan::Plan p = plan::build(s.graph, {.donate = s.donate});
+  std::vector<exec::Array> want = testing_support::reference_run(s.graph, s.args);
+  plan::Plan p = plan::build(s.graph, {.donate = s.donate, .workspace = exec::workspace_of(exec::cpu())});
   expect_no_overlap(p);
   int donated = 0;
   for (int d : p.donated_param) donated += d >= 0;
@@ -203,10 +236,10 @@ INSTANTIATE_TEST_SUITE_P(Policies, PlannedStep, testing::Values("full", "minimal
 TEST(PlannedStep, ChainedStepsThroughDonatedBuffersMatchTheReference) {
   Step s = training_step("minimal");
   const size_t np = s.donate.size() / 3, step_arg = 3 * np;
-  exec::Executable planned(s.graph, plan::build(s.graph, {.donate = s.donate}));
+  exec::Executable planned(s.graph, plan::build(s.graph, {.donate = s.donate, .workspace = exec::workspace_of(exec::cpu())}));
   std::vector<exec::Array> mine = deep_copy(s.args), ref = deep_copy(s.args);
   for (int k = 0; k < 3; ++k) {
-    const std::vector<exec::Array> want = exec::run(s.graph, ref);
+    const std::vector<exec::Array> want = testing_support::reference_run(s.graph, ref);
     const std::vector<exec::Array>& got = planned.run(mine);
     for (size_t r = 0; r < 3; ++r) ASSERT_TRUE(same_bytes(got[r], want[r])) << "step " << k << ", result " << r;
     for (size_t i = 0; i < 3 * np; ++i) {
@@ -223,9 +256,9 @@ class TinyStep : public testing::TestWithParam<std::vector<std::string>> {};
 
 TEST_P(TinyStep, MeasuredPeakIsThePlannedPeakByteForByte) {
   cli::Config c = cli::load_config(std::string(REMAT_TEST_DATA) + "/../configs/base.yml", GetParam());
-  ir::Graph g = train::step_graph(c.run.model, c.run.shape, c.run.optimizer);
-  ir::inline_remat_regions(g);
-  plan::Plan p = plan::build(g, {.donate = train::step_donation(c.run.model)});
+  compile::Compiled s = compile::compile({.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer});
+  ir::Graph& g = s.program;
+  plan::Plan& p = s.plan;
   std::vector<exec::Array> args = nn::init_params(c.run.model, 0);
   const size_t np = args.size();
   for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));
@@ -236,7 +269,7 @@ TEST_P(TinyStep, MeasuredPeakIsThePlannedPeakByteForByte) {
     for (int64_t i = 0; i < t.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + k * 7) % 256);
     args.push_back(t);
   }
-  std::vector<exec::Array> want = exec::run(g, deep_copy(args));
+  std::vector<exec::Array> want = testing_support::reference_run(g, deep_copy(args));
   expect_planned_run_is_exact(g, p, args, fmt::format("{}", fmt::join(GetParam(), " ")));
   exec::Executable step(g, p);
   std::vector<exec::Array> got = step.run(args);
@@ -293,7 +326,7 @@ TEST(Plan, ConvertGroupIsOneBufferLiveUntilItsLastMemberIsRead) {
   ir::Tensor first = ir::tanh(cast[0]);                                // step 1: last read of cast[0]
   ir::Tensor second = ir::exp(first) + cast[1];                        // steps 2, 3: cast[1] read at 3
   b.result(ir::convert(second, DType::f32));
-  plan::Plan p = plan::build(g);
+  plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
   const int buffer = p.buffer_of[static_cast<size_t>(cast[0].id)];
   ASSERT_GE(buffer, 0);
   EXPECT_EQ(p.buffer_of[static_cast<size_t>(cast[1].id)], buffer);
@@ -311,7 +344,7 @@ TEST(Plan, ConvertGroupIsOneBufferLiveUntilItsLastMemberIsRead) {
     args.push_back(a);
   }
   exec::Executable e(g, p);
-  exec::Array got = e.run(args)[0], want = exec::run(g, args)[0];
+  exec::Array got = e.run(args)[0], want = testing_support::reference_run(g, args)[0];
   EXPECT_EQ(std::memcmp(got.bytes(), want.bytes(), 160), 0);
   EXPECT_EQ(e.measured_peak(plan::Space::device), p.lower_bound[0]);
 }
@@ -326,7 +359,7 @@ TEST(Plan, DonatedConvertGroupMemberIsWrittenIntoItsArgument) {
   std::vector<ir::Tensor> cast = ir::convert_group(xs, DType::bf16);
   b.result(ir::tanh(cast[0]));
   b.result(cast[1]);  // may be written into w: nothing reads w
-  plan::Plan p = plan::build(g, {.donate = {{1, 0}}});
+  plan::Plan p = plan::build(g, {.donate = {{1, 0}}, .workspace = exec::workspace_of(exec::cpu())});
   EXPECT_EQ(p.donated_param[1], 0);
   EXPECT_EQ(p.buffer_of[static_cast<size_t>(cast[1].id)], -1);
   const int group = p.buffer_of[static_cast<size_t>(cast[0].id)];
@@ -334,7 +367,7 @@ TEST(Plan, DonatedConvertGroupMemberIsWrittenIntoItsArgument) {
   EXPECT_EQ(p.buffers[static_cast<size_t>(group)].bytes, 64);
   std::vector<exec::Array> args{exec::Array::zeros({DType::bf16, {16}}), exec::Array::zeros({DType::f32, {16}})};
   for (int64_t i = 0; i < 16; ++i) args[1].set(i, 0.25 * static_cast<double>(i));
-  std::vector<exec::Array> want = exec::run(g, args);
+  std::vector<exec::Array> want = testing_support::reference_run(g, args);
   exec::Executable e(g, p);
   std::vector<exec::Array> got = e.run(args);
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(std::memcmp(got[r].bytes(), want[r].bytes(), 32), 0) << r;
@@ -348,7 +381,7 @@ TEST(Plan, EachBufferEndsInARedzoneUnderAddressSanitizer) {
   ir::Graph g;
   ir::Builder b(g);
   b.result(ir::exp(ir::tanh(b.param("x", {DType::f32, {5}}))));
-  exec::Executable e(g, plan::build(g));
+  exec::Executable e(g, plan::build(g, {.workspace = exec::workspace_of(exec::cpu())}));
   std::vector<exec::Array> args{exec::Array::zeros({DType::f32, {5}})};
   const exec::Array& r = e.run(args)[0];
   EXPECT_EQ(__asan_address_is_poisoned(r.bytes() + 19), 0);
@@ -362,10 +395,10 @@ TEST(Plan, ResultsOutliveTheExecutable) {
     ir::Graph g;
     ir::Builder b(g);
     b.result(ir::reshape(ir::tanh(b.param("x", {DType::f32, {2, 3}})), {3, 2}));
-    exec::Executable e(g, plan::build(g));
+    exec::Executable e(g, plan::build(g, {.workspace = exec::workspace_of(exec::cpu())}));
     std::vector<exec::Array> args{exec::Array::from<float>({2, 3}, {0.5f, -1, 2, 0.25f, -3, 1})};
     planned = e.run(args)[0];
-    plain = exec::run(g, args)[0];
+    plain = testing_support::reference_run(g, args)[0];
   }
   for (const exec::Array* a : {&planned, &plain}) {  // the graph is gone; each result owns its type
     EXPECT_EQ(ir::type_str(a->type()), "f32[3,2]");

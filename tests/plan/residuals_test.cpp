@@ -16,7 +16,7 @@ namespace {
 
 // Bytes per layer that the forward layer scan stacks for the backward (its outputs past the carry).
 int64_t stacked_bytes_per_layer(const nn::ModelConfig& c, int64_t batch, int64_t seq) {
-  ir::Graph g = train::grads_graph(c, {batch, seq, 1});
+  ir::Graph g = train::grads_program(c, {batch, seq, 1}).graph;
   ir::inline_remat_regions(g);
   plan::Plan p = plan::build(g);
   for (const ir::Node& n : g.nodes) {

@@ -110,7 +110,7 @@ TEST(SeedPolicy, SavesExactlyWhatItsRegexMatchesAndTrainsExactly) {
   nn::ModelConfig c = model(kSeedPolicy, Naming::axlearn);
   EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.names = {Naming::axlearn}}).empty());
   rematerialize::Decider d({Naming::axlearn});
-  ir::Graph g = train::grads_graph(c, {2, 16, 1}, &d);
+  ir::Graph g = train::grads_program(c, {2, 16, 1}, &d).graph;
   // Which residuals are saved, derived here with re.fullmatch semantics over the recorded names.
   const std::regex seed(kSeedRegex);
   std::set<std::string> saved, expected;
@@ -128,7 +128,7 @@ TEST(SeedPolicy, SavesExactlyWhatItsRegexMatchesAndTrainsExactly) {
   // Gradients bit-identical to everything_saveable under the same naming.
   std::vector<exec::Array> args = args_for(c);
   std::vector<exec::Array> got = exec::run(g, args);
-  std::vector<exec::Array> want = exec::run(train::grads_graph(model("everything_saveable", Naming::axlearn), {2, 16, 1}), args);
+  std::vector<exec::Array> want = exec::run(train::grads_program(model("everything_saveable", Naming::axlearn), {2, 16, 1}).graph, args);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_EQ(std::memcmp(got[i].bytes(), want[i].bytes(), static_cast<size_t>(got[i].type().bytes())), 0) << i;
@@ -155,7 +155,7 @@ TEST(SeedPolicy, MaxTextPresetsMeanTheSameUnderAxlearnNames) {
       rematerialize::Decider d({naming});
       nn::ModelConfig c = model(preset == "custom" ? "custom(query_proj=offload, mlpwo=device)" : preset, naming);
       EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.names = {naming}}).empty()) << preset;
-      train::grads_graph(c, {2, 16, 1}, &d);
+      train::grads_program(c, {2, 16, 1}, &d);
       for (const rematerialize::ResidualRecord& r : d.records())
         if (!r.region_input && !r.alias && r.what.rfind("TransformerAttentionLayer.", 0) != 0)
           decisions[naming == Naming::axlearn].emplace_back(r.residency, r.type.bytes());
@@ -173,7 +173,7 @@ TEST(SeedPolicy, AxlearnDotCountHoldsUnderAxlearnNames) {
     c.checkpoint_naming = Naming::axlearn;
     rematerialize::Decider d({Naming::axlearn});
     int n = 0;
-    for (const ir::Node& node : train::grads_graph(c, {1, 4, 1}, &d).nodes) n += node.recomputed && node.op == ir::Op::dot_general;
+    for (const ir::Node& node : train::grads_program(c, {1, 4, 1}, &d).graph.nodes) n += node.recomputed && node.op == ir::Op::dot_general;
     return n;
   };
   const int nothing = recomputed_dots("nothing_saveable");

@@ -17,7 +17,7 @@ TEST_P(ExplainRuns, RunsPerStepAreTheExecutedKernelCalls) {
   nn::ModelConfig c = testing_support::micro_model(4, true, policy);
   c.layers_per_group = group;
   rematerialize::Decider decider;
-  ir::Graph step = train::grads_graph(c, {2, 8, 1}, &decider);
+  ir::Graph step = train::grads_program(c, {2, 8, 1}, &decider).graph;
   rematerialize::Explanation e = rematerialize::explain(decider.records(), nn::loss_graph(c, 2, 8), step);
   std::vector<exec::Array> args = nn::init_params(c, 1);
   args.push_back(exec::Array::zeros({DType::i32, {1, 2, 8}}));

@@ -97,9 +97,9 @@ class AllPolicies : public testing::TestWithParam<std::tuple<Layout, bool, std::
 void expect_exact_gradients(Layout layout, bool bf16, const std::string& policy, Fusion fusion) {
   nn::ModelConfig base = model(layout, "everything_saveable", bf16, fusion), c = model(layout, policy, bf16, fusion);
   std::vector<exec::Array> args = args_for(c);
-  std::vector<exec::Array> want = exec::run(train::grads_graph(base, {2, 16, 1}), args);
+  std::vector<exec::Array> want = exec::run(train::grads_program(base, {2, 16, 1}).graph, args);
   rematerialize::Decider decider(nn::vocabulary(c));
-  ir::Graph g = train::grads_graph(c, {2, 16, 1}, &decider);
+  ir::Graph g = train::grads_program(c, {2, 16, 1}, &decider).graph;
   ir::verify(g);
   exec::Profile profile;
   std::vector<exec::Array> got = exec::run(g, args, {.profile = &profile});
@@ -207,10 +207,10 @@ TEST_P(NestedScan, EveryForwardOpRunsTwicePerLayerAndGradientsAreExact) {
   c.layers_per_group = base.layers_per_group = group;
   ASSERT_EQ(c.num_decoder_layers, 4);
   std::vector<exec::Array> args = args_for(c);
-  ir::Graph g = train::grads_graph(c, {2, 16, 1});
+  ir::Graph g = train::grads_program(c, {2, 16, 1}).graph;
   exec::Profile profile;
   std::vector<exec::Array> got = exec::run(g, args, {.profile = &profile});
-  expect_bit_identical(got, exec::run(train::grads_graph(base, {2, 16, 1}), args), "full vs everything_saveable");
+  expect_bit_identical(got, exec::run(train::grads_program(base, {2, 16, 1}).graph, args), "full vs everything_saveable");
   std::map<uint64_t, int64_t> original;
   count_original_runs(g, 1, original);
   std::set<uint64_t> derived;

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 nn::ModelConfig one_layer(const std::string& policy) { return testing_support::micro_model(1, false, policy); }
 
-ir::Graph layer_grads(const std::string& policy) { return train::grads_graph(one_layer(policy), {1, 4, 1}); }
+ir::Graph layer_grads(const std::string& policy) { return train::grads_program(one_layer(policy), {1, 4, 1}).graph; }
 
 // dot_generals the backward runs to recompute forward values.
 int recomputed_dots(const ir::Graph& g) {
@@ -66,7 +66,7 @@ TEST(RematGolden, SavingAttentionProjectionsRemovesFiveRecomputedDots) {
 // never saw fails the test instead of reading as a default.
 TEST(RematGolden, DotsWithNoBatchDimsSavesProjectionsNotAttentionDots) {
   rematerialize::Decider d;
-  train::grads_graph(one_layer("dots_with_no_batch_dims_saveable"), {1, 4, 1}, &d);
+  train::grads_program(one_layer("dots_with_no_batch_dims_saveable"), {1, 4, 1}, &d);
   std::map<std::string, std::vector<rematerialize::Residency>> dots;  // by scope, in record order
   for (const rematerialize::ResidualRecord& r : d.records())
     if (r.what.rfind("dot_general @ ", 0) == 0) dots[r.scope].push_back(r.residency);

@@ -23,7 +23,7 @@ TEST(Accumulation, FourMicrobatchesMatchOneBigBatch) {
     std::vector<exec::Array> args = params;
     args.push_back(exec::Array::from<int32_t>({shape.accumulation, shape.batch, T}, in));
     args.push_back(exec::Array::from<int32_t>({shape.accumulation, shape.batch, T}, tg));
-    return exec::run(train::grads_graph(m, shape), args);
+    return exec::run(train::grads_program(m, shape).graph, args);
   };
   std::vector<exec::Array> acc = run({B, T, k}), one = run({k * B, T, 1});
   ASSERT_EQ(acc.size(), one.size());

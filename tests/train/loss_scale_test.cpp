@@ -25,7 +25,7 @@ struct ScaledSteps {
     opt.loss_scale.enabled = true;
     opt.loss_scale.period = period;
     opt.loss_scale.min_scale = min_scale;
-    graph = train::step_graph(model, {1, 4, 1}, opt);
+    graph = train::step_program(model, {1, 4, 1}, opt).graph;
     args = nn::init_params(model, 3);
     np = args.size();
     for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));

@@ -94,7 +94,7 @@ TEST_P(Reference_, LogitsLossAndGradientsMatchPyTorch) {
   std::vector<exec::Array> grad_args = args;
   grad_args.push_back(inputs.view({DType::i32, {1, B, T}}));
   grad_args.push_back(targets.view({DType::i32, {1, B, T}}));
-  std::vector<exec::Array> grads = exec::run(train::grads_graph(m, {B, T, 1}), grad_args);
+  std::vector<exec::Array> grads = exec::run(train::grads_program(m, {B, T, 1}).graph, grad_args);
   std::vector<nn::ParamSpec> specs = nn::param_specs(m);
   for (size_t i = 0; i < specs.size(); ++i) {
     const exec::Array& ref = r.tensors.at("grads/" + specs[i].path);
@@ -119,7 +119,7 @@ TEST_P(Reference_, FiveAdamWStepsMatchPyTorch) {
   const exec::Array& inputs = r.tensors.at("inputs");
   const int64_t B = inputs.type().shape[0], T = inputs.type().shape[1];
   exec::Array in3 = inputs.view({DType::i32, {1, B, T}}), tg3 = r.tensors.at("targets").view({DType::i32, {1, B, T}});
-  ir::Graph step = train::step_graph(m, {B, T, 1}, o);
+  ir::Graph step = train::step_program(m, {B, T, 1}, o).graph;
   ir::Graph loss = nn::loss_graph(m, B, T);
   std::vector<exec::Array> params, moments;
   for (const nn::ParamSpec& p : nn::param_specs(m)) params.push_back(r.tensors.at("params/" + p.path));

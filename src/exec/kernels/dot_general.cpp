@@ -1,7 +1,8 @@
 // dot_general through oneDNN's batched matmul. The operands are viewed as lhs (B, M, K) and rhs (B, K, N);
 // when an operand's dims are stored as [batch, free, contract] or [batch, contract, free] the view is just
-// strides (a transpose folded into the descriptor), otherwise the operand is first copied into that order
-// (into a reused scratch buffer). The output [batch, lhs free, rhs free] is (B, M, N) row-major.
+// strides (a transpose folded into the descriptor), otherwise the operand is first copied into that order.
+// The output [batch, lhs free, rhs free] is (B, M, N) row-major. The copies and oneDNN's scratchpad live
+// in the node's planned workspace: [lhs copy][rhs copy][scratchpad], each 64-byte aligned.
 // Everything that depends only on the shapes (the layout analysis, the primitive, its memory objects) is
 // made once per node and reused, so a steady-state call allocates nothing. oneDNN has no f64 or i32
 // matmul on CPU: those dtypes use the reference kernel.
@@ -72,6 +73,46 @@ Engine& engine() {
   return e;
 }
 
+// What the shapes decide: how each operand is fed, and the matmul's primitive descriptor.
+struct Analysis {
+  Layout a_layout, b_layout;
+  dnnl::matmul::primitive_desc pd;
+};
+
+Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
+  const ir::IntLists& ct = n.attrs.int_lists("contract");
+  const ir::IntLists& bt = n.attrs.int_lists("batch");
+  const ir::Shape& ls = lhs.shape;
+  const ir::Shape& rs = rhs.shape;
+  Dims lf = free_dims(lhs.rank(), ct[0], bt[0]), rf = free_dims(rhs.rank(), ct[1], bt[1]);
+  const int64_t B = product(ls, bt[0]), M = product(ls, lf), K = product(ls, ct[0]), N = product(rs, rf);
+  Analysis a;
+  a.a_layout = analyze(ls, bt[0], lf, ct[0]);  // (B, M, K), or (B, K, M) in memory when swapped
+  Dims contract_rhs(ct[1]);
+  ir::IntList rf_list(rf.begin(), rf.end());
+  a.b_layout = analyze(rs, bt[1], contract_rhs, rf_list);  // (B, K, N), or (B, N, K) in memory when swapped
+  using dims = dnnl::memory::dims;
+  auto dt = dnnl_type(lhs.dtype);
+  // Without batch dims the descriptors are 2-D: oneDNN picks faster kernels for plain matrices.
+  auto md = [&](int64_t rows, int64_t cols, bool swapped) {
+    dims strides = swapped ? dims{1, rows} : dims{cols, 1};
+    if (B == 1) return dnnl::memory::desc(dims{rows, cols}, dt, strides);
+    return dnnl::memory::desc(dims{B, rows, cols}, dt, dims{rows * cols, strides[0], strides[1]});
+  };
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // in the planned workspace
+  a.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(md(M, K, a.a_layout.swapped), md(K, N, a.b_layout.swapped),
+                                                         md(M, N, false)),
+                                      attr, engine().engine);
+  return a;
+}
+
+int64_t rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+bool uses_onednn(DType dt, const Options& options) {
+  return !options.reference_kernels && (dt == DType::f32 || dt == DType::bf16);
+}
+
 // Everything a node's matmul needs, made on its first call.
 struct Entry {
   ir::Type lhs, rhs;           // the operand types and dimension numbers it was made for: a node address
@@ -80,63 +121,50 @@ struct Entry {
   dnnl::matmul matmul;
   dnnl::memory a, b, c, pad;
   std::vector<dnnl_exec_arg_t> args;  // for the C API: the C++ execute() builds this vector on every call
-  size_t pad_bytes = 0;
+  int64_t pad_bytes = 0;
 };
 
-Entry make_entry(const ir::Node& n, const Array& lhs, const Array& rhs) {
-  const ir::IntLists& ct = n.attrs.int_lists("contract");
-  const ir::IntLists& bt = n.attrs.int_lists("batch");
-  const ir::Shape& ls = lhs.type().shape;
-  const ir::Shape& rs = rhs.type().shape;
-  Dims lf = free_dims(lhs.type().rank(), ct[0], bt[0]), rf = free_dims(rhs.type().rank(), ct[1], bt[1]);
-  const int64_t B = product(ls, bt[0]), M = product(ls, lf), K = product(ls, ct[0]), N = product(rs, rf);
+Entry make_entry(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
+  Analysis x = analyze(n, lhs, rhs);
   Entry e;
-  e.lhs = lhs.type();
-  e.rhs = rhs.type();
-  e.contract = ct;
-  e.batch = bt;
-  e.a_layout = analyze(ls, bt[0], lf, ct[0]);  // (B, M, K), or (B, K, M) in memory when swapped
-  Dims contract_rhs(ct[1]);
-  ir::IntList rf_list(rf.begin(), rf.end());
-  e.b_layout = analyze(rs, bt[1], contract_rhs, rf_list);  // (B, K, N), or (B, N, K) in memory when swapped
-  using dims = dnnl::memory::dims;
-  auto dt = dnnl_type(lhs.type().dtype);
-  // Without batch dims the descriptors are 2-D: oneDNN picks faster kernels for plain matrices.
-  auto md = [&](int64_t rows, int64_t cols, bool swapped) {
-    dims strides = swapped ? dims{1, rows} : dims{cols, 1};
-    if (B == 1) return dnnl::memory::desc(dims{rows, cols}, dt, strides);
-    return dnnl::memory::desc(dims{B, rows, cols}, dt, dims{rows * cols, strides[0], strides[1]});
-  };
-  dnnl::memory::desc a_md = md(M, K, e.a_layout.swapped), b_md = md(K, N, e.b_layout.swapped), c_md = md(M, N, false);
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine().engine);
-  e.matmul = dnnl::matmul(pd);
-  e.a = dnnl::memory(a_md, engine().engine, DNNL_MEMORY_NONE);
-  e.b = dnnl::memory(b_md, engine().engine, DNNL_MEMORY_NONE);
-  e.c = dnnl::memory(c_md, engine().engine, DNNL_MEMORY_NONE);
-  e.pad = dnnl::memory(pd.scratchpad_desc(), engine().engine, DNNL_MEMORY_NONE);
-  e.pad_bytes = pd.scratchpad_desc().get_size();
+  e.lhs = lhs;
+  e.rhs = rhs;
+  e.contract = n.attrs.int_lists("contract");
+  e.batch = n.attrs.int_lists("batch");
+  e.a_layout = x.a_layout;
+  e.b_layout = x.b_layout;
+  e.matmul = dnnl::matmul(x.pd);
+  e.a = dnnl::memory(x.pd.src_desc(), engine().engine, DNNL_MEMORY_NONE);
+  e.b = dnnl::memory(x.pd.weights_desc(), engine().engine, DNNL_MEMORY_NONE);
+  e.c = dnnl::memory(x.pd.dst_desc(), engine().engine, DNNL_MEMORY_NONE);
+  e.pad = dnnl::memory(x.pd.scratchpad_desc(), engine().engine, DNNL_MEMORY_NONE);
+  e.pad_bytes = static_cast<int64_t>(x.pd.scratchpad_desc().get_size());
   e.args = {{DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()},
             {DNNL_ARG_SCRATCHPAD, e.pad.get()}};
   return e;
 }
 
-// The operand's bytes in the layout the matmul reads: in place, or copied into scratch `slot`.
-void* feed(const Array& x, const Layout& l, size_t slot) {
+// The operand's bytes in the layout the matmul reads: in place, or copied into the workspace.
+void* feed(const Array& x, const Layout& l, std::span<std::byte>& workspace) {
   if (!l.copy) return x.bytes();
   const int64_t es = dtype_size(x.type().dtype);
-  std::byte* dst = scratch(slot, static_cast<size_t>(x.type().bytes()));
+  std::byte* dst = take(workspace, x.type().bytes());
   copy_strided(x.bytes(), 0, l.copy_src_strides, dst, 0, strides_of(l.copy_shape), l.copy_shape, es);
   return dst;
 }
 
 }  // namespace
 
-void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options) {
+int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in) {
+  if (in[0].dtype != DType::f32 && in[0].dtype != DType::bf16) return 0;  // the reference kernel needs none
+  Analysis x = analyze(n, in[0], in[1]);
+  return (x.a_layout.copy ? rounded(in[0].bytes()) : 0) + (x.b_layout.copy ? rounded(in[1].bytes()) : 0) +
+         rounded(static_cast<int64_t>(x.pd.scratchpad_desc().get_size()));
+}
+
+void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   // f32 and bf16 (f32 accumulation, native AVX512_BF16) go to oneDNN; f64, f16 and i32 to the reference.
-  const DType dt = in[0].type().dtype;
-  if (options.reference_kernels || (dt != DType::f32 && dt != DType::bf16)) return ref::dot_general(n, in, out, options);
+  if (!uses_onednn(in[0].type().dtype, ctx.options)) return ref::dot_general(n, in, out, ctx);
   // One entry per node; a different graph at the same address, or new shapes, remakes it.
   static std::mutex mutex;
   static std::map<const ir::Node*, Entry> cache;
@@ -144,12 +172,13 @@ void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<
   auto it = cache.find(&n);
   if (it == cache.end() || !(it->second.lhs == in[0].type()) || !(it->second.rhs == in[1].type()) ||
       it->second.contract != n.attrs.int_lists("contract") || it->second.batch != n.attrs.int_lists("batch"))
-    it = cache.insert_or_assign(&n, make_entry(n, in[0], in[1])).first;
+    it = cache.insert_or_assign(&n, make_entry(n, in[0].type(), in[1].type())).first;
   Entry& e = it->second;
-  e.a.set_data_handle(feed(in[0], e.a_layout, 1));
-  e.b.set_data_handle(feed(in[1], e.b_layout, 2));
+  std::span<std::byte> workspace = ctx.workspace;
+  e.a.set_data_handle(feed(in[0], e.a_layout, workspace));
+  e.b.set_data_handle(feed(in[1], e.b_layout, workspace));
   e.c.set_data_handle(out[0].bytes());
-  e.pad.set_data_handle(scratch(3, std::max<size_t>(e.pad_bytes, 64)));
+  e.pad.set_data_handle(e.pad_bytes > 0 ? take(workspace, e.pad_bytes) : nullptr);
   dnnl::error::wrap_c_api(dnnl_primitive_execute(e.matmul.get(), engine().stream.get(), static_cast<int>(e.args.size()),
                                                  e.args.data()),
                           "could not execute a matmul");

@@ -33,7 +33,7 @@ void binary_loop(const Array& x, const Array& y, Array& z, F f) {
 }  // namespace
 
 #define FLOAT_UNARY(op, expr)                                                                       \
-  void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {            \
+  void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {            \
     dispatch_float(in[0].type().dtype, n, [&](auto t) {                                             \
       using T = decltype(t);                                                                        \
       using C = Compute<T>;                                                                         \
@@ -42,7 +42,7 @@ void binary_loop(const Array& x, const Array& y, Array& z, F f) {
   }
 
 #define NUMERIC_BINARY(op, expr)                                                                    \
-  void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {            \
+  void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {            \
     dispatch_numeric(in[0].type().dtype, n, [&](auto t) {                                           \
       using T = decltype(t);                                                                        \
       using C = Compute<T>;                                                                         \
@@ -67,14 +67,14 @@ NUMERIC_BINARY(min, std::isnan(static_cast<double>(a)) ? a : (a < b ? a : b))
 #undef FLOAT_UNARY
 #undef NUMERIC_BINARY
 
-void kernel_neg(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_neg(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
     unary_loop<T>(in[0], out[0], [](Compute<T> x) -> Compute<T> { return -x; });
   });
 }
 
-void kernel_div(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_div(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   if (in[0].type().dtype == DType::i32) {
     const int32_t* b = in[1].data<int32_t>();
     for (int64_t i = 0; i < in[1].size(); ++i) CHECK(b[i] != 0, "{}: integer division by zero", ir::op_name(n.op));
@@ -85,14 +85,14 @@ void kernel_div(const ir::Node& n, std::span<const Array> in, std::span<Array> o
   });
 }
 
-void kernel_pow(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_pow(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
     binary_loop<T>(in[0], in[1], out[0], [](Compute<T> a, Compute<T> b) -> Compute<T> { return std::pow(a, b); });
   });
 }
 
-void kernel_compare(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_compare(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   const std::string& dir = n.attrs.str("direction");
   dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
@@ -115,7 +115,7 @@ void kernel_compare(const ir::Node& n, std::span<const Array> in, std::span<Arra
   });
 }
 
-void kernel_select(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_select(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   dispatch_bits(dtype_size(in[1].type().dtype), [&](auto bits) {
     using U = decltype(bits);
     const uint8_t* p = in[0].data<uint8_t>();
@@ -184,11 +184,11 @@ void convert(const Array& x, Array& y) {
 
 }  // namespace
 
-void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   convert(in[0], out[0]);
 }
 
-void kernel_convert_group(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_convert_group(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   for (size_t i = 0; i < in.size(); ++i) convert(in[i], out[i]);
 }
 

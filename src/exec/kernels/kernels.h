@@ -1,6 +1,7 @@
-// Kernel signatures, one per op of the op table (scan's, in executor.cpp, re-enters run()). Kernels write
-// into pre-allocated outputs, except reshape and name (their outputs are views of the operand) and scan.
-// Shapes follow lax semantics; see ir/shape_rules.cpp.
+// The CPU backend's kernels: one per op of the op table without a body (the executor runs scans itself;
+// remat regions are inlined before planning). Kernels write into pre-allocated outputs, except the view ops
+// (reshape, name, check_finite: their outputs are views of the operand). Shapes follow lax semantics; see
+// ir/shape_rules.cpp.
 #pragma once
 
 #include <omp.h>
@@ -13,14 +14,37 @@
 
 namespace remat::exec {
 
-#define X(e, ...) \
-  void kernel_##e(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options);
+// REMAT_KERNEL_OR(cls, K, R)(op) is K(op) for the op classes that have a kernel and R(op) for the ops with
+// a body (run by the executor itself); K and R are macro names.
+#define REMAT_KERNEL_OR(cls, kernel, region) REMAT_KERNEL_OR_##cls(kernel, region)
+#define REMAT_KERNEL_OR_elementwise(k, r) k
+#define REMAT_KERNEL_OR_view(k, r) k
+#define REMAT_KERNEL_OR_layout(k, r) k
+#define REMAT_KERNEL_OR_contraction(k, r) k
+#define REMAT_KERNEL_OR_reduction(k, r) k
+#define REMAT_KERNEL_OR_constant(k, r) k
+#define REMAT_KERNEL_OR_group(k, r) k
+#define REMAT_KERNEL_OR_transfer(k, r) k
+#define REMAT_KERNEL_OR_region(k, r) r
+
+#define REMAT_KERNEL_DECLARE(e) \
+  void kernel_##e(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx);
+#define REMAT_NOTHING(e)
+#define X(e, arity, cls, ...) REMAT_KERNEL_OR(cls, REMAT_KERNEL_DECLARE, REMAT_NOTHING)(e)
 REMAT_OPS(X)
 #undef X
 
+// Workspace bytes of the kernels that need any (Backend::workspace_bytes): operand copies and oneDNN's
+// scratchpad for dot_general, the accumulator row of a reduction over leading axes.
+int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in);
+int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in);
+
+// Carves `bytes` (rounded up to 64) off the front of a kernel's workspace; the plan gave it enough.
+std::byte* take(std::span<std::byte>& workspace, int64_t bytes);
+
 namespace ref {
 // Naive twin of the oneDNN dot_general: loops over every output and contracting index, f64 accumulation.
-void dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options& options);
+void dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx);
 }  // namespace ref
 
 // A short list of dims or strides with inline storage: kernels build these per call without touching the
@@ -59,10 +83,6 @@ Dims strides_of(const Dims& shape);
 // of `shape`. Offsets and strides are in elements of `elem_size` bytes.
 void copy_strided(const std::byte* src, int64_t src_base, const Dims& src_strides, std::byte* dst, int64_t dst_base,
                   const Dims& dst_strides, const Dims& shape, int64_t elem_size);
-
-// A growable per-thread scratch buffer for kernels that need a temporary copy: it grows to the largest
-// request and is then reused, so steady-state steps do not allocate. `slot` separates simultaneous uses.
-std::byte* scratch(size_t slot, size_t bytes);
 
 // Storage types and the type their arithmetic runs in: bf16 and f16 compute in f32 registers and store
 // rounded to nearest even; the others compute in themselves.

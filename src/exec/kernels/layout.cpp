@@ -32,7 +32,7 @@ void copy_all(const Array& from, Array& to) {
 
 }  // namespace
 
-void kernel_broadcast_in_dim(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_broadcast_in_dim(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   const ir::IntList& dims = n.attrs.ints("dims");
   const ir::Shape& xs = in[0].type().shape;
   Dims x_strides = strides_of(xs);
@@ -44,13 +44,13 @@ void kernel_broadcast_in_dim(const ir::Node& n, std::span<const Array> in, std::
 }
 
 // reshape and name alias their operand: the output is a view of the same bytes.
-void kernel_reshape(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_reshape(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   out[0] = in[0].view_as(out[0]);
 }
-void kernel_name(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_name(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   out[0] = in[0].view_as(out[0]);
 }
-void kernel_check_finite(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_check_finite(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   for (int64_t i = 0; i < in[0].size(); ++i) {
     const double v = in[0].get(i);
     CHECK(std::isfinite(v), "check_finite{}: element {} of {} is {}", n.scope.empty() ? "" : fmt::format(" (scope '{}')", n.scope),
@@ -61,14 +61,14 @@ void kernel_check_finite(const ir::Node& n, std::span<const Array> in, std::span
 
 // Memory-space moves. On the CPU backend both spaces are host memory, so these are copies into a buffer
 // of the destination space; the planner accounts host and device bytes separately.
-void kernel_offload(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_offload(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   copy_all(in[0], out[0]);
 }
-void kernel_reload(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_reload(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   copy_all(in[0], out[0]);
 }
 
-void kernel_transpose(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_transpose(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   const ir::IntList& perm = n.attrs.ints("perm");
   Dims in_strides = strides_of(in[0].type().shape), src;
   for (int64_t p : perm) src.push_back(in_strides[static_cast<size_t>(p)]);
@@ -76,13 +76,13 @@ void kernel_transpose(const ir::Node& n, std::span<const Array> in, std::span<Ar
                elem(in[0]));
 }
 
-void kernel_slice(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_slice(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   Dims strides = strides_of(in[0].type().shape);
   copy_strided(in[0].bytes(), offset_of(n.attrs.ints("start"), strides), strides, out[0].bytes(), 0,
                strides_of(out[0].type().shape), out[0].type().shape, elem(in[0]));
 }
 
-void kernel_dynamic_slice(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_dynamic_slice(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   const ir::Shape& window = out[0].type().shape;
   Dims strides = strides_of(in[0].type().shape);
   auto starts = clamped_starts(in, 1, in[0].type().shape, window);
@@ -90,7 +90,7 @@ void kernel_dynamic_slice(const ir::Node&, std::span<const Array> in, std::span<
                elem(in[0]));
 }
 
-void kernel_dynamic_update_slice(const ir::Node&, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_dynamic_update_slice(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   copy_all(in[0], out[0]);
   const ir::Shape& window = in[1].type().shape;
   Dims strides = strides_of(in[0].type().shape);
@@ -99,7 +99,7 @@ void kernel_dynamic_update_slice(const ir::Node&, std::span<const Array> in, std
                elem(in[0]));
 }
 
-void kernel_concatenate(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_concatenate(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   const size_t dim = static_cast<size_t>(n.attrs.integer("dim"));
   Dims out_strides = strides_of(out[0].type().shape);
   int64_t at = 0;
@@ -110,7 +110,7 @@ void kernel_concatenate(const ir::Node& n, std::span<const Array> in, std::span<
   }
 }
 
-void kernel_gather(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_gather(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   const Array& table = in[0];
   const int32_t* idx = in[1].data<int32_t>();
   const int64_t rows = table.type().shape[0], count = in[1].size();
@@ -124,7 +124,7 @@ void kernel_gather(const ir::Node& n, std::span<const Array> in, std::span<Array
   });
 }
 
-void kernel_scatter_add(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_scatter_add(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   copy_all(in[0], out[0]);
   const int32_t* idx = in[1].data<int32_t>();
   const int64_t rows = in[0].type().shape[0], count = in[1].size();
@@ -143,14 +143,14 @@ void kernel_scatter_add(const ir::Node& n, std::span<const Array> in, std::span<
   });
 }
 
-void kernel_iota(const ir::Node& n, std::span<const Array>, std::span<Array> out, const Options&) {
+void kernel_iota(const ir::Node& n, std::span<const Array>, std::span<Array> out, const KernelContext&) {
   const ir::Shape& shape = out[0].type().shape;
   const size_t dim = static_cast<size_t>(n.attrs.integer("dim"));
   const int64_t inner = strides_of(Dims(shape))[dim];
   for (int64_t i = 0; i < out[0].size(); ++i) out[0].set(i, static_cast<double>((i / inner) % shape[dim]));
 }
 
-void kernel_full(const ir::Node& n, std::span<const Array>, std::span<Array> out, const Options&) {
+void kernel_full(const ir::Node& n, std::span<const Array>, std::span<Array> out, const KernelContext&) {
   Array& o = out[0];
   if (o.size() == 0) return;
   o.set(0, n.attrs.real("value"));

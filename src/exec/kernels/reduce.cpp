@@ -43,11 +43,11 @@ int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
 }
 
 template <class T, class Acc, class Combine>
-void reduce_loop(const Array& x, Array& y, const Plan& p, Acc init, Combine combine) {
+void reduce_loop(const Array& x, Array& y, const Plan& p, std::span<std::byte> workspace, Acc init, Combine combine) {
   const T* a = x.data<T>();
   T* o = y.data<T>();
   if (p.leading) {  // x viewed as [window, outputs]: accumulate whole rows, vectorised over outputs
-    Acc* acc = reinterpret_cast<Acc*>(scratch(0, static_cast<size_t>(p.outputs) * sizeof(Acc)));
+    Acc* acc = reinterpret_cast<Acc*>(take(workspace, p.outputs * static_cast<int64_t>(sizeof(Acc))));
     std::fill(acc, acc + p.outputs, init);
     for (int64_t r = 0; r < p.window; ++r) {
       const T* row = a + r * p.outputs;
@@ -76,22 +76,32 @@ void reduce_loop(const Array& x, Array& y, const Plan& p, Acc init, Combine comb
 
 }  // namespace
 
-void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+// The accumulator row of a reduction over leading axes: reduce_sum accumulates floats in f64 (i32 in
+// itself), reduce_max in the compute type (f32 for bf16 and f16).
+int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in) {
+  const Plan p = plan_reduction(in[0].shape, n.attrs.ints("axes"));
+  if (!p.leading) return 0;
+  const DType d = in[0].dtype;
+  const int64_t acc = n.op == ir::Op::reduce_sum ? (d == DType::i32 ? 4 : 8) : (d == DType::f64 ? 8 : 4);
+  return (p.outputs * acc + 63) / 64 * 64;
+}
+
+void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
   dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
     using Acc = std::conditional_t<std::is_same_v<Compute<T>, float>, double, T>;  // f32, bf16, f16 sum in f64
-    reduce_loop<T, Acc>(in[0], out[0], p, Acc(0), [](Acc a, Acc b) { return a + b; });
+    reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), [](Acc a, Acc b) { return a + b; });
   });
 }
 
-void kernel_reduce_max(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void kernel_reduce_max(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
   dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
     using C = Compute<T>;
     C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::lowest();
-    reduce_loop<T, C>(in[0], out[0], p, lowest, [](C a, C b) { return (b > a || b != b) ? b : a; });
+    reduce_loop<T, C>(in[0], out[0], p, ctx.workspace, lowest, [](C a, C b) { return (b > a || b != b) ? b : a; });
   });
 }
 

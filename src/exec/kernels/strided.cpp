@@ -42,22 +42,12 @@ Dims strides_of(const Dims& shape) {
   return s;
 }
 
-std::byte* scratch(size_t slot, size_t bytes) {
-  struct Buffer {
-    std::byte* data = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(data); }
-  };
-  thread_local std::array<Buffer, 4> buffers;
-  ASSERT(slot < buffers.size());
-  Buffer& b = buffers[slot];
-  if (b.size < bytes) {
-    std::free(b.data);
-    b.size = (bytes + 63) / 64 * 64;
-    b.data = static_cast<std::byte*>(std::aligned_alloc(64, b.size));
-    CHECK(b.data != nullptr, "out of host memory for a {} byte kernel scratch buffer", bytes);
-  }
-  return b.data;
+std::byte* take(std::span<std::byte>& workspace, int64_t bytes) {
+  const size_t rounded = static_cast<size_t>((bytes + 63) / 64 * 64);
+  ASSERT(rounded <= workspace.size());
+  std::byte* p = workspace.data();
+  workspace = workspace.subspan(rounded);
+  return p;
 }
 
 namespace {

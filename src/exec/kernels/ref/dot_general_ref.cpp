@@ -6,7 +6,7 @@
 
 namespace remat::exec::ref {
 
-void dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Options&) {
+void dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   const ir::IntLists& ct = n.attrs.int_lists("contract");
   const ir::IntLists& bt = n.attrs.int_lists("batch");
   const ir::Shape& ls = in[0].type().shape;

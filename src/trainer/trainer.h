@@ -1,18 +1,20 @@
-// The training loop behind `remat train`: data, the step graph, progress, evaluation, metrics (JSONL)
-// and a generated sample at the end.
+// The training loop behind `remat train`: data, the compiled programs (the training step, evaluation,
+// sampling: each planned, the latter two reading the step's parameter buffers), progress, evaluation,
+// metrics (JSONL), a generated sample at the end, and the process's peak memory next to the plans'.
+// Arguments and results are found by name in each program's signature.
 #pragma once
 
+#include "compile/compile.h"
 #include "train/data.h"
-#include "train/step.h"
 
 #include <string>
 
-namespace remat::train {
+namespace remat::trainer {
 
 struct RunConfig {
   nn::ModelConfig model;
-  StepShape shape;
-  OptimizerConfig optimizer;
+  train::StepShape shape;
+  train::OptimizerConfig optimizer;
   int64_t steps = 600;                 // optimizer updates
   uint64_t init_seed = 0;              // parameter initialisation
   uint64_t data_seed = 0;              // batch sampling
@@ -31,8 +33,11 @@ struct RunConfig {
 struct RunResult {
   double train_loss = 0;       // last step's loss
   double validation_loss = 0;  // final evaluation
+  int64_t peak_rss = 0;        // the process's peak resident bytes (VmHWM) at the end
+  int64_t baseline_rss = 0;    // resident bytes before the first compile (binary, libraries, data)
+  int64_t planned_bytes = 0;   // the programs' plans: owned arguments and arenas of step, evaluation, sampling
 };
 
 RunResult run(const RunConfig& config);
 
-}  // namespace remat::train
+}  // namespace remat::trainer

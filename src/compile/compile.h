@@ -1,0 +1,52 @@
+// Public header of the compile stage (DESIGN §1): the one call that turns a model, a batch shape and an
+// optimizer into a program ready to run. It traces the model, lints the remat policy against it,
+// differentiates (the policy's decider splitting every remat region), records the residual explanation,
+// runs the IR passes (remat regions inlined) and plans the memory of every buffer, kernel workspace
+// included. `remat train`, `remat plan`, `remat explain` and every later caller (policy search,
+// distributed runner, checkpoints) go through it; nothing else assembles step graphs.
+//
+//   compile::Compiled step = compile::compile({.model = m, .shape = s, .optimizer = o});
+//   exec::Executable run(step.program, step.plan);
+//   fmt::print("{}", step.explanation.text());
+#pragma once
+
+#include "exec/exec.h"
+#include "plan/plan.h"
+#include "remat/remat.h"
+#include "train/step.h"
+
+#include <string>
+#include <vector>
+
+namespace remat::compile {
+
+enum class Program {
+  train_step,  // train::step_program: loss, gradients, clipping, AdamW; parameters and moments updated in place
+  grads,       // train::grads_program: loss and gradients (what `remat explain` shows)
+  loss,        // train::loss_program: the evaluation loss of one microbatch (forward only)
+  logits,      // train::logits_program: logits for sampling (forward only)
+};
+
+struct Request {
+  nn::ModelConfig model = {};            // with its remat policy and precision
+  train::StepShape shape = {};           // batch x seq (x accumulation for train_step and grads)
+  train::OptimizerConfig optimizer = {}; // train_step only
+  Program program = Program::train_step;
+  bool allow_unmatched = false;          // lint: a policy name that matches no checkpoint name only warns
+  const exec::Backend* backend = &exec::cpu();  // whose kernels' workspace is planned
+};
+
+struct Compiled {
+  ir::Graph program;                         // what runs: remat regions inlined, passes done
+  ir::Signature signature;                   // every argument and result named, with its role
+  plan::Plan plan;                           // schedule, buffers, arenas (kernel workspace included)
+  rematerialize::Explanation explanation;    // every residual's decision (train_step and grads)
+  std::vector<std::string> warnings;         // from linting the policy
+
+  // Bytes of the arguments (parameters, optimizer state, batch) and of both arenas: what running it takes.
+  int64_t total_bytes() const;
+};
+
+Compiled compile(const Request& request);
+
+}  // namespace remat::compile

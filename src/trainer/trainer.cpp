@@ -1,0 +1,232 @@
+#include "trainer/trainer.h"
+
+#include "exec/executable.h"
+#include "plan/report.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace remat::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using train::Batcher;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string duration_str(double s) {
+  int total = static_cast<int>(std::lround(s));
+  return total >= 60 ? fmt::format("{}m{:02d}s", total / 60, total % 60) : fmt::format("{}s", total);
+}
+
+// A line of /proc/self/status in bytes: VmRSS (resident now) or VmHWM (the peak); 0 where there is none.
+int64_t resident_bytes(const char* field) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(line.find(':') + 1)) * 1024;  // "VmHWM:  1234 kB"
+  return 0;
+}
+
+compile::Compiled compile_program(const RunConfig& c, compile::Program program, train::StepShape shape) {
+  return compile::compile({.model = c.model, .shape = shape, .optimizer = c.optimizer, .program = program,
+                           .allow_unmatched = c.remat_allow_unmatched});
+}
+
+// A compiled program with its executable. Its arguments are its own buffers, except the parameters when
+// `parameters_of` is given: those are that program's (evaluation and sampling read the step's weights).
+struct Program {
+  ir::Signature signature;
+  exec::Executable executable;
+  std::vector<exec::Array>& args;
+
+  Program(compile::Compiled c, const Program* parameters_of = nullptr)
+      : signature(std::move(c.signature)),
+        executable(std::move(c.program), std::move(c.plan)),
+        args(executable.own_arguments(shared(signature, parameters_of))) {}
+  exec::Array& arg(std::string_view name) { return args[static_cast<size_t>(signature.arg(name))]; }
+  // What running it takes: the arguments it owns and its arenas.
+  int64_t bytes() const {
+    return executable.owned_argument_bytes() + executable.plan().arena[0] + executable.plan().arena[1];
+  }
+
+ private:
+  static std::map<int, exec::Array> shared(const ir::Signature& s, const Program* from) {
+    std::map<int, exec::Array> out;
+    for (size_t i = 0; from != nullptr && i < s.args.size(); ++i)
+      if (s.args[i].role == ir::Role::parameter) out.emplace(static_cast<int>(i), from->args[static_cast<size_t>(from->signature.arg(s.args[i].name))]);
+    return out;
+  }
+};
+
+// Mean loss over a fixed set of validation batches (same batches every evaluation).
+class Evaluator {
+ public:
+  Evaluator(const RunConfig& c, const train::Dataset& d, const Program& step)
+      : program_(compile_program(c, compile::Program::loss, {c.shape.batch, c.shape.seq, 1}), &step) {
+    Batcher batcher(d.validation, c.shape.seq, c.data_seed + 1, "validation");
+    const size_t tokens = static_cast<size_t>(c.shape.batch * c.shape.seq);
+    batches_.assign(static_cast<size_t>(c.eval_steps), std::vector<int32_t>(2 * tokens));
+    for (std::vector<int32_t>& b : batches_) batcher.next(c.shape.batch, b.data(), b.data() + tokens);
+  }
+  double loss() {
+    double sum = 0;
+    exec::Array &inputs = program_.arg("inputs"), &targets = program_.arg("targets");
+    const size_t tokens = static_cast<size_t>(inputs.size());
+    for (const std::vector<int32_t>& b : batches_) {
+      std::copy(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(tokens), inputs.data<int32_t>());
+      std::copy(b.begin() + static_cast<std::ptrdiff_t>(tokens), b.end(), targets.data<int32_t>());
+      sum += program_.executable.run()[static_cast<size_t>(program_.signature.result("loss"))].get(0);
+    }
+    return sum / static_cast<double>(batches_.size());
+  }
+  const Program& program() const { return program_; }
+
+ private:
+  Program program_;
+  std::vector<std::vector<int32_t>> batches_;  // inputs then targets, per batch
+};
+
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? static_cast<char>(c) : '?';
+  return out;
+}
+
+// Generates `length` bytes after the prompt: one forward pass over the last `seq` bytes per new byte.
+std::string sample(const RunConfig& c, Program& logits_program) {
+  const int64_t seq = c.shape.seq;
+  std::string text = c.sample_prompt.empty() ? "\n" : c.sample_prompt;
+  std::mt19937_64 rng(c.data_seed + 7);
+  int32_t* window = logits_program.arg("inputs").data<int32_t>();
+  const size_t logits_result = static_cast<size_t>(logits_program.signature.result("logits"));
+  std::vector<double> w(static_cast<size_t>(c.model.vocab_size));
+  for (int64_t n = 0; n < c.sample_length; ++n) {
+    int64_t start = std::max<int64_t>(0, static_cast<int64_t>(text.size()) - seq);
+    int64_t len = static_cast<int64_t>(text.size()) - start;
+    for (int64_t t = 0; t < seq; ++t)  // causal: bytes after the prompt's end do not affect its logits
+      window[t] = t < len ? static_cast<unsigned char>(text[static_cast<size_t>(start + t)]) : 0;
+    const exec::Array& logits = logits_program.executable.run()[logits_result];
+    const float* row = logits.data<float>() + (len - 1) * c.model.vocab_size;
+    int next = 0;
+    if (c.sample_temperature <= 0) {
+      next = static_cast<int>(std::max_element(row, row + c.model.vocab_size) - row);
+    } else {
+      float top = *std::max_element(row, row + c.model.vocab_size);
+      for (size_t v = 0; v < w.size(); ++v) w[v] = std::exp((row[v] - top) / c.sample_temperature);
+      next = std::discrete_distribution<int>(w.begin(), w.end())(rng);
+    }
+    text += static_cast<char>(next);
+  }
+  return text;
+}
+
+}  // namespace
+
+RunResult run(const RunConfig& c) {
+  CHECK(c.steps > 0, "config key 'steps' must be positive, got {}", c.steps);
+  CHECK(c.eval_interval > 0 && c.eval_steps > 0 && c.log_period > 0,
+        "eval_interval ({}), eval_steps ({}) and log_period ({}) must be positive", c.eval_interval, c.eval_steps,
+        c.log_period);
+  train::Dataset data = train::load_dataset(c.dataset_path, c.validation_fraction);
+  fmt::print("data: {}; {} train / {} validation bytes\n", data.description, data.train.size(), data.validation.size());
+  const int64_t baseline_rss = resident_bytes("VmRSS");  // binary, libraries and data, before any compile
+  Batcher batcher(data.train, c.shape.seq, c.data_seed, "train");
+
+  const int64_t k = c.shape.accumulation, B = c.shape.batch, T = c.shape.seq;
+  compile::Compiled compiled = compile_program(c, compile::Program::train_step, c.shape);
+  for (const std::string& w : compiled.warnings) fmt::print("warning: {}\n", w);
+  fmt::print("remat: policy {}; {}\n", c.model.remat_policy, compiled.explanation.step_summary());
+  fmt::print("plan: arena {} device (lower bound {}), {} host; parameters, moments updated in place\n",
+             plan::bytes_str(static_cast<double>(compiled.plan.arena[0])),
+             plan::bytes_str(static_cast<double>(compiled.plan.lower_bound[0])),
+             plan::bytes_str(static_cast<double>(compiled.plan.arena[1])));
+  Program step(std::move(compiled));
+  const ir::Signature& sig = step.signature;
+  std::vector<exec::Array> params;  // views of the step's parameter buffers, in the model's order
+  for (size_t i = 0; i < sig.args.size(); ++i)
+    if (sig.args[i].role == ir::Role::parameter) params.push_back(step.args[i]);
+  nn::init_params(c.model, c.init_seed, params);  // moments start at zero, as allocated
+  Evaluator evaluator(c, data, step);
+  Program generator(compile_program(c, compile::Program::logits, {1, T, 1}), &step);
+  fmt::print("model: {:.3f}M parameters; {} layers (scan_layers={}), d={}, heads={}/{} kv, mlp={}\n",
+             static_cast<double>(nn::param_count(c.model)) / 1e6, c.model.num_decoder_layers, c.model.scan_layers,
+             c.model.emb_dim, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim);
+  fmt::print("train: {} steps x {} microbatch(es) x {} sequences x {} tokens = {} tokens/step\n", c.steps, k, B, T,
+             k * B * T);
+
+  std::filesystem::create_directories(c.run_dir);
+  std::string metrics_path = (std::filesystem::path(c.run_dir) / "metrics.jsonl").string();
+  std::ofstream metrics(metrics_path);
+  CHECK(metrics.good(), "cannot write metrics file '{}' (config keys base_output_directory, run_name)", metrics_path);
+
+  RunResult result;
+  const train::LossScaleConfig& ls = c.optimizer.loss_scale;
+  if (ls.enabled) step.arg("loss_scale").set(0, ls.initial);
+  auto result_of = [&](const char* name) { return static_cast<size_t>(sig.result(name)); };
+  const size_t loss_at = result_of("loss"), norm_at = result_of("grad_norm"), lr_at = result_of("lr");
+  int64_t skipped = 0;
+  const auto start = Clock::now();
+  auto window_start = start;
+  int64_t window_steps = 0;
+  for (int64_t s = 0; s < c.steps; ++s) {
+    batcher.next(k * B, step.arg("inputs").data<int32_t>(), step.arg("targets").data<int32_t>());
+    step.arg("step").set(0, static_cast<double>(s));
+    // Every updated value (parameters, moments, loss-scale state) is donated: the step writes it into its
+    // argument's buffer, so the next step reads it there.
+    const std::vector<exec::Array>& out = step.executable.run();
+    const double loss = out[loss_at].get(0), norm = out[norm_at].get(0), lr = out[lr_at].get(0);
+    if (ls.enabled && out[result_of("finite")].get(0) == 0) ++skipped;
+    CHECK(std::isfinite(loss), "training diverged at step {}: loss is {}; lower learning_rate", s + 1, loss);
+    result.train_loss = loss;
+    ++window_steps;
+    const int64_t done = s + 1;
+    nlohmann::json row = {{"step", done}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}};
+    if (ls.enabled) row["loss_scale"] = step.arg("loss_scale").get(0), row["skipped_steps"] = skipped;
+    if (done % c.log_period == 0 || done == c.steps) {
+      const double window = seconds_since(window_start), elapsed = seconds_since(start);
+      const double ms = 1e3 * window / static_cast<double>(window_steps);
+      const double tok_s = static_cast<double>(window_steps * k * B * T) / window;
+      fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.2e} | {:>7.0f} tok/s | {:6.1f} ms/step | ETA {}\n", done,
+                 c.steps, loss, lr, tok_s, ms, duration_str(elapsed / static_cast<double>(done) * static_cast<double>(c.steps - done)));
+      std::fflush(stdout);
+      row["tokens_per_s"] = tok_s;
+      window_start = Clock::now();
+      window_steps = 0;
+    }
+    if (done % c.eval_interval == 0 || done == c.steps) {
+      result.validation_loss = evaluator.loss();
+      fmt::print("eval  {:>5}/{} | validation loss {:.4f} nats/byte\n", done, c.steps, result.validation_loss);
+      row["validation_loss"] = result.validation_loss;
+      window_start = Clock::now();  // keep evaluation time out of tokens/s
+    }
+    metrics << row.dump() << "\n";
+    metrics.flush();
+  }
+  fmt::print("done in {}; metrics in {}; measured peak {} device (planned {})\n", duration_str(seconds_since(start)),
+             metrics_path, plan::bytes_str(static_cast<double>(step.executable.measured_peak(plan::Space::device))),
+             plan::bytes_str(static_cast<double>(step.executable.plan().lower_bound[0])));
+  const std::string text = sample(c, generator);
+  const int64_t planned = step.bytes() + evaluator.program().bytes() + generator.bytes();
+  const int64_t peak = resident_bytes("VmHWM");
+  // Everything the process holds beyond its baseline should be planned: the "unplanned" rest is what the
+  // plans do not know about (heap of the compiler, thread stacks, library code and caches).
+  auto str = [](int64_t bytes) { return plan::bytes_str(static_cast<double>(bytes)); };
+  fmt::print("process: peak RSS {} = baseline {} (before compiling) + planned {} (step {}, evaluation {}, sampling {}: "
+             "arguments and arenas) + unplanned {}\n",
+             str(peak), str(baseline_rss), str(planned), str(step.bytes()), str(evaluator.program().bytes()),
+             str(generator.bytes()), peak - baseline_rss - planned < 0 ? fmt::format("-{}", str(planned + baseline_rss - peak))
+                                               : str(peak - baseline_rss - planned));
+  result.peak_rss = peak;
+  result.baseline_rss = baseline_rss;
+  result.planned_bytes = planned;
+  fmt::print("sample ({}, prompt \"{}\"):\n{}\n", c.sample_temperature > 0 ? fmt::format("temperature {}", c.sample_temperature) : "greedy",
+             printable(c.sample_prompt), printable(text));
+  return result;
+}
+
+}  // namespace remat::trainer
