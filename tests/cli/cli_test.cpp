@@ -2,6 +2,7 @@
 // the final line, and writes one JSONL record per step that agrees with what it printed; `plan` exits 3
 // over hbm_limit with XLA's "needs X of Y" line and 0 under it; `--timeline` writes a well-formed SVG with
 // one band per category; a bad key exits 2 naming it.
+#include "exec/exec.h"
 #include "support/filecheck.h"
 
 #include <fmt/format.h>
@@ -203,6 +204,7 @@ double parse_size(const std::string& text) {
 // kernel's VmHWM, read by the binary; an evaluation or a sampler holding its own copy of the weights,
 // or a kernel allocating its workspace outside the arena, shows here.
 TEST(Cli, PeakMemoryIsThePlansPlusTheBaseline) {
+  if (exec::kAddressSanitizer) GTEST_SKIP() << "AddressSanitizer's shadow memory and quarantine are not planned";
   TempDir work;
   const std::string model = "base_emb_dim=512 base_num_decoder_layers=2 base_num_query_heads=8 base_num_kv_heads=8 "
                             "head_dim=64 base_mlp_dim=2048 vocab_size=32000 max_target_length=128 "
