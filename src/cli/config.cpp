@@ -281,12 +281,10 @@ Config load_config(const std::string& config_path, const std::vector<std::string
     }
     policy = fmt::format("custom({})", fmt::join(items, ", "));
   }
-  if (policy != "none") {
-    try {
-      rematerialize::parse_policy(policy, nn::vocabulary(c.run.model));
-    } catch (const Error& e) {
-      CHECK(false, "config key 'remat_policy': {}", e.what());
-    }
+  try {  // the policy is parsed here, once: a bad one is a config error before anything is traced
+    rematerialize::parse_policy(policy, nn::vocabulary(c.run.model));
+  } catch (const Error& e) {
+    CHECK(false, "config key 'remat_policy': {}", e.what());
   }
   c.run.optimizer.schedule_steps = c.run.steps;
   c.run.run_dir = (fs::path(c.base_output_directory) / (c.run_name.empty() ? c.model : c.run_name)).string();

@@ -39,13 +39,19 @@ void copy_carries(const Backend& backend, const Graph& body, const std::vector<A
 
 }  // namespace
 
-Executable::Executable(Graph graph, plan::Plan plan, Options options)
+Executable::Executable(Graph graph, plan::Plan plan, Options options, const Executable* arenas_of)
     : graph_(std::move(graph)), plan_(std::move(plan)), options_(options), backend_(*options_.backend) {
   if (options_.separate_buffers) {
     allocate_separately(graph_, plan_);
   } else {  // faulted in here, once, so a step never takes a page fault in the arenas
-    device_ = backend_.allocate(false, plan_.arena[0]);
-    host_ = backend_.allocate(true, plan_.arena[1]);
+    auto arena = [&](Array Executable::*which, bool host, int64_t bytes) {
+      const Array* other = arenas_of != nullptr ? &(arenas_of->*which) : nullptr;
+      if (other != nullptr && other->bytes() != nullptr && other->type().bytes() >= bytes) return *other;
+      owned_bytes_ += std::max<int64_t>(bytes, 1);
+      return backend_.allocate(host, bytes);
+    };
+    device_ = arena(&Executable::device_, false, plan_.arena[0]);
+    host_ = arena(&Executable::host_, true, plan_.arena[1]);
   }
   if (options_.poison) {
     std::function<void(const plan::Plan&)> index = [&](const plan::Plan& p) {
@@ -92,6 +98,7 @@ std::vector<Array>& Executable::own_arguments(const std::map<int, Array>& shared
   for (size_t i = 0; i < g.params.size(); ++i)
     if (!shared.contains(static_cast<int>(i))) offset[i] = bytes, bytes += (g.type(g.params[i]).bytes() + 63) / 64 * 64;
   arguments_block_ = backend_.allocate(false, bytes);
+  owned_bytes_ += std::max<int64_t>(bytes, 1);
   for (size_t i = 0; i < g.params.size(); ++i) {
     if (offset[i] >= 0) {
       arguments_.push_back(arguments_block_.view(g.type(g.params[i]), offset[i]));

@@ -20,7 +20,10 @@ namespace remat::exec {
 
 class Executable {
  public:
-  Executable(ir::Graph graph, plan::Plan plan, Options options = {});
+  // With `arenas_of`, runs in that executable's arenas wherever its own plan fits in them (evaluation and
+  // sampling in the training step's): the two must never run at the same time, and each run overwrites
+  // the other's arena results.
+  Executable(ir::Graph graph, plan::Plan plan, Options options = {}, const Executable* arenas_of = nullptr);
   ~Executable();
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
@@ -32,8 +35,8 @@ class Executable {
   std::vector<Array>& own_arguments(const std::map<int, Array>& shared = {});
   const std::vector<Array>& arguments() const { return arguments_; }
   const std::vector<Array>& run() { return run(arguments_); }
-  // Bytes of the arguments this executable owns.
-  int64_t owned_argument_bytes() const { return arguments_block_.bytes() ? arguments_block_.type().bytes() : 0; }
+  // Bytes this executable allocated: the arguments it owns and the arenas it does not share.
+  int64_t owned_bytes() const { return owned_bytes_; }
 
   const ir::Graph& graph() const { return graph_; }
   const plan::Plan& plan() const { return plan_; }
@@ -61,6 +64,7 @@ class Executable {
   const Backend& backend_;
   Array device_, host_;
   Array arguments_block_;
+  int64_t owned_bytes_ = 0;
   std::vector<Array> arguments_;
   std::map<const plan::Plan*, std::vector<Array>> separate_;  // options_.separate_buffers: per plan, by buffer
   std::map<const plan::Plan*, std::vector<std::vector<int>>> ends_at_;  // options_.poison: buffers by last step

@@ -72,6 +72,7 @@ class Parser {
       return p;
     }
     static const std::map<std::string, Kind> plain = {
+        {"none", Kind::none},
         {"everything_saveable", Kind::everything_saveable},
         {"nothing_saveable", Kind::nothing_saveable},
         {"dots_saveable", Kind::dots_saveable},
@@ -157,6 +158,7 @@ class Parser {
   static std::string canonical(const Policy& p) {
     auto list = [](const std::vector<std::string>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); };
     switch (p.kind) {
+      case Kind::none: return "none";
       case Kind::everything_saveable: return "everything_saveable";
       case Kind::nothing_saveable: return "nothing_saveable";
       case Kind::dots_saveable: return "dots_saveable";
@@ -365,6 +367,7 @@ Verdict evaluate(const Policy& p, const ir::Graph& graph, const ir::Node& produc
   const bool named = producer.op == ir::Op::name;
   const std::string name = named ? producer.attrs.str("name") : "";
   switch (p.kind) {
+    case Kind::none: return {Residency::save, "none: no remat region, every residual is kept"};
     case Kind::everything_saveable: return {Residency::save, "everything_saveable"};
     case Kind::nothing_saveable: return recompute("nothing_saveable");
     case Kind::dots_saveable:

@@ -2,6 +2,8 @@
 // AXLearn's regex policy and checked combinator, and MaxText's presets by name.
 //
 // Policy text (the `policy` attribute of a remat region and the `remat_policy` config key):
+//   none                                 no remat region at all: the model traces its layers without
+//                                        jax.checkpoint and the backward keeps every residual
 //   everything_saveable | nothing_saveable | dots_saveable | dots_with_no_batch_dims_saveable
 //   offload_dot_with_no_batch_dims
 //   save_only_these_names(query_proj, key_proj)         save_any_names_but_these(mlpwo)
@@ -38,6 +40,7 @@ using autodiff::Residency;
 
 struct Policy {
   enum class Kind {
+    none,
     everything_saveable,
     nothing_saveable,
     dots_saveable,

@@ -38,21 +38,20 @@ compile::Compiled compile_program(const RunConfig& c, compile::Program program, 
 }
 
 // A compiled program with its executable. Its arguments are its own buffers, except the parameters when
-// `parameters_of` is given: those are that program's (evaluation and sampling read the step's weights).
+// `step` is given: those are the step's (evaluation and sampling read its weights), and so are its arenas
+// where they fit (the programs run one at a time).
 struct Program {
   ir::Signature signature;
   exec::Executable executable;
   std::vector<exec::Array>& args;
 
-  Program(compile::Compiled c, const Program* parameters_of = nullptr)
+  explicit Program(compile::Compiled c, const Program* step = nullptr)
       : signature(std::move(c.signature)),
-        executable(std::move(c.program), std::move(c.plan)),
-        args(executable.own_arguments(shared(signature, parameters_of))) {}
+        executable(std::move(c.program), std::move(c.plan), {}, step ? &step->executable : nullptr),
+        args(executable.own_arguments(shared(signature, step))) {}
   exec::Array& arg(std::string_view name) { return args[static_cast<size_t>(signature.arg(name))]; }
-  // What running it takes: the arguments it owns and its arenas.
-  int64_t bytes() const {
-    return executable.owned_argument_bytes() + executable.plan().arena[0] + executable.plan().arena[1];
-  }
+  // What it allocated: its own arguments and the arenas it does not share.
+  int64_t bytes() const { return executable.owned_bytes(); }
 
  private:
   static std::map<int, exec::Array> shared(const ir::Signature& s, const Program* from) {
@@ -217,7 +216,7 @@ RunResult run(const RunConfig& c) {
   // plans do not know about (heap of the compiler, thread stacks, library code and caches).
   auto str = [](int64_t bytes) { return plan::bytes_str(static_cast<double>(bytes)); };
   fmt::print("process: peak RSS {} = baseline {} (before compiling) + planned {} (step {}, evaluation {}, sampling {}: "
-             "arguments and arenas) + unplanned {}\n",
+             "arguments and arenas, evaluation and sampling in the step's arenas) + unplanned {}\n",
              str(peak), str(baseline_rss), str(planned), str(step.bytes()), str(evaluator.program().bytes()),
              str(generator.bytes()), peak - baseline_rss - planned < 0 ? fmt::format("-{}", str(planned + baseline_rss - peak))
                                                : str(peak - baseline_rss - planned));

@@ -37,6 +37,16 @@ std::map<Residency, int> check(const std::string& policy, const std::function<Re
   return seen;
 }
 
+// `none` is a policy of the grammar like any other (no remat region: the model traces no jax.checkpoint),
+// not a string the config and the model special-case.
+TEST(PolicySemantics, NoneIsPartOfTheGrammar) {
+  const rematerialize::Policy p = rematerialize::parse_policy(" none ");
+  EXPECT_EQ(p.kind, rematerialize::Policy::Kind::none);
+  EXPECT_EQ(p.text, "none");
+  EXPECT_FALSE(p.can_offload());
+  EXPECT_THROW(rematerialize::parse_policy("none(query_proj)"), Error);
+}
+
 TEST(PolicySemantics, DotsSaveableSavesEveryDotAndNothingElse) {
   auto seen = check("dots_saveable", [](const ResidualRecord& r) { return is_dot(r) ? Residency::save : Residency::recompute; });
   EXPECT_GE(seen[Residency::save], 2) << "the attention dots, batch dims and all";
