@@ -1,12 +1,14 @@
 #include "cli/commands.h"
 
 #include "autodiff/autodiff.h"
-#include "exec/exec.h"
+#include "exec/executable.h"
 
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <random>
 
 namespace remat::cli {
@@ -106,27 +108,29 @@ int run_demo(const DemoOptions& o) {
     task.b.push_back(unit(rng) * 0.4f);
   }
   task.rng.seed(o.seed + 1);
-  Graph step = step_graph(o.learning_rate);
-  Graph eval = loss_graph(kEval);
-  std::vector<exec::Array> params;
-  for (size_t i = 0; i < 5; ++i) {
-    exec::Array p = exec::Array::zeros(step.type(step.params[i]));
-    const Shape& s = p.type().shape;
-    if (s.size() == 2) {  // weights: normal / sqrt(fan_in); biases: zero
-      float scale = 1.0f / std::sqrt(static_cast<float>(s[0]));
-      for (int64_t k = 0; k < p.size(); ++k) p.data<float>()[k] = unit(rng) * scale;
-    }
-    params.push_back(p);
+  // Planned once: the step writes new parameters and velocities (results 1..10) into its own argument
+  // buffers (0..9); evaluation reads those parameters and runs in the step's arena.
+  Graph step_g = step_graph(o.learning_rate), eval_g = loss_graph(kEval);
+  std::vector<std::pair<int, int>> donate;
+  for (int i = 0; i < 10; ++i) donate.emplace_back(1 + i, i);
+  plan::Plan step_plan = plan::build(step_g, {.donate = donate, .workspace = exec::workspace_of(exec::cpu())});
+  plan::Plan eval_plan = plan::build(eval_g, {.workspace = exec::workspace_of(exec::cpu())});
+  exec::Executable step(std::move(step_g), std::move(step_plan));
+  exec::Executable eval(std::move(eval_g), std::move(eval_plan), {}, &step);
+  std::vector<exec::Array>& args = step.own_arguments();
+  for (size_t i = 0; i < 5; ++i) {  // weights: normal / sqrt(fan_in); biases and velocities: zero
+    const Shape& s = args[i].type().shape;
+    if (s.size() != 2) continue;
+    float scale = 1.0f / std::sqrt(static_cast<float>(s[0]));
+    for (int64_t k = 0; k < args[i].size(); ++k) args[i].data<float>()[k] = unit(rng) * scale;
   }
-  std::vector<exec::Array> velocity;
-  for (const exec::Array& p : params) velocity.push_back(exec::Array::zeros(p.type()));
+  std::map<int, exec::Array> weights;
+  for (int i = 0; i < 5; ++i) weights.emplace(i, args[static_cast<size_t>(i)]);
+  std::vector<exec::Array>& eval_args = eval.own_arguments(weights);
   exec::Array eval_x = task.x(kEval), eval_y = task.y(eval_x);
-  auto eval_loss = [&] {
-    std::vector<exec::Array> args = params;
-    args.push_back(eval_x);
-    args.push_back(eval_y);
-    return exec::run(eval, args)[0].get(0);
-  };
+  std::memcpy(eval_args[5].bytes(), eval_x.bytes(), static_cast<size_t>(eval_x.type().bytes()));
+  std::memcpy(eval_args[6].bytes(), eval_y.bytes(), static_cast<size_t>(eval_y.type().bytes()));
+  auto eval_loss = [&] { return eval.run()[0].get(0); };
   double variance = 0, mean_y = 0;
   for (int64_t i = 0; i < kEval; ++i) mean_y += eval_y.get(i) / kEval;
   for (int64_t i = 0; i < kEval; ++i) variance += (eval_y.get(i) - mean_y) * (eval_y.get(i) - mean_y) / kEval;
@@ -136,17 +140,10 @@ int run_demo(const DemoOptions& o) {
   auto start = std::chrono::steady_clock::now();
   double loss = 0;
   for (int s = 1; s <= o.steps; ++s) {
-    std::vector<exec::Array> args = params;
-    args.insert(args.end(), velocity.begin(), velocity.end());
-    exec::Array x = task.x(kBatch);
-    args.push_back(x);
-    args.push_back(task.y(x));
-    std::vector<exec::Array> out = exec::run(step, args);
-    loss = out[0].get(0);
-    for (size_t i = 0; i < 5; ++i) {
-      params[i] = out[1 + i];
-      velocity[i] = out[6 + i];
-    }
+    exec::Array x = task.x(kBatch), y = task.y(x);
+    std::memcpy(args[10].bytes(), x.bytes(), static_cast<size_t>(x.type().bytes()));
+    std::memcpy(args[11].bytes(), y.bytes(), static_cast<size_t>(y.type().bytes()));
+    loss = step.run()[0].get(0);
     if (s % 50 == 0 || s == o.steps) {
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       fmt::print("step {:4d}/{}  train MSE {:.4f}  {:.2f} ms/step\n", s, o.steps, loss, ms / s);
