@@ -97,22 +97,23 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 namespace remat {
 namespace {
 
-// A planned training step of the small model (2 microbatches) and its arguments, after a first step has
-// built the caches (oneDNN primitives, kernel scratch, per-graph frames).
+// A planned training step of the small model (2 microbatches) on the arguments it owns (as `remat train`
+// runs it), after a first step has built the caches (oneDNN primitives, per-graph frames).
 struct WarmStep {
   nn::ModelConfig c;
+  ir::Signature signature;
   std::unique_ptr<exec::Executable> step;
-  std::vector<exec::Array> args;
 
   WarmStep(const std::string& policy, train::StepShape shape) : c(testing_support::small_model(2, true, policy)) {
     compile::Compiled s = compile::compile({.model = c, .shape = shape});
+    signature = s.signature;
     step = std::make_unique<exec::Executable>(std::move(s.program), std::move(s.plan));
-    args = nn::init_params(c, 1);
-    const size_t np = args.size();
-    for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));
-    args.push_back(exec::Array::from<int32_t>({}, {0}));
-    for (int k = 0; k < 2; ++k) args.push_back(exec::Array::zeros({DType::i32, {shape.accumulation, shape.batch, shape.seq}}));
-    step->run(args);
+    std::vector<exec::Array>& args = step->own_arguments();
+    std::vector<exec::Array> params;
+    for (size_t i = 0; i < signature.args.size(); ++i)
+      if (signature.args[i].role == ir::Role::parameter) params.push_back(args[i]);
+    nn::init_params(c, 1, params);
+    step->run();
   }
 };
 
@@ -120,16 +121,15 @@ TEST(ZeroAllocation, SteadyStateTrainingStep) {
   for (const char* policy : {"full", "minimal_offloaded"}) {
     WarmStep w(policy, {2, 16, 2});
     exec::Executable& step = *w.step;
-    std::vector<exec::Array>& args = w.args;
     allocations = 0;
     library_allocations = 0;
     counting = true;
-    const std::vector<exec::Array>& out = step.run(args);
+    const std::vector<exec::Array>& out = step.run();
     counting = false;
     EXPECT_EQ(allocations.load(), 0) << policy << ": heap allocations by the engine during a steady-state step";
     std::printf("%s: %lld allocations inside oneDNN's primitive execute during the step, 0 elsewhere\n", policy,
                 static_cast<long long>(library_allocations.load()));
-    EXPECT_TRUE(std::isfinite(out[0].get(0)));
+    EXPECT_TRUE(std::isfinite(out[static_cast<size_t>(w.signature.result("loss"))].get(0)));
   }
 }
 
@@ -140,7 +140,7 @@ TEST(ZeroAllocation, SteadyStateStepsTakeNoPageFault) {
   exec::Executable& step = *w.step;
   rusage before{}, after{};
   getrusage(RUSAGE_SELF, &before);
-  for (int k = 0; k < 3; ++k) step.run(w.args);
+  for (int k = 0; k < 3; ++k) step.run();
   getrusage(RUSAGE_SELF, &after);
   EXPECT_EQ(after.ru_minflt - before.ru_minflt, 0) << "minor page faults in 3 steady-state steps";
   EXPECT_EQ(after.ru_majflt - before.ru_majflt, 0);

@@ -68,24 +68,25 @@ std::vector<double> losses(const nn::ModelConfig& c) {
   o.warmup_steps = 2;
   o.schedule_steps = 20;
   compile::Compiled s = compile::compile({.model = c, .shape = shape, .optimizer = o});
+  const ir::Signature sig = s.signature;
   exec::Executable step(std::move(s.program), std::move(s.plan));
-  std::vector<exec::Array> args = nn::init_params(c, 3);
-  const size_t np = args.size();
-  for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));
-  args.push_back(exec::Array::from<int32_t>({}, {0}));
+  std::vector<exec::Array>& args = step.own_arguments();  // zeroed: the moments start at 0
+  std::vector<exec::Array> params;
+  for (size_t i = 0; i < sig.args.size(); ++i)
+    if (sig.args[i].role == ir::Role::parameter) params.push_back(args[i]);
+  nn::init_params(c, 3, params);
+  auto arg = [&](const char* name) -> exec::Array& { return args[static_cast<size_t>(sig.arg(name))]; };
   std::mt19937 rng(11);
   std::uniform_int_distribution<int32_t> tok(0, 255);
-  std::vector<int32_t> in(32), tg(32);
-  args.push_back(exec::Array::from<int32_t>({1, 2, 16}, in));
-  args.push_back(exec::Array::from<int32_t>({1, 2, 16}, tg));
   std::vector<double> out;
   for (int s = 0; s < 20; ++s) {
-    for (auto& x : in) x = tok(rng);
-    for (size_t i = 0; i < in.size(); ++i) tg[i] = (in[i] * 7 + 1) % 256;  // a learnable map
-    args[3 * np] = exec::Array::from<int32_t>({}, {s});
-    args[3 * np + 1] = exec::Array::from<int32_t>({1, 2, 16}, in);
-    args[3 * np + 2] = exec::Array::from<int32_t>({1, 2, 16}, tg);
-    out.push_back(step.run(args)[0].get(0));
+    int32_t *in = arg("inputs").data<int32_t>(), *tg = arg("targets").data<int32_t>();
+    for (int64_t i = 0; i < arg("inputs").size(); ++i) {
+      in[i] = tok(rng);
+      tg[i] = (in[i] * 7 + 1) % 256;  // a learnable map
+    }
+    arg("step").set(0, s);
+    out.push_back(step.run()[static_cast<size_t>(sig.result("loss"))].get(0));
   }
   return out;
 }

@@ -165,6 +165,7 @@ struct Step {
   ir::Graph graph;
   std::vector<exec::Array> args;
   std::vector<std::pair<int, int>> donate;
+  ir::Signature signature;
   int64_t offloaded_bytes = 0;  // per step, from the decider's records: what the host arena must hold
 };
 
@@ -177,6 +178,7 @@ Step training_step(const std::string& policy, int64_t k = 1) {
   train::Program program = train::step_program(c, {2, 16, k}, o, &decider);
   s.graph = std::move(program.graph);
   s.donate = program.signature.updates();
+  s.signature = program.signature;
   for (const rematerialize::ResidualRecord& r : decider.records())
     if (r.residency == rematerialize::Residency::offload) s.offloaded_bytes += r.type.bytes() * r.trip_count;
   ir::inline_remat_regions(s.graph);
@@ -235,16 +237,19 @@ INSTANTIATE_TEST_SUITE_P(Policies, PlannedStep, testing::Values("full", "minimal
 // gradient norm and every parameter and moment agree bit for bit after each step.
 TEST(PlannedStep, ChainedStepsThroughDonatedBuffersMatchTheReference) {
   Step s = training_step("minimal");
-  const size_t np = s.donate.size() / 3, step_arg = 3 * np;
+  const size_t step_arg = static_cast<size_t>(s.signature.arg("step"));
   exec::Executable planned(s.graph, plan::build(s.graph, {.donate = s.donate, .workspace = exec::workspace_of(exec::cpu())}));
   std::vector<exec::Array> mine = deep_copy(s.args), ref = deep_copy(s.args);
   for (int k = 0; k < 3; ++k) {
     const std::vector<exec::Array> want = testing_support::reference_run(s.graph, ref);
     const std::vector<exec::Array>& got = planned.run(mine);
-    for (size_t r = 0; r < 3; ++r) ASSERT_TRUE(same_bytes(got[r], want[r])) << "step " << k << ", result " << r;
-    for (size_t i = 0; i < 3 * np; ++i) {
-      ref[i] = want[3 + i];
-      ASSERT_TRUE(same_bytes(mine[i], ref[i])) << "step " << k << ": argument " << i << " after the step";
+    for (const char* metric : {"loss", "grad_norm", "lr"}) {
+      const size_t r = static_cast<size_t>(s.signature.result(metric));
+      ASSERT_TRUE(same_bytes(got[r], want[r])) << "step " << k << ", " << metric;
+    }
+    for (auto [r, i] : s.donate) {
+      ref[static_cast<size_t>(i)] = want[static_cast<size_t>(r)];
+      ASSERT_TRUE(same_bytes(mine[static_cast<size_t>(i)], ref[static_cast<size_t>(i)])) << "step " << k << ": " << s.signature.args[static_cast<size_t>(i)].name << " after the step";
     }
     for (std::vector<exec::Array>* a : {&mine, &ref}) (*a)[step_arg] = exec::Array::from<int32_t>({}, {4 + k});
   }
@@ -259,15 +264,15 @@ TEST_P(TinyStep, MeasuredPeakIsThePlannedPeakByteForByte) {
   compile::Compiled s = compile::compile({.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer});
   ir::Graph& g = s.program;
   plan::Plan& p = s.plan;
-  std::vector<exec::Array> args = nn::init_params(c.run.model, 0);
-  const size_t np = args.size();
-  for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));
-  args.push_back(exec::Array::from<int32_t>({}, {0}));
-  ir::Type tokens{DType::i32, {1, c.run.shape.batch, c.run.shape.seq}};
+  std::vector<exec::Array> args;  // by the signature: initial parameters, zero moments and step, tokens
+  for (size_t i = 0; i < g.params.size(); ++i) args.push_back(exec::Array::zeros(g.type(g.params[i])));
+  std::vector<exec::Array> params;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (s.signature.args[i].role == ir::Role::parameter) params.push_back(args[i]);
+  nn::init_params(c.run.model, 0, params);
   for (int k = 0; k < 2; ++k) {
-    exec::Array t(tokens);
+    exec::Array& t = args[static_cast<size_t>(s.signature.arg(k == 0 ? "inputs" : "targets"))];
     for (int64_t i = 0; i < t.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + k * 7) % 256);
-    args.push_back(t);
   }
   std::vector<exec::Array> want = testing_support::reference_run(g, deep_copy(args));
   expect_planned_run_is_exact(g, p, args, fmt::format("{}", fmt::join(GetParam(), " ")));

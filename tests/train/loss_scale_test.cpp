@@ -13,38 +13,45 @@ namespace {
 
 double f32(double x) { return static_cast<float>(x); }  // the scale is an f32 value
 
+// Steps of a micro model in f16 with loss scaling; arguments and results found by name in the signature.
 struct ScaledSteps {
   nn::ModelConfig model = testing_support::micro_model(1, true, "full");
   train::OptimizerConfig opt;
-  ir::Graph graph;
-  std::vector<exec::Array> args;
-  size_t np = 0;
+  train::Program program;
+  std::vector<exec::Array> args;  // in the signature's order
 
   ScaledSteps(int64_t period, double min_scale) {
     model.precision = nn::parse_precision("p=f32,c=f16");
     opt.loss_scale.enabled = true;
     opt.loss_scale.period = period;
     opt.loss_scale.min_scale = min_scale;
-    graph = train::step_program(model, {1, 4, 1}, opt).graph;
-    args = nn::init_params(model, 3);
-    np = args.size();
-    for (size_t i = 0; i < 2 * np; ++i) args.push_back(exec::Array::zeros(args[i % np].type()));
-    args.push_back(exec::Array::from<int32_t>({}, {0}));
-    args.push_back(exec::Array::zeros({DType::f32, {}}));  // loss_scale, set per step
-    args.push_back(exec::Array::from<int32_t>({}, {0}));   // loss_scale_count
-    args.push_back(exec::Array::from<int32_t>({1, 1, 4}, {1, 2, 3, 4}));
-    args.push_back(exec::Array::from<int32_t>({1, 1, 4}, {2, 3, 4, 5}));
+    program = train::step_program(model, {1, 4, 1}, opt);
+    std::vector<exec::Array> params = nn::init_params(model, 3);
+    for (size_t i = 0; i < program.signature.args.size(); ++i) {
+      const ir::Slot& a = program.signature.args[i];
+      const ir::Type& type = program.graph.type(program.graph.params[i]);
+      args.push_back(a.role == ir::Role::parameter ? params[i] : exec::Array::zeros(type));
+    }
+    arg("inputs") = exec::Array::from<int32_t>({1, 1, 4}, {1, 2, 3, 4});
+    arg("targets") = exec::Array::from<int32_t>({1, 1, 4}, {2, 3, 4, 5});
   }
-  std::vector<exec::Array> out;  // the last step's results: loss, grad_norm, lr, params', m', v', scale state
+  exec::Array& arg(std::string_view name) { return args[static_cast<size_t>(program.signature.arg(name))]; }
+  double result(std::string_view name) const { return out[static_cast<size_t>(program.signature.result(name))].get(0); }
+  std::vector<exec::Array> out;  // the last step's results
+  std::vector<size_t> weights_and_moments() const {
+    std::vector<size_t> is;
+    for (size_t i = 0; i < args.size(); ++i)
+      if (program.signature.args[i].role == ir::Role::parameter || program.signature.args[i].role == ir::Role::optimizer_state)
+        is.push_back(i);
+    return is;
+  }
 
-  // One step at `scale`; returns (new scale, new count, finite) and feeds the state forward.
+  // One step at `scale`; returns (new scale, new count, finite) and feeds every updated value forward.
   std::tuple<double, double, double> step(double scale) {
-    args[3 * np + 1].set(0, scale);
-    out = exec::run(graph, args);
-    const size_t base = 3 + 3 * np;
-    for (size_t i = 0; i < 3 * np; ++i) args[i] = out[3 + i];
-    args[3 * np + 2] = out[base + 1];
-    return {out[base].get(0), out[base + 1].get(0), out[base + 2].get(0)};
+    arg("loss_scale").set(0, scale);
+    out = exec::run(program.graph, args);
+    for (auto [r, a] : program.signature.updates()) args[static_cast<size_t>(a)] = out[static_cast<size_t>(r)];
+    return {result("loss_scale"), result("loss_scale_count"), result("finite")};
   }
 };
 
@@ -65,18 +72,18 @@ TEST(LossScale, FiniteStepUpdatesOverflowIsSkippedAndBacksOff) {
   // (At 2048 and below a few key-kernel gradients of this model are f16 subnormals and lose bits, so the
   // moments differ in their last bits: what loss scaling is for.)
   other.step(8192.0);
-  EXPECT_EQ(r.out[0].get(0), other.out[0].get(0)) << "loss";
-  EXPECT_EQ(r.out[1].get(0), other.out[1].get(0)) << "gradient norm";
-  EXPECT_GT(r.out[1].get(0), 0.0);
-  for (size_t i = 0; i < 3 * r.np; ++i) EXPECT_TRUE(same_bytes(r.args[i], other.args[i])) << "argument " << i;
+  EXPECT_EQ(r.result("loss"), other.result("loss"));
+  EXPECT_EQ(r.result("grad_norm"), other.result("grad_norm"));
+  EXPECT_GT(r.result("grad_norm"), 0.0);
+  for (size_t i : r.weights_and_moments()) EXPECT_TRUE(same_bytes(r.args[i], other.args[i])) << "argument " << i;
   // 1e30 * loss overflows f16 in the backward: every update is skipped, the scale halves, the count resets.
   std::vector<exec::Array> kept;
-  for (size_t i = 0; i < 3 * r.np; ++i) kept.push_back(r.args[i].clone());
+  for (size_t i : r.weights_and_moments()) kept.push_back(r.args[i].clone());
   std::tie(scale, count, finite) = r.step(1e30);
   EXPECT_EQ(finite, 0.0);
   EXPECT_EQ(scale, f32(f32(1e30) / 2));
   EXPECT_EQ(count, 0.0);
-  for (size_t i = 0; i < 3 * r.np; ++i)
+  for (size_t i : r.weights_and_moments())
     EXPECT_EQ(std::memcmp(kept[i].bytes(), r.args[i].bytes(), static_cast<size_t>(kept[i].type().bytes())), 0) << i;
 }
 

@@ -119,29 +119,27 @@ TEST_P(Reference_, FiveAdamWStepsMatchPyTorch) {
   const exec::Array& inputs = r.tensors.at("inputs");
   const int64_t B = inputs.type().shape[0], T = inputs.type().shape[1];
   exec::Array in3 = inputs.view({DType::i32, {1, B, T}}), tg3 = r.tensors.at("targets").view({DType::i32, {1, B, T}});
-  ir::Graph step = train::step_program(m, {B, T, 1}, o).graph;
+  train::Program step = train::step_program(m, {B, T, 1}, o);
+  const ir::Signature& sig = step.signature;
   ir::Graph loss = nn::loss_graph(m, B, T);
-  std::vector<exec::Array> params, moments;
-  for (const nn::ParamSpec& p : nn::param_specs(m)) params.push_back(r.tensors.at("params/" + p.path));
-  const size_t np = params.size();
-  for (int rep = 0; rep < 2; ++rep)
-    for (const exec::Array& p : params) moments.push_back(exec::Array::zeros(p.type()));
+  std::vector<exec::Array> args;  // by the signature: PyTorch's initial parameters, zero moments
+  for (size_t i = 0; i < sig.args.size(); ++i)
+    args.push_back(sig.args[i].role == ir::Role::parameter ? r.tensors.at("params/" + sig.args[i].name)
+                                                           : exec::Array::zeros(step.graph.type(step.graph.params[i])));
+  auto arg = [&](const std::string& name) -> exec::Array& { return args[static_cast<size_t>(sig.arg(name))]; };
+  arg("inputs") = in3;
+  arg("targets") = tg3;
+  const std::vector<nn::ParamSpec> specs = nn::param_specs(m);
   for (int s = 0; s < 5; ++s) {
-    std::vector<exec::Array> args = params;
-    args.insert(args.end(), moments.begin(), moments.end());
-    args.push_back(exec::Array::from<int32_t>({}, {s}));
-    args.push_back(in3);
-    args.push_back(tg3);
-    std::vector<exec::Array> out = exec::run(step, args);
-    EXPECT_NEAR(out[1].get(0), r.tensors.at("grad_norms").get(s), 1e-5 * r.tensors.at("grad_norms").get(s)) << "step " << s;
-    EXPECT_NEAR(out[2].get(0), r.tensors.at("lrs").get(s), 1e-5 * r.tensors.at("lrs").get(s)) << "step " << s;
+    arg("step") = exec::Array::from<int32_t>({}, {s});
+    std::vector<exec::Array> out = exec::run(step.graph, args);
+    const double norm = out[static_cast<size_t>(sig.result("grad_norm"))].get(0), lr = out[static_cast<size_t>(sig.result("lr"))].get(0);
+    EXPECT_NEAR(norm, r.tensors.at("grad_norms").get(s), 1e-5 * r.tensors.at("grad_norms").get(s)) << "step " << s;
+    EXPECT_NEAR(lr, r.tensors.at("lrs").get(s), 1e-5 * r.tensors.at("lrs").get(s)) << "step " << s;
     EXPECT_NEAR(train::learning_rate_at(o, s), r.tensors.at("lrs").get(s), 1e-7) << "step " << s;
-    for (size_t i = 0; i < np; ++i) {
-      params[i] = out[3 + i];
-      moments[i] = out[3 + np + i];
-      moments[np + i] = out[3 + 2 * np + i];
-    }
-    std::vector<exec::Array> largs = params;
+    for (auto [result, a] : sig.updates()) args[static_cast<size_t>(a)] = out[static_cast<size_t>(result)];
+    std::vector<exec::Array> largs;
+    for (const nn::ParamSpec& p : specs) largs.push_back(arg(p.path));
     largs.push_back(inputs);
     largs.push_back(r.tensors.at("targets"));
     double after = exec::run(loss, largs)[0].get(0), ref = r.tensors.at("losses_after_adamw").get(s);
@@ -149,10 +147,10 @@ TEST_P(Reference_, FiveAdamWStepsMatchPyTorch) {
   }
   // After the 5th update, every parameter and both Adam moments, element by element (f32 here, f64 in
   // PyTorch): within 1e-4 of the tensor's largest magnitude.
-  const std::vector<nn::ParamSpec> specs = nn::param_specs(m);
-  for (size_t i = 0; i < np; ++i) {
-    for (auto [what, got] : {std::pair{"params_after_adamw/", &params[i]}, std::pair{"m_after_adamw/", &moments[i]},
-                             std::pair{"v_after_adamw/", &moments[np + i]}}) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (auto [what, got] : {std::pair{"params_after_adamw/", &arg(specs[i].path)},
+                             std::pair{"m_after_adamw/", &arg("opt_m/" + specs[i].path)},
+                             std::pair{"v_after_adamw/", &arg("opt_v/" + specs[i].path)}}) {
       const exec::Array& want = r.tensors.at(what + specs[i].path);
       ASSERT_EQ(want.type(), got->type()) << what << specs[i].path;
       double scale = 0, worst = 0;
