@@ -9,7 +9,8 @@ Compiled compile(const Request& r) {
   const nn::names::Vocabulary names = nn::vocabulary(r.model);
   ir::Graph forward = nn::loss_graph(r.model, r.shape.batch, r.shape.seq);
   c.warnings = rematerialize::lint(forward, {.allow_unmatched = r.allow_unmatched, .names = names});
-  rematerialize::Decider decider(names);
+  rematerialize::Decider own(names);
+  rematerialize::Decider& decider = r.decider != nullptr ? *r.decider : own;
   train::Program traced;
   switch (r.program) {
     case Program::train_step: traced = train::step_program(r.model, r.shape, r.optimizer, &decider); break;

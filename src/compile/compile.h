@@ -34,6 +34,10 @@ struct Request {
   Program program = Program::train_step;
   bool allow_unmatched = false;          // lint: a policy name that matches no checkpoint name only warns
   const exec::Backend* backend = &exec::cpu();  // whose kernels' workspace is planned
+  // Decides every residual of every remat region while differentiating, and records each decision for the
+  // explanation (hand a fresh one). Null: a decider applying each region's policy (the model's
+  // remat_policy). A policy search hands its own.
+  rematerialize::Decider* decider = nullptr;
 };
 
 struct Compiled {

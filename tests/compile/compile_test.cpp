@@ -82,5 +82,16 @@ TEST(Compile, EvaluationAndSamplingProgramsHaveTheirOwnSignatures) {
   EXPECT_TRUE(loss.signature.updates().empty());
 }
 
+// The decider is handed to compile: the one given records every decision, and they are the explanation.
+TEST(Compile, UsesTheDeciderItIsHanded) {
+  cli::Config c = cli::load_config("", {"remat_policy=minimal"});
+  rematerialize::Decider decider(nn::vocabulary(c.run.model));
+  compile::Compiled s = compile::compile({.model = c.run.model, .shape = c.run.shape, .program = compile::Program::grads,
+                                          .decider = &decider});
+  ASSERT_FALSE(decider.records().empty());
+  EXPECT_EQ(s.explanation.residuals.size(), decider.records().size());
+  EXPECT_EQ(s.explanation.residuals.front().policy, decider.records().front().policy);
+}
+
 }  // namespace
 }  // namespace remat
