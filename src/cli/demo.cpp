@@ -109,11 +109,12 @@ int run_demo(const DemoOptions& o) {
   }
   task.rng.seed(o.seed + 1);
   // Planned once: the step writes new parameters and velocities (results 1..10) into its own argument
-  // buffers (0..9); evaluation reads those parameters and runs in the step's arena.
+  // buffers (0..9); evaluation reads those parameters, in the step's arena where its plan fits.
   Graph step_g = step_graph(o.learning_rate), eval_g = loss_graph(kEval);
   std::vector<std::pair<int, int>> donate;
   for (int i = 0; i < 10; ++i) donate.emplace_back(1 + i, i);
   plan::Plan step_plan = plan::build(step_g, {.donate = donate, .workspace = exec::workspace_of(exec::cpu())});
+  for (auto [result, arg] : donate) ASSERT(step_plan.donated_param[static_cast<size_t>(result)] == arg);
   plan::Plan eval_plan = plan::build(eval_g, {.workspace = exec::workspace_of(exec::cpu())});
   exec::Executable step(std::move(step_g), std::move(step_plan));
   exec::Executable eval(std::move(eval_g), std::move(eval_plan), {}, &step);

@@ -8,7 +8,7 @@ namespace remat::cli {
 std::string explain_report(const Config& config, bool json) {
   const trainer::RunConfig& run = config.run;
   compile::Compiled grads = compile::compile({.model = run.model, .shape = run.shape, .optimizer = run.optimizer,
-                                              .program = compile::Program::grads,
+                                              .kind = compile::Kind::grads,
                                               .allow_unmatched = run.remat_allow_unmatched});
   const std::vector<std::string>& warnings = grads.warnings;
   const rematerialize::Explanation& e = grads.explanation;

@@ -2,23 +2,22 @@
 
 namespace remat::compile {
 
-int64_t Compiled::total_bytes() const { return plan::argument_bytes(program) + plan.arena[0] + plan.arena[1]; }
-
 Compiled compile(const Request& r) {
   Compiled c;
-  const nn::names::Vocabulary names = nn::vocabulary(r.model);
-  ir::Graph forward = nn::loss_graph(r.model, r.shape.batch, r.shape.seq);
-  c.warnings = rematerialize::lint(forward, {.allow_unmatched = r.allow_unmatched, .names = names});
-  rematerialize::Decider own(names);
-  rematerialize::Decider& decider = r.decider != nullptr ? *r.decider : own;
   train::Program traced;
-  switch (r.program) {
-    case Program::train_step: traced = train::step_program(r.model, r.shape, r.optimizer, &decider); break;
-    case Program::grads: traced = train::grads_program(r.model, r.shape, &decider); break;
-    case Program::loss: traced = train::loss_program(r.model, r.shape.batch, r.shape.seq); break;
-    case Program::logits: traced = train::logits_program(r.model, r.shape.batch, r.shape.seq); break;
+  if (r.kind == Kind::train_step || r.kind == Kind::grads) {  // differentiated: remat regions are split
+    const nn::names::Vocabulary names = nn::vocabulary(r.model);
+    ir::Graph forward = nn::loss_graph(r.model, r.shape.batch, r.shape.seq);
+    c.warnings = rematerialize::lint(forward, {.allow_unmatched = r.allow_unmatched, .names = names});
+    rematerialize::Decider own(names);
+    rematerialize::Decider& decider = r.decider != nullptr ? *r.decider : own;
+    traced = r.kind == Kind::train_step ? train::step_program(r.model, r.shape, r.optimizer, &decider)
+                                        : train::grads_program(r.model, r.shape, &decider);
+    c.explanation = rematerialize::explain(decider.records(), forward, traced.graph);
+  } else {  // forward only: a remat region is a call of its body
+    traced = r.kind == Kind::loss ? train::loss_program(r.model, r.shape.batch, r.shape.seq)
+                                  : train::logits_program(r.model, r.shape.batch, r.shape.seq);
   }
-  c.explanation = rematerialize::explain(decider.records(), forward, traced.graph);
   ir::inline_remat_regions(traced.graph);
   c.plan = plan::build(traced.graph, {.donate = traced.signature.updates(), .workspace = exec::workspace_of(*r.backend)});
   for (const auto& [result, arg] : traced.signature.updates())  // the caller relies on in-place updates

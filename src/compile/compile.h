@@ -20,7 +20,7 @@
 
 namespace remat::compile {
 
-enum class Program {
+enum class Kind {
   train_step,  // train::step_program: loss, gradients, clipping, AdamW; parameters and moments updated in place
   grads,       // train::grads_program: loss and gradients (what `remat explain` shows)
   loss,        // train::loss_program: the evaluation loss of one microbatch (forward only)
@@ -31,7 +31,7 @@ struct Request {
   nn::ModelConfig model = {};            // with its remat policy and precision
   train::StepShape shape = {};           // batch x seq (x accumulation for train_step and grads)
   train::OptimizerConfig optimizer = {}; // train_step only
-  Program program = Program::train_step;
+  Kind kind = Kind::train_step;
   bool allow_unmatched = false;          // lint: a policy name that matches no checkpoint name only warns
   const exec::Backend* backend = &exec::cpu();  // whose kernels' workspace is planned
   // Decides every residual of every remat region while differentiating, and records each decision for the
@@ -44,11 +44,8 @@ struct Compiled {
   ir::Graph program;                         // what runs: remat regions inlined, passes done
   ir::Signature signature;                   // every argument and result named, with its role
   plan::Plan plan;                           // schedule, buffers, arenas (kernel workspace included)
-  rematerialize::Explanation explanation;    // every residual's decision (train_step and grads)
-  std::vector<std::string> warnings;         // from linting the policy
-
-  // Bytes of the arguments (parameters, optimizer state, batch) and of both arenas: what running it takes.
-  int64_t total_bytes() const;
+  rematerialize::Explanation explanation;    // every residual's decision (train_step and grads; else empty)
+  std::vector<std::string> warnings;         // from linting the policy (train_step and grads)
 };
 
 Compiled compile(const Request& request);

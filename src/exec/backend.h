@@ -9,7 +9,6 @@
 
 #include <cstddef>
 #include <span>
-#include <string_view>
 
 namespace remat::exec {
 
@@ -27,7 +26,6 @@ using Kernel = void (*)(const ir::Node& n, std::span<const Array> in, std::span<
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual std::string_view name() const = 0;
   // A buffer of `bytes` in memory space `host` (false: the device's), zeroed and faulted in: running on it
   // takes no page fault.
   virtual Array allocate(bool host, int64_t bytes) const = 0;

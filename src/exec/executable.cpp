@@ -43,16 +43,22 @@ Executable::Executable(Graph graph, plan::Plan plan, Options options, const Exec
     : graph_(std::move(graph)), plan_(std::move(plan)), options_(options), backend_(*options_.backend) {
   if (options_.separate_buffers) {
     allocate_separately(graph_, plan_);
+    for (const auto& [p, buffers] : separate_)
+      for (const Array& a : buffers) owned_bytes_ += a.bytes() ? a.type().bytes() : 0;
   } else {  // faulted in here, once, so a step never takes a page fault in the arenas
     auto arena = [&](Array Executable::*which, bool host, int64_t bytes) {
       const Array* other = arenas_of != nullptr ? &(arenas_of->*which) : nullptr;
-      if (other != nullptr && other->bytes() != nullptr && other->type().bytes() >= bytes) return *other;
+      if (other != nullptr && other->bytes() != nullptr && other->type().bytes() >= bytes) {
+        ++shared_arenas_;
+        return *other;
+      }
       owned_bytes_ += std::max<int64_t>(bytes, 1);
       return backend_.allocate(host, bytes);
     };
     device_ = arena(&Executable::device_, false, plan_.arena[0]);
     host_ = arena(&Executable::host_, true, plan_.arena[1]);
   }
+  check_workspace(graph_, plan_);
   if (options_.poison) {
     std::function<void(const plan::Plan&)> index = [&](const plan::Plan& p) {
       std::vector<std::vector<int>>& ends = ends_at_[&p];
@@ -66,8 +72,8 @@ Executable::Executable(Graph graph, plan::Plan plan, Options options, const Exec
   for (ir::ValueId r : graph_.results) result_types_.push_back(std::make_shared<const ir::Type>(graph_.type(r)));
 }
 
-// One allocation per buffer, of the bytes its values use (not the 64-byte rounding; a workspace: its planned
-// bytes), so the first byte past them is ASan's redzone. A scan's sub-arena is not allocated: its body's
+// One allocation per buffer, of the bytes its values use (not the 64-byte rounding; a workspace: the bytes
+// the backend asked for), so the first byte past them is ASan's redzone. A scan's sub-arena is not allocated: its body's
 // buffers are, one by one.
 void Executable::allocate_separately(const Graph& g, const plan::Plan& p) {
   std::vector<Array>& mine = separate_[&p];
@@ -76,7 +82,7 @@ void Executable::allocate_separately(const Graph& g, const plan::Plan& p) {
     if (const int b = p.buffer_of[v]; b >= 0)
       used[static_cast<size_t>(b)] = std::max(used[static_cast<size_t>(b)], p.within[v] + g.types[v].bytes());
   for (size_t b = 0; b < p.buffers.size(); ++b)
-    mine.push_back(p.buffers[b].workspace ? Array::exact(p.buffers[b].bytes)
+    mine.push_back(p.buffers[b].workspace ? Array::exact(p.buffers[b].requested)
                    : p.buffers[b].value < 0 ? Array()
                                             : Array::exact(used[b]));
   for (const auto& [node, body] : p.bodies) allocate_separately(*g.nodes[static_cast<size_t>(node)].body, body);
@@ -90,6 +96,25 @@ std::byte* Executable::buffer_bytes(const plan::Plan& p, size_t b, int64_t devic
 
 Executable::~Executable() = default;
 
+// Every kernel gets the workspace the backend says it needs: a plan made without the backend's answer
+// (plan::Options::workspace) is refused here, not by a kernel mid-run.
+void Executable::check_workspace(const Graph& g, const plan::Plan& p) const {
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.body) {
+      if (auto it = p.bodies.find(static_cast<int>(i)); it != p.bodies.end()) check_workspace(*n.body, it->second);
+      continue;
+    }
+    std::vector<ir::Type> in;
+    for (ir::ValueId v : n.inputs) in.push_back(g.type(v));
+    const int64_t need = backend_.workspace_bytes(n, in);
+    auto it = p.workspace_buffer.find(static_cast<int>(i));
+    const int64_t have = it == p.workspace_buffer.end() ? 0 : p.buffers[static_cast<size_t>(it->second)].requested;
+    CHECK(need <= have, "{}: its kernel needs {} B of workspace and the plan has {} B; plan the graph with "
+          "{{.workspace = exec::workspace_of(backend)}}", ir::describe_node(g, i), need, have);
+  }
+}
+
 std::vector<Array>& Executable::own_arguments(const std::map<int, Array>& shared) {
   ASSERT(arguments_.empty());
   const Graph& g = graph_;
@@ -97,8 +122,10 @@ std::vector<Array>& Executable::own_arguments(const std::map<int, Array>& shared
   int64_t bytes = 0;
   for (size_t i = 0; i < g.params.size(); ++i)
     if (!shared.contains(static_cast<int>(i))) offset[i] = bytes, bytes += (g.type(g.params[i]).bytes() + 63) / 64 * 64;
-  arguments_block_ = backend_.allocate(false, bytes);
-  owned_bytes_ += std::max<int64_t>(bytes, 1);
+  if (bytes > 0) {
+    arguments_block_ = backend_.allocate(false, bytes);
+    owned_bytes_ += bytes;
+  }
   for (size_t i = 0; i < g.params.size(); ++i) {
     if (offset[i] >= 0) {
       arguments_.push_back(arguments_block_.view(g.type(g.params[i]), offset[i]));
@@ -235,7 +262,7 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
         std::span<std::byte> workspace;
         if (auto it = p.workspace_buffer.find(i); it != p.workspace_buffer.end())
           workspace = {buffer_bytes(p, static_cast<size_t>(it->second), device_base, host_base),
-                       static_cast<size_t>(p.buffers[static_cast<size_t>(it->second)].bytes)};
+                       static_cast<size_t>(p.buffers[static_cast<size_t>(it->second)].requested)};
         call_kernel(n, f.ins, f.outs, workspace);
       }
     } catch (const Error& e) {

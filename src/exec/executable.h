@@ -6,7 +6,7 @@
 // owns (own_arguments), some of which may be views of another executable's (evaluation reading the
 // training step's parameters).
 //
-//   exec::Executable step(graph, plan::build(graph, {.donate = pairs}));
+//   exec::Executable step(graph, plan::build(graph, {.donate = pairs, .workspace = exec::workspace_of(exec::cpu())}));
 //   const std::vector<exec::Array>& out = step.run(args);   // args[p] is overwritten for each donated p
 #pragma once
 
@@ -33,10 +33,12 @@ class Executable {
   // Allocates the arguments, one zeroed, faulted-in block for all of them, except those in `shared` (by
   // argument index), which are used as given; once. Fill them, then run() without arguments.
   std::vector<Array>& own_arguments(const std::map<int, Array>& shared = {});
-  const std::vector<Array>& arguments() const { return arguments_; }
   const std::vector<Array>& run() { return run(arguments_); }
-  // Bytes this executable allocated: the arguments it owns and the arenas it does not share.
+  // Bytes this executable allocated: the arguments it owns and the arenas (or separate buffers) it does
+  // not share.
   int64_t owned_bytes() const { return owned_bytes_; }
+  // Whether both its arenas are another executable's (arenas_of, where the plan fit).
+  bool shares_arenas() const { return shared_arenas_ == 2; }
 
   const ir::Graph& graph() const { return graph_; }
   const plan::Plan& plan() const { return plan_; }
@@ -52,6 +54,7 @@ class Executable {
   void run_graph(const ir::Graph& g, const plan::Plan& p, int64_t device_base, int64_t host_base, Frame& f,
                  std::span<const Array> args, bool top);
   Frame& frame_for(const ir::Graph& g);
+  void check_workspace(const ir::Graph& g, const plan::Plan& p) const;
   void call_kernel(const ir::Node& n, std::span<const Array> in, std::span<Array> out, std::span<std::byte> workspace);
   // Where buffer `b` of plan `p` is: its own allocation (separate_buffers) or its arena slot.
   std::byte* buffer_bytes(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base) const;
@@ -65,6 +68,7 @@ class Executable {
   Array device_, host_;
   Array arguments_block_;
   int64_t owned_bytes_ = 0;
+  int shared_arenas_ = 0;  // how many of device_, host_ are arenas_of's
   std::vector<Array> arguments_;
   std::map<const plan::Plan*, std::vector<Array>> separate_;  // options_.separate_buffers: per plan, by buffer
   std::map<const plan::Plan*, std::vector<std::vector<int>>> ends_at_;  // options_.poison: buffers by last step

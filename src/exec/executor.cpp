@@ -21,7 +21,6 @@ static_assert(std::size(kKernels) == ir::kNumOps);
 
 class Cpu final : public Backend {
  public:
-  std::string_view name() const override { return "cpu"; }
   // Zeroed: every page is touched here, once (2 MiB pages where the kernel gives them, see Array).
   Array allocate(bool, int64_t bytes) const override {
     return Array::zeros(ir::Type{DType::pred, {std::max<int64_t>(bytes, 1)}});

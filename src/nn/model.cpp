@@ -425,24 +425,78 @@ int64_t param_count(const ModelConfig& c) {
   return n;
 }
 
+namespace {
+// The fused kernels and the unfused ones stacked in them along axis 2, in order: qkv_proj [L, D, H | KV | KV,
+// Dh] and wi [L, D, 2, F] (wi_0 then wi_1).
+const std::vector<std::pair<std::string, std::vector<std::string>>>& fusions() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> f = {
+      {"decoder/layers/self_attention/qkv_proj/kernel",
+       {"decoder/layers/self_attention/query/kernel", "decoder/layers/self_attention/key/kernel",
+        "decoder/layers/self_attention/value/kernel"}},
+      {"decoder/layers/mlp/wi/kernel", {"decoder/layers/mlp/wi_0/kernel", "decoder/layers/mlp/wi_1/kernel"}},
+  };
+  return f;
+}
+
+// Where an unfused parameter lives in a (possibly fused) model's parameter list: its index, and for a part of
+// a fused kernel, the byte offset of its rows within each row of the leading two dims (-1: the whole array).
+struct Place {
+  size_t index = 0;
+  int64_t row_offset = -1;
+};
+
+Place place_of(const std::vector<ParamSpec>& model, const std::vector<ParamSpec>& unfused, const std::string& path) {
+  for (size_t i = 0; i < model.size(); ++i)
+    if (model[i].path == path) return {i, -1};
+  for (const auto& [fused, parts] : fusions()) {
+    int64_t offset = 0;
+    for (const std::string& part : parts) {
+      if (part == path)
+        for (size_t i = 0; i < model.size(); ++i)
+          if (model[i].path == fused) return {i, offset};
+      for (const ParamSpec& u : unfused)
+        if (u.path == part) offset += u.type.bytes() / (u.type.shape[0] * u.type.shape[1]);
+    }
+  }
+  CHECK(false, "fuse_params: the model has no place for parameter {}", path);
+  return {};
+}
+
+// Writes `part` (an unfused array) into its place in `into`.
+void put(const exec::Array& part, const Place& place, std::span<exec::Array> into) {
+  exec::Array& to = into[place.index];
+  if (place.row_offset < 0) {
+    std::memcpy(to.bytes(), part.bytes(), static_cast<size_t>(part.type().bytes()));
+    return;
+  }
+  const int64_t outer = to.type().shape[0] * to.type().shape[1];
+  const int64_t row = part.type().bytes() / outer, fused_row = to.type().bytes() / outer;
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(to.bytes() + o * fused_row + place.row_offset, part.bytes() + o * row, static_cast<size_t>(row));
+}
+
+ModelConfig unfused(const ModelConfig& c) {
+  ModelConfig u = c;
+  u.fused_qkv = u.fused_mlp = false;
+  return u;
+}
+}  // namespace
+
 void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into) {
-  const std::vector<ParamSpec> specs = param_specs(c);
+  const std::vector<ParamSpec> specs = param_specs(c), draws = param_specs(unfused(c));
   CHECK(into.size() == specs.size(), "init_params: {} arrays for {} parameters", into.size(), specs.size());
   for (size_t i = 0; i < specs.size(); ++i)
     CHECK(into[i].type() == specs[i].type, "init_params: {} is {}, the model has {}", specs[i].path,
           ir::type_str(into[i].type()), ir::type_str(specs[i].type));
-  if (c.fused_qkv || c.fused_mlp) {  // the unfused draws, stacked: fused and unfused runs start alike
-    ModelConfig unfused = c;
-    unfused.fused_qkv = unfused.fused_mlp = false;
-    std::vector<exec::Array> fused = fuse_params(c, init_params(unfused, seed));
-    for (size_t i = 0; i < specs.size(); ++i)
-      std::memcpy(into[i].bytes(), fused[i].bytes(), static_cast<size_t>(specs[i].type.bytes()));
-    return;
-  }
+  // The unfused draws, in their order: fused and unfused runs start alike. A part of a fused kernel is drawn
+  // into a temporary of its own size (one at a time) and stacked into place; the rest directly.
   std::mt19937_64 rng(seed);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    std::normal_distribution<float> dist(0.0f, static_cast<float>(specs[i].std));
-    for (int64_t k = 0; k < into[i].size(); ++k) into[i].set(k, specs[i].init == Init::ones ? 1.0 : dist(rng));
+  for (const ParamSpec& d : draws) {
+    const Place place = place_of(specs, draws, d.path);
+    exec::Array target = place.row_offset < 0 ? into[place.index] : exec::Array(d.type);
+    std::normal_distribution<float> dist(0.0f, static_cast<float>(d.std));
+    for (int64_t k = 0; k < target.size(); ++k) target.set(k, d.init == Init::ones ? 1.0 : dist(rng));
+    if (place.row_offset >= 0) put(target, place, into);
   }
 }
 
@@ -453,47 +507,16 @@ std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
   return out;
 }
 
-namespace {
-// Concatenates arrays along `axis` (equal dims before it): each output row of the leading dims is the
-// rows of the parts, one after the other.
-exec::Array concatenate_arrays(std::span<const exec::Array> parts, ir::Type type, size_t axis) {
-  exec::Array out(type);
-  int64_t outer = 1;
-  for (size_t d = 0; d < axis; ++d) outer *= type.shape[d];
-  std::byte* to = out.bytes();
-  for (int64_t o = 0; o < outer; ++o)
-    for (const exec::Array& a : parts) {
-      const int64_t row = a.type().bytes() / outer;
-      std::memcpy(to, a.bytes() + o * row, static_cast<size_t>(row));
-      to += row;
-    }
-  return out;
-}
-}  // namespace
-
-std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec::Array> unfused) {
-  ModelConfig plain = c;
-  plain.fused_qkv = plain.fused_mlp = false;
-  const std::vector<ParamSpec> from = param_specs(plain), to = param_specs(c);
-  CHECK(unfused.size() == from.size(), "fuse_params: {} arrays for {} unfused parameters", unfused.size(), from.size());
-  auto at = [&](const std::string& path) -> const exec::Array& {
-    for (size_t i = 0; i < from.size(); ++i)
-      if (from[i].path == path) return unfused[i];
-    CHECK(false, "fuse_params: no parameter {}", path);
-    return unfused[0];
-  };
+std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec::Array> unfused_params) {
+  const std::vector<ParamSpec> from = param_specs(unfused(c)), to = param_specs(c);
+  CHECK(unfused_params.size() == from.size(), "fuse_params: {} arrays for {} unfused parameters", unfused_params.size(),
+        from.size());
   std::vector<exec::Array> out;
-  for (const ParamSpec& p : to) {
-    if (p.path == "decoder/layers/self_attention/qkv_proj/kernel") {  // [L, D, H | KV | KV, Dh]
-      const exec::Array parts[] = {at("decoder/layers/self_attention/query/kernel"), at("decoder/layers/self_attention/key/kernel"),
-                                   at("decoder/layers/self_attention/value/kernel")};
-      out.push_back(concatenate_arrays(parts, p.type, 2));
-    } else if (p.path == "decoder/layers/mlp/wi/kernel") {  // [L, D, 2, F]: wi_0 then wi_1
-      const exec::Array parts[] = {at("decoder/layers/mlp/wi_0/kernel"), at("decoder/layers/mlp/wi_1/kernel")};
-      out.push_back(concatenate_arrays(parts, p.type, 2));
-    } else {
-      out.push_back(at(p.path));
-    }
+  for (const ParamSpec& p : to) out.emplace_back(p.type);
+  for (size_t i = 0; i < from.size(); ++i) {
+    CHECK(unfused_params[i].type() == from[i].type, "fuse_params: {} is {}, the unfused model has {}", from[i].path,
+          ir::type_str(unfused_params[i].type()), ir::type_str(from[i].type));
+    put(unfused_params[i], place_of(to, from, from[i].path), out);
   }
   return out;
 }

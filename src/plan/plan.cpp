@@ -211,6 +211,7 @@ Plan build(const Graph& g, const Options& options) {
         Buffer w;
         w.node = i;
         w.bytes = aligned(bytes);
+        w.requested = bytes;
         w.start = w.end = s;
         w.workspace = true;
         p.workspace_buffer[i] = static_cast<int>(p.buffers.size());

@@ -14,7 +14,7 @@
 //  - Graph params are arguments (not in the arenas). A donated result (an updated parameter or moment)
 //    is written into its argument's storage, never a second copy.
 //
-//   plan::Plan p = plan::build(graph, {.donate = {{3, 0}, ...}});
+//   plan::Plan p = plan::build(graph, {.donate = {{3, 0}, ...}, .workspace = exec::workspace_of(exec::cpu())});
 //   fmt::print("{}", plan::report(p, graph, {}).text());
 #pragma once
 
@@ -42,6 +42,7 @@ struct Buffer {
   Space space = Space::device;
   int64_t offset = 0;       // in its space's arena
   bool workspace = false;   // the workspace of node `node`'s kernel, live at its step only
+  int64_t requested = 0;    // a workspace's bytes as the backend asked (`bytes` is that rounded up)
 };
 
 struct Plan {

@@ -57,6 +57,7 @@ LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::sp
 }
 
 struct StepInputs {
+  std::vector<std::string> paths;  // the parameters' names (moments are opt_m/<path>, opt_v/<path>)
   std::vector<Tensor> params;
   Tensor inputs, targets;
   Tensor loss_scale, loss_scale_count;  // with loss scaling
@@ -74,7 +75,10 @@ StepInputs declare(Builder& b, ir::Signature& sig, const nn::ModelConfig& model,
   };
   StepInputs in;
   std::vector<nn::ParamSpec> specs = nn::param_specs(model);
-  for (const auto& s : specs) in.params.push_back(param(s.path, s.type, ir::Role::parameter));
+  for (const auto& s : specs) {
+    in.paths.push_back(s.path);
+    in.params.push_back(param(s.path, s.type, ir::Role::parameter));
+  }
   if (m)
     for (const auto& s : specs) m->push_back(param("opt_m/" + s.path, s.type, ir::Role::optimizer_state));
   if (v)
@@ -140,7 +144,7 @@ Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rema
   StepInputs in = declare(b, prog.signature, model, shape, nullptr, nullptr, nullptr);
   LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
   result(b, prog.signature, r.loss, "loss", ir::Role::metric);
-  for (size_t i = 0; i < r.grads.size(); ++i) result(b, prog.signature, r.grads[i], "grad/" + g.param_names[i], ir::Role::output);
+  for (size_t i = 0; i < r.grads.size(); ++i) result(b, prog.signature, r.grads[i], "grad/" + in.paths[i], ir::Role::output);
   sink_converts_into_scans(g);
   dce(g);
   return prog;
@@ -206,10 +210,9 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
   result(b, sig, r.loss, "loss", ir::Role::metric);
   result(b, sig, norm, "grad_norm", ir::Role::metric);
   result(b, sig, lr, "lr", ir::Role::metric);
-  const size_t np = in.params.size();
-  for (size_t i = 0; i < np; ++i) result_updating(b, sig, new_p[i], g.param_names[i]);
-  for (size_t i = 0; i < np; ++i) result_updating(b, sig, new_m[i], g.param_names[np + i]);
-  for (size_t i = 0; i < np; ++i) result_updating(b, sig, new_v[i], g.param_names[2 * np + i]);
+  for (size_t i = 0; i < in.paths.size(); ++i) result_updating(b, sig, new_p[i], in.paths[i]);
+  for (size_t i = 0; i < in.paths.size(); ++i) result_updating(b, sig, new_m[i], "opt_m/" + in.paths[i]);
+  for (size_t i = 0; i < in.paths.size(); ++i) result_updating(b, sig, new_v[i], "opt_v/" + in.paths[i]);
   if (finite) {
     auto ls = b.scope("loss_scale");
     const LossScaleConfig& c = o.loss_scale;
@@ -228,11 +231,16 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
 }
 
 namespace {
-// nn's forward graphs: the model's parameters, then `batch_args` batch inputs; one result.
-ir::Signature forward_signature(const Graph& g, size_t batch_args, const std::string& result, ir::Role role) {
+// nn's forward graphs take the model's parameters (by their paths), then batch inputs; one result.
+ir::Signature forward_signature(const nn::ModelConfig& model, const Graph& g, const std::string& result, ir::Role role) {
   ir::Signature sig;
-  for (size_t i = 0; i < g.param_names.size(); ++i)
-    sig.args.push_back({g.param_names[i], i + batch_args < g.param_names.size() ? ir::Role::parameter : ir::Role::batch});
+  for (const nn::ParamSpec& p : nn::param_specs(model)) sig.args.push_back({p.path, ir::Role::parameter});
+  for (size_t i = sig.args.size(); i < g.param_names.size(); ++i) {
+    ASSERT(g.param_names[i] == "inputs" || g.param_names[i] == "targets");
+    sig.args.push_back({g.param_names[i], ir::Role::batch});
+  }
+  ASSERT(sig.args.size() == g.params.size() && g.results.size() == 1);
+  for (size_t i = 0; i < sig.args.size(); ++i) ASSERT(sig.args[i].name == g.param_names[i]);
   sig.results.push_back({result, role});
   return sig;
 }
@@ -240,13 +248,13 @@ ir::Signature forward_signature(const Graph& g, size_t batch_args, const std::st
 
 Program loss_program(const nn::ModelConfig& model, int64_t batch, int64_t seq) {
   Graph g = nn::loss_graph(model, batch, seq);
-  ir::Signature sig = forward_signature(g, 2, "loss", ir::Role::metric);
+  ir::Signature sig = forward_signature(model, g, "loss", ir::Role::metric);
   return {std::move(g), std::move(sig)};
 }
 
 Program logits_program(const nn::ModelConfig& model, int64_t batch, int64_t seq) {
   Graph g = nn::logits_graph(model, batch, seq);
-  ir::Signature sig = forward_signature(g, 1, "logits", ir::Role::output);
+  ir::Signature sig = forward_signature(model, g, "logits", ir::Role::output);
   return {std::move(g), std::move(sig)};
 }
 

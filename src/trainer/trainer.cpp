@@ -32,20 +32,20 @@ int64_t resident_bytes(const char* field) {
   return 0;
 }
 
-compile::Compiled compile_program(const RunConfig& c, compile::Program program, train::StepShape shape) {
-  return compile::compile({.model = c.model, .shape = shape, .optimizer = c.optimizer, .program = program,
+compile::Compiled compile_program(const RunConfig& c, compile::Kind kind, train::StepShape shape) {
+  return compile::compile({.model = c.model, .shape = shape, .optimizer = c.optimizer, .kind = kind,
                            .allow_unmatched = c.remat_allow_unmatched});
 }
 
 // A compiled program with its executable. Its arguments are its own buffers, except the parameters when
 // `step` is given: those are the step's (evaluation and sampling read its weights), and so are its arenas
 // where they fit (the programs run one at a time).
-struct Program {
+struct Runner {
   ir::Signature signature;
   exec::Executable executable;
   std::vector<exec::Array>& args;
 
-  explicit Program(compile::Compiled c, const Program* step = nullptr)
+  explicit Runner(compile::Compiled c, const Runner* step = nullptr)
       : signature(std::move(c.signature)),
         executable(std::move(c.program), std::move(c.plan), {}, step ? &step->executable : nullptr),
         args(executable.own_arguments(shared(signature, step))) {}
@@ -54,7 +54,7 @@ struct Program {
   int64_t bytes() const { return executable.owned_bytes(); }
 
  private:
-  static std::map<int, exec::Array> shared(const ir::Signature& s, const Program* from) {
+  static std::map<int, exec::Array> shared(const ir::Signature& s, const Runner* from) {
     std::map<int, exec::Array> out;
     for (size_t i = 0; from != nullptr && i < s.args.size(); ++i)
       if (s.args[i].role == ir::Role::parameter) out.emplace(static_cast<int>(i), from->args[static_cast<size_t>(from->signature.arg(s.args[i].name))]);
@@ -65,8 +65,8 @@ struct Program {
 // Mean loss over a fixed set of validation batches (same batches every evaluation).
 class Evaluator {
  public:
-  Evaluator(const RunConfig& c, const train::Dataset& d, const Program& step)
-      : program_(compile_program(c, compile::Program::loss, {c.shape.batch, c.shape.seq, 1}), &step) {
+  Evaluator(const RunConfig& c, const train::Dataset& d, const Runner& step)
+      : program_(compile_program(c, compile::Kind::loss, {c.shape.batch, c.shape.seq, 1}), &step) {
     Batcher batcher(d.validation, c.shape.seq, c.data_seed + 1, "validation");
     const size_t tokens = static_cast<size_t>(c.shape.batch * c.shape.seq);
     batches_.assign(static_cast<size_t>(c.eval_steps), std::vector<int32_t>(2 * tokens));
@@ -83,10 +83,10 @@ class Evaluator {
     }
     return sum / static_cast<double>(batches_.size());
   }
-  const Program& program() const { return program_; }
+  const Runner& program() const { return program_; }
 
  private:
-  Program program_;
+  Runner program_;
   std::vector<std::vector<int32_t>> batches_;  // inputs then targets, per batch
 };
 
@@ -97,7 +97,7 @@ std::string printable(const std::string& s) {
 }
 
 // Generates `length` bytes after the prompt: one forward pass over the last `seq` bytes per new byte.
-std::string sample(const RunConfig& c, Program& logits_program) {
+std::string sample(const RunConfig& c, Runner& logits_program) {
   const int64_t seq = c.shape.seq;
   std::string text = c.sample_prompt.empty() ? "\n" : c.sample_prompt;
   std::mt19937_64 rng(c.data_seed + 7);
@@ -137,21 +137,21 @@ RunResult run(const RunConfig& c) {
   Batcher batcher(data.train, c.shape.seq, c.data_seed, "train");
 
   const int64_t k = c.shape.accumulation, B = c.shape.batch, T = c.shape.seq;
-  compile::Compiled compiled = compile_program(c, compile::Program::train_step, c.shape);
+  compile::Compiled compiled = compile_program(c, compile::Kind::train_step, c.shape);
   for (const std::string& w : compiled.warnings) fmt::print("warning: {}\n", w);
   fmt::print("remat: policy {}; {}\n", c.model.remat_policy, compiled.explanation.step_summary());
   fmt::print("plan: arena {} device (lower bound {}), {} host; parameters, moments updated in place\n",
              plan::bytes_str(static_cast<double>(compiled.plan.arena[0])),
              plan::bytes_str(static_cast<double>(compiled.plan.lower_bound[0])),
              plan::bytes_str(static_cast<double>(compiled.plan.arena[1])));
-  Program step(std::move(compiled));
+  Runner step(std::move(compiled));
   const ir::Signature& sig = step.signature;
   std::vector<exec::Array> params;  // views of the step's parameter buffers, in the model's order
   for (size_t i = 0; i < sig.args.size(); ++i)
     if (sig.args[i].role == ir::Role::parameter) params.push_back(step.args[i]);
   nn::init_params(c.model, c.init_seed, params);  // moments start at zero, as allocated
   Evaluator evaluator(c, data, step);
-  Program generator(compile_program(c, compile::Program::logits, {1, T, 1}), &step);
+  Runner generator(compile_program(c, compile::Kind::logits, {1, T, 1}), &step);
   fmt::print("model: {:.3f}M parameters; {} layers (scan_layers={}), d={}, heads={}/{} kv, mlp={}\n",
              static_cast<double>(nn::param_count(c.model)) / 1e6, c.model.num_decoder_layers, c.model.scan_layers,
              c.model.emb_dim, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim);
@@ -215,10 +215,12 @@ RunResult run(const RunConfig& c) {
   // Everything the process holds beyond its baseline should be planned: the "unplanned" rest is what the
   // plans do not know about (heap of the compiler, thread stacks, library code and caches).
   auto str = [](int64_t bytes) { return plan::bytes_str(static_cast<double>(bytes)); };
+  const bool shared = evaluator.program().executable.shares_arenas() && generator.executable.shares_arenas();
   fmt::print("process: peak RSS {} = baseline {} (before compiling) + planned {} (step {}, evaluation {}, sampling {}: "
-             "arguments and arenas, evaluation and sampling in the step's arenas) + unplanned {}\n",
+             "arguments and arenas{}) + unplanned {}\n",
              str(peak), str(baseline_rss), str(planned), str(step.bytes()), str(evaluator.program().bytes()),
-             str(generator.bytes()), peak - baseline_rss - planned < 0 ? fmt::format("-{}", str(planned + baseline_rss - peak))
+             str(generator.bytes()), shared ? ", evaluation and sampling in the step's arenas" : "",
+             peak - baseline_rss - planned < 0 ? fmt::format("-{}", str(planned + baseline_rss - peak))
                                                : str(peak - baseline_rss - planned));
   result.peak_rss = peak;
   result.baseline_rss = baseline_rss;

@@ -12,15 +12,15 @@
 namespace remat {
 namespace {
 
-compile::Compiled compile_tiny(const std::vector<std::string>& overrides, compile::Program program) {
+compile::Compiled compile_tiny(const std::vector<std::string>& overrides, compile::Kind kind) {
   cli::Config c = cli::load_config("", overrides);
-  return compile::compile({.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer, .program = program});
+  return compile::compile({.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer, .kind = kind});
 }
 
 TEST(Compile, SignatureListsEveryRoleOfTheTinyStep) {
   for (bool f16 : {false, true}) {
     const std::vector<std::string> overrides = f16 ? std::vector<std::string>{"dtype=float16"} : std::vector<std::string>{};
-    compile::Compiled s = compile_tiny(overrides, compile::Program::train_step);
+    compile::Compiled s = compile_tiny(overrides, compile::Kind::train_step);
     const cli::Config c = cli::load_config("", overrides);
     const std::vector<nn::ParamSpec> specs = nn::param_specs(c.run.model);
     const size_t np = specs.size();
@@ -67,8 +67,8 @@ TEST(Compile, SignatureListsEveryRoleOfTheTinyStep) {
 }
 
 TEST(Compile, EvaluationAndSamplingProgramsHaveTheirOwnSignatures) {
-  compile::Compiled loss = compile_tiny({}, compile::Program::loss);
-  compile::Compiled logits = compile_tiny({}, compile::Program::logits);
+  compile::Compiled loss = compile_tiny({}, compile::Kind::loss);
+  compile::Compiled logits = compile_tiny({}, compile::Kind::logits);
   const size_t np = nn::param_specs(cli::load_config("", {}).run.model).size();
   ASSERT_EQ(loss.signature.args.size(), np + 2);
   ASSERT_EQ(logits.signature.args.size(), np + 1);
@@ -86,7 +86,7 @@ TEST(Compile, EvaluationAndSamplingProgramsHaveTheirOwnSignatures) {
 TEST(Compile, UsesTheDeciderItIsHanded) {
   cli::Config c = cli::load_config("", {"remat_policy=minimal"});
   rematerialize::Decider decider(nn::vocabulary(c.run.model));
-  compile::Compiled s = compile::compile({.model = c.run.model, .shape = c.run.shape, .program = compile::Program::grads,
+  compile::Compiled s = compile::compile({.model = c.run.model, .shape = c.run.shape, .kind = compile::Kind::grads,
                                           .decider = &decider});
   ASSERT_FALSE(decider.records().empty());
   EXPECT_EQ(s.explanation.residuals.size(), decider.records().size());

@@ -1,5 +1,5 @@
 // Executor semantics against values computed by hand.
-#include "exec/exec.h"
+#include "exec/executable.h"
 
 #include <gtest/gtest.h>
 
@@ -85,6 +85,56 @@ TEST(Executor, ArgumentTypeMismatchIsAClearError) {
         }
       },
       Error);
+}
+
+// Evaluation runs in the training step's arenas: a second executable in the first's arenas, on the first's
+// owned (donated) argument buffer. Each run, poisoned, gives the values computed by hand; the second's run
+// overwrites the first's arena result but never its arguments. A plan that does not fit gets its own arena.
+TEST(Executable, RunsInAnotherExecutablesArenas) {
+  Graph step, eval, big;
+  {
+    Builder b(step);
+    Tensor w = b.param("w", {DType::f32, {64}}), x = b.param("x", {DType::f32, {64}});
+    Tensor h = tanh(x) * 2.0;
+    b.result(h * 3.0);           // an arena result
+    b.result(w + h * 0.5);       // w' = w + tanh(x), written into w
+  }
+  {
+    Builder b(eval);
+    Tensor w = b.param("w", {DType::f32, {64}});
+    b.result(w * w);
+  }
+  {
+    Builder b(big);
+    Tensor w = b.param("w", {DType::f32, {4096}});
+    b.result(exp(exp(w)) + w);
+  }
+  const exec::Options o{.poison = true, .separate_buffers = false};
+  auto ws = exec::workspace_of(exec::cpu());
+  exec::Executable train(step.clone(), plan::build(step, {.donate = {{1, 0}}, .workspace = ws}), o);
+  std::vector<exec::Array>& args = train.own_arguments();
+  exec::Executable evaluate(eval.clone(), plan::build(eval, {.workspace = ws}), o, &train);
+  std::vector<exec::Array>& eval_args = evaluate.own_arguments({{0, args[0]}});
+  EXPECT_TRUE(evaluate.shares_arenas());
+  EXPECT_EQ(evaluate.owned_bytes(), 0) << "arguments shared, arenas shared";
+  exec::Executable separate(big.clone(), plan::build(big, {.workspace = ws}), o, &train);
+  EXPECT_FALSE(separate.shares_arenas()) << "its plan does not fit in the step's arena";
+  std::vector<float> w(64, 0.25f);
+  for (int64_t i = 0; i < 64; ++i) args[1].data<float>()[i] = static_cast<float>(i) / 64.0f;
+  std::copy(w.begin(), w.end(), args[0].data<float>());
+  for (int step_index = 0; step_index < 3; ++step_index) {
+    const exec::Array h3 = train.run()[0];  // a view into the shared arena
+    for (int64_t i = 0; i < 64; ++i) {
+      const float t = std::tanh(static_cast<float>(i) / 64.0f) * 2.0f;
+      w[static_cast<size_t>(i)] = w[static_cast<size_t>(i)] + t * 0.5f;
+      ASSERT_EQ(h3.data<float>()[i], t * 3.0f);
+      ASSERT_EQ(args[0].data<float>()[i], w[static_cast<size_t>(i)]) << "w' written in place";
+    }
+    EXPECT_EQ(eval_args[0].bytes(), args[0].bytes()) << "evaluation reads the step's buffer";
+    const exec::Array sq = evaluate.run()[0];
+    for (int64_t i = 0; i < 64; ++i) ASSERT_EQ(sq.data<float>()[i], w[static_cast<size_t>(i)] * w[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < 64; ++i) ASSERT_EQ(args[0].data<float>()[i], w[static_cast<size_t>(i)]) << "arguments untouched";
+  }
 }
 
 TEST(Dtype, Bf16AndF16RoundToNearestEven) {

@@ -38,8 +38,9 @@ void run_node(const ir::Node& n, std::span<const Array> in, std::span<Array> out
   }
   std::vector<ir::Type> types;
   for (const Array& a : in) types.push_back(a.type());
-  std::vector<std::byte> workspace(static_cast<size_t>(options.backend->workspace_bytes(n, types)));
-  options.backend->kernel(n.op)(n, in, out, {options, workspace});
+  const int64_t bytes = options.backend->workspace_bytes(n, types);
+  Array workspace = Array::exact(bytes);  // 64-byte aligned, exactly the bytes asked for
+  options.backend->kernel(n.op)(n, in, out, {options, {workspace.bytes(), static_cast<size_t>(bytes)}});
 }
 
 }  // namespace

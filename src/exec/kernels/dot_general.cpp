@@ -107,8 +107,6 @@ Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   return a;
 }
 
-int64_t rounded(int64_t bytes) { return (bytes + 63) / 64 * 64; }
-
 bool uses_onednn(DType dt, const Options& options) {
   return !options.reference_kernels && (dt == DType::f32 || dt == DType::bf16);
 }
@@ -158,8 +156,12 @@ void* feed(const Array& x, const Layout& l, std::span<std::byte>& workspace) {
 int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in) {
   if (in[0].dtype != DType::f32 && in[0].dtype != DType::bf16) return 0;  // the reference kernel needs none
   Analysis x = analyze(n, in[0], in[1]);
-  return (x.a_layout.copy ? rounded(in[0].bytes()) : 0) + (x.b_layout.copy ? rounded(in[1].bytes()) : 0) +
-         rounded(static_cast<int64_t>(x.pd.scratchpad_desc().get_size()));
+  // The pieces in the order the kernel takes them, each but the last rounded up to the next piece's alignment.
+  int64_t bytes = 0;
+  for (int64_t piece : {x.a_layout.copy ? in[0].bytes() : 0, x.b_layout.copy ? in[1].bytes() : 0,
+                        static_cast<int64_t>(x.pd.scratchpad_desc().get_size())})
+    if (piece > 0) bytes = aligned64(bytes) + piece;
+  return bytes;
 }
 
 void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {

@@ -39,8 +39,11 @@ REMAT_OPS(X)
 int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in);
 
-// Carves `bytes` (rounded up to 64) off the front of a kernel's workspace; the plan gave it enough.
+// Carves `bytes` off the front of a kernel's workspace; the next piece starts 64 bytes aligned. A kernel
+// asks for its pieces rounded up with aligned64, except the last, so that the plan (and, with separate
+// buffers, AddressSanitizer) holds it to the exact bytes it uses.
 std::byte* take(std::span<std::byte>& workspace, int64_t bytes);
+constexpr int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 namespace ref {
 // Naive twin of the oneDNN dot_general: loops over every output and contracting index, f64 accumulation.

@@ -83,7 +83,7 @@ int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in) {
   if (!p.leading) return 0;
   const DType d = in[0].dtype;
   const int64_t acc = n.op == ir::Op::reduce_sum ? (d == DType::i32 ? 4 : 8) : (d == DType::f64 ? 8 : 4);
-  return (p.outputs * acc + 63) / 64 * 64;
+  return p.outputs * acc;
 }
 
 void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {

@@ -43,10 +43,9 @@ Dims strides_of(const Dims& shape) {
 }
 
 std::byte* take(std::span<std::byte>& workspace, int64_t bytes) {
-  const size_t rounded = static_cast<size_t>((bytes + 63) / 64 * 64);
-  ASSERT(rounded <= workspace.size());
+  ASSERT(static_cast<size_t>(bytes) <= workspace.size());  // the plan gave what workspace_bytes asked
   std::byte* p = workspace.data();
-  workspace = workspace.subspan(rounded);
+  workspace = workspace.subspan(std::min(static_cast<size_t>(aligned64(bytes)), workspace.size()));
   return p;
 }
 
