@@ -126,6 +126,10 @@ const std::vector<Key>& keys() {
       bind<std::string>("run_name", [](Config& c) -> std::string& { return c.run_name; }),
       bind<std::string>("base_output_directory", [](Config& c) -> std::string& { return c.base_output_directory; }),
       bind<std::string>("hbm_limit", [](Config& c) -> std::string& { return c.hbm_limit; }),
+      bind<bool>("enable_checkpointing", [](Config& c) -> bool& { return c.run.enable_checkpointing; }),
+      bind<int64_t>("checkpoint_period", [](Config& c) -> int64_t& { return c.run.checkpoint_period; }),
+      bind<int64_t>("max_num_checkpoints_to_keep", [](Config& c) -> int64_t& { return c.run.max_checkpoints; }),
+      bind<std::string>("load_parameters_path", [](Config& c) -> std::string& { return c.run.load_parameters_path; }),
       custom_key("decoder_layer_input"),
       custom_key("query_proj"),
       custom_key("key_proj"),
@@ -229,7 +233,10 @@ std::vector<std::string> config_keys() {
 Config load_config(const std::string& config_path, const std::vector<std::string>& overrides) {
   Config c;
   auto apply = [&](const std::vector<std::pair<std::string, std::string>>& kvs, const std::string& where) {
-    for (const auto& [k, v] : kvs) find_key(k, where).set(c, v, fmt::format("in {}", where));
+    for (const auto& [k, v] : kvs) {
+      find_key(k, where).set(c, v, fmt::format("in {}", where));
+      c.run.config_values[k] = v;
+    }
   };
   apply(parse_yaml(embedded_configs().at("base.yml"), "built-in configs/base.yml"), "built-in configs/base.yml");
   if (!config_path.empty()) apply(read_yaml(config_path), config_path);
@@ -254,6 +261,7 @@ Config load_config(const std::string& config_path, const std::vector<std::string
   for (size_t i = 0; i < cli.size(); ++i) {
     const auto& [k, v] = cli[i];
     find_key(k, fmt::format("argument '{}'", overrides[i])).set(c, v, fmt::format("argument '{}'", overrides[i]));
+    c.run.config_values[k] = v;
   }
   if (!c.mp_policy.empty()) {
     c.run.model.precision = nn::parse_precision(c.mp_policy, "mp_policy");

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 namespace remat::train {
 namespace {
@@ -81,6 +82,18 @@ Batcher::Batcher(const std::vector<uint8_t>& data, int64_t seq, uint64_t seed, c
         "max_target_length {} is too long for the {} split of the dataset ({} bytes): it needs at least {} bytes; "
         "use a shorter max_target_length or more data",
         seq, split, data.size(), seq + 1);
+}
+
+std::string Batcher::state() const {
+  std::ostringstream out;
+  out << rng_;
+  return out.str();
+}
+
+void Batcher::restore(const std::string& state) {
+  std::istringstream in(state);
+  in >> rng_;
+  CHECK(!in.fail(), "the checkpoint's data sampler state is malformed ({} bytes)", state.size());
 }
 
 void Batcher::next(int64_t count, int32_t* inputs, int32_t* targets) {

@@ -29,6 +29,10 @@ class Batcher {
   Batcher(const std::vector<uint8_t>& data, int64_t seq, uint64_t seed, const char* split);
   // Fills `count` sequences into inputs/targets (count * seq int32 each).
   void next(int64_t count, int32_t* inputs, int32_t* targets);
+  // Where the sampler is, as text (for checkpoints), and back: a restored sampler draws what the saved one
+  // would have drawn next.
+  std::string state() const;
+  void restore(const std::string& state);
 
  private:
   const std::vector<uint8_t>& data_;

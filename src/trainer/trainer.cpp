@@ -2,6 +2,7 @@
 
 #include "exec/executable.h"
 #include "plan/report.h"
+#include "train/checkpoint.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -124,6 +125,108 @@ std::string sample(const RunConfig& c, Runner& logits_program) {
   return text;
 }
 
+namespace fs = std::filesystem;
+
+// What a checkpoint holds besides the step's state tensors.
+struct Progress {
+  int64_t step = 0;     // updates done
+  int64_t skipped = 0;  // steps skipped by loss scaling
+};
+
+// A checkpoint's tensors: every argument of the step that carries state from one step to the next.
+bool saved(ir::Role role) {
+  return role == ir::Role::parameter || role == ir::Role::optimizer_state || role == ir::Role::loss_scale;
+}
+
+fs::path checkpoints_of(const RunConfig& c) { return fs::path(c.run_dir) / "checkpoints"; }
+
+// The step folders under checkpoints/, newest first.
+std::vector<int64_t> checkpoint_steps(const RunConfig& c) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(checkpoints_of(c), ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && !name.empty() && std::all_of(name.begin(), name.end(), ::isdigit)) steps.push_back(std::stoll(name));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+void save_checkpoint(const RunConfig& c, Runner& step, const Batcher& batcher, const Progress& p) {
+  const fs::path dir = checkpoints_of(c) / std::to_string(p.step);
+  fs::create_directories(dir);
+  std::vector<train::NamedArray> tensors;
+  for (size_t i = 0; i < step.signature.args.size(); ++i)
+    if (saved(step.signature.args[i].role)) tensors.push_back({step.signature.args[i].name, step.args[i]});
+  train::write_safetensors(dir / "state.safetensors", tensors,
+                           {{"step", std::to_string(p.step)},
+                            {"skipped_steps", std::to_string(p.skipped)},
+                            {"train_sampler", batcher.state()},
+                            {"config", nlohmann::json(c.config_values).dump()}});
+  // Keep the newest complete ones; a folder without its file is a write that never finished.
+  int64_t kept = 0;
+  for (int64_t s : checkpoint_steps(c)) {
+    const fs::path d = checkpoints_of(c) / std::to_string(s);
+    const bool complete = fs::is_regular_file(d / "state.safetensors");
+    if (complete && (c.max_checkpoints <= 0 || kept < c.max_checkpoints)) ++kept;
+    else if (s < p.step) fs::remove_all(d);
+  }
+}
+
+// Copies the saved tensors into the step's arguments of the same names; a missing tensor or one of another
+// shape is refused, naming the config keys whose values differ from the checkpoint's.
+void restore(const RunConfig& c, Runner& step, const train::SafeTensors& s, const fs::path& file, bool parameters_only) {
+  std::vector<std::string> differing;
+  if (auto it = s.metadata.find("config"); it != s.metadata.end()) {
+    const auto saved_config = nlohmann::json::parse(it->second).get<std::map<std::string, std::string>>();
+    for (const auto& [k, v] : c.config_values)
+      if (auto j = saved_config.find(k); j != saved_config.end() && j->second != v)
+        differing.push_back(fmt::format("{}: {} (checkpoint) vs {} (now)", k, j->second, v));
+  }
+  for (size_t i = 0; i < step.signature.args.size(); ++i) {
+    const ir::Slot& a = step.signature.args[i];
+    if (!saved(a.role) || (parameters_only && a.role != ir::Role::parameter)) continue;
+    auto t = s.tensors.find(a.name);
+    CHECK(t != s.tensors.end() && t->second.type() == step.args[i].type(),
+          "checkpoint '{}' does not fit this model: {} is {} there and {} here; differing config keys: {}", file.string(),
+          a.name, t == s.tensors.end() ? "missing" : ir::type_str(t->second.type()), ir::type_str(step.args[i].type()),
+          differing.empty() ? "none" : fmt::format("{}", fmt::join(differing, "; ")));
+    std::memcpy(step.args[i].bytes(), t->second.bytes(), static_cast<size_t>(t->second.type().bytes()));
+  }
+}
+
+// Continues from the run's latest complete checkpoint: a torn, truncated or corrupt one is reported and
+// the previous one used. Returns the progress it holds (step 0 when there is none).
+Progress resume(const RunConfig& c, Runner& step, Batcher& batcher) {
+  for (int64_t s : checkpoint_steps(c)) {
+    const fs::path file = checkpoints_of(c) / std::to_string(s) / "state.safetensors";
+    if (!fs::is_regular_file(file)) continue;  // never finished
+    train::SafeTensors saved_state;
+    try {
+      saved_state = train::read_safetensors(file);
+    } catch (const Error& e) {
+      fmt::print("warning: {}; trying the previous checkpoint\n", e.what());
+      continue;
+    }
+    restore(c, step, saved_state, file, false);
+    batcher.restore(saved_state.metadata.at("train_sampler"));
+    Progress p{std::stoll(saved_state.metadata.at("step")), std::stoll(saved_state.metadata.at("skipped_steps"))};
+    fmt::print("resumed from {} (step {})\n", file.string(), p.step);
+    return p;
+  }
+  return {};
+}
+
+// metrics.jsonl keeps the rows of the steps before `step` (a resumed run writes the rest again).
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  std::string kept;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && nlohmann::json::parse(line).at("step").get<int64_t>() <= step) kept += line + "\n";
+  in.close();
+  std::ofstream(path) << kept;
+}
+
 }  // namespace
 
 RunResult run(const RunConfig& c) {
@@ -131,6 +234,9 @@ RunResult run(const RunConfig& c) {
   CHECK(c.eval_interval > 0 && c.eval_steps > 0 && c.log_period > 0,
         "eval_interval ({}), eval_steps ({}) and log_period ({}) must be positive", c.eval_interval, c.eval_steps,
         c.log_period);
+  CHECK(c.checkpoint_period > 0 && c.max_checkpoints >= 0,
+        "checkpoint_period ({}) must be positive and max_num_checkpoints_to_keep ({}) at least 0", c.checkpoint_period,
+        c.max_checkpoints);
   train::Dataset data = train::load_dataset(c.dataset_path, c.validation_fraction);
   fmt::print("data: {}; {} train / {} validation bytes\n", data.description, data.train.size(), data.validation.size());
   const int64_t baseline_rss = resident_bytes("VmRSS");  // binary, libraries and data, before any compile
@@ -158,21 +264,29 @@ RunResult run(const RunConfig& c) {
   fmt::print("train: {} steps x {} microbatch(es) x {} sequences x {} tokens = {} tokens/step\n", c.steps, k, B, T,
              k * B * T);
 
-  std::filesystem::create_directories(c.run_dir);
-  std::string metrics_path = (std::filesystem::path(c.run_dir) / "metrics.jsonl").string();
-  std::ofstream metrics(metrics_path);
-  CHECK(metrics.good(), "cannot write metrics file '{}' (config keys base_output_directory, run_name)", metrics_path);
-
   RunResult result;
   const train::LossScaleConfig& ls = c.optimizer.loss_scale;
   if (ls.enabled) step.arg("loss_scale").set(0, ls.initial);
+  if (!c.load_parameters_path.empty()) {  // saved parameters, a fresh optimizer
+    fs::path file = c.load_parameters_path;
+    if (fs::is_directory(file)) file /= "state.safetensors";
+    restore(c, step, train::read_safetensors(file), file, true);
+    fmt::print("parameters from {}\n", file.string());
+  }
+  const Progress resumed = c.enable_checkpointing ? resume(c, step, batcher) : Progress{};
+
+  fs::create_directories(c.run_dir);
+  std::string metrics_path = (fs::path(c.run_dir) / "metrics.jsonl").string();
+  if (resumed.step > 0) truncate_metrics(metrics_path, resumed.step);
+  std::ofstream metrics(metrics_path, resumed.step > 0 ? std::ios::app : std::ios::trunc);
+  CHECK(metrics.good(), "cannot write metrics file '{}' (config keys base_output_directory, run_name)", metrics_path);
   auto result_of = [&](const char* name) { return static_cast<size_t>(sig.result(name)); };
   const size_t loss_at = result_of("loss"), norm_at = result_of("grad_norm"), lr_at = result_of("lr");
-  int64_t skipped = 0;
+  int64_t skipped = resumed.skipped;
   const auto start = Clock::now();
   auto window_start = start;
   int64_t window_steps = 0;
-  for (int64_t s = 0; s < c.steps; ++s) {
+  for (int64_t s = resumed.step; s < c.steps; ++s) {
     batcher.next(k * B, step.arg("inputs").data<int32_t>(), step.arg("targets").data<int32_t>());
     step.arg("step").set(0, static_cast<double>(s));
     // Every updated value (parameters, moments, loss-scale state) is donated: the step writes it into its
@@ -191,7 +305,8 @@ RunResult run(const RunConfig& c) {
       const double ms = 1e3 * window / static_cast<double>(window_steps);
       const double tok_s = static_cast<double>(window_steps * k * B * T) / window;
       fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.2e} | {:>7.0f} tok/s | {:6.1f} ms/step | ETA {}\n", done,
-                 c.steps, loss, lr, tok_s, ms, duration_str(elapsed / static_cast<double>(done) * static_cast<double>(c.steps - done)));
+                 c.steps, loss, lr, tok_s, ms,
+                 duration_str(elapsed / static_cast<double>(done - resumed.step) * static_cast<double>(c.steps - done)));
       std::fflush(stdout);
       row["tokens_per_s"] = tok_s;
       window_start = Clock::now();
@@ -205,6 +320,12 @@ RunResult run(const RunConfig& c) {
     }
     metrics << row.dump() << "\n";
     metrics.flush();
+    if (c.enable_checkpointing && (done % c.checkpoint_period == 0 || done == c.steps))
+      save_checkpoint(c, step, batcher, {done, skipped});
+  }
+  if (resumed.step >= c.steps) {  // a finished run, resumed: nothing to train
+    result.validation_loss = evaluator.loss();
+    fmt::print("the run was complete at step {}; validation loss {:.4f} nats/byte\n", resumed.step, result.validation_loss);
   }
   fmt::print("done in {}; metrics in {}; measured peak {} device (planned {})\n", duration_str(seconds_since(start)),
              metrics_path, plan::bytes_str(static_cast<double>(step.executable.measured_peak(plan::Space::device))),

@@ -7,6 +7,7 @@
 #include "compile/compile.h"
 #include "train/data.h"
 
+#include <map>
 #include <string>
 
 namespace remat::trainer {
@@ -28,6 +29,11 @@ struct RunConfig {
   int64_t sample_length = 200;         // bytes to generate
   double sample_temperature = 0.0;     // 0 = greedy
   bool remat_allow_unmatched = false;  // policy names matching no checkpoint name: warn instead of fail
+  bool enable_checkpointing = false;   // save checkpoints; resume from the run's latest complete one
+  int64_t checkpoint_period = 100;     // save every this many steps (and at the end)
+  int64_t max_checkpoints = 2;         // complete checkpoints kept (older ones deleted); 0: all
+  std::string load_parameters_path;    // start from these saved parameters (a checkpoint file or folder)
+  std::map<std::string, std::string> config_values;  // every config key's final value (saved, compared on resume)
 };
 
 struct RunResult {

@@ -1,0 +1,106 @@
+// Checkpoints and resume, end to end: a training process killed with SIGKILL at random instants (inside
+// steps and inside checkpoint writes, every step writes one) and started again with the same run name
+// continues from its latest complete checkpoint, and its losses, gradient norms and final parameters and
+// moments are bit-identical to a run never interrupted.
+#include "exec/exec.h"
+#include "train/checkpoint.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+namespace remat {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kArgs = {
+    "train", "base_emb_dim=32", "base_num_decoder_layers=1", "base_num_query_heads=2", "base_num_kv_heads=2",
+    "head_dim=16", "base_mlp_dim=64", "per_device_batch_size=2", "max_target_length=32", "steps=24",
+    "eval_interval=8", "eval_steps=1", "sample_length=2", "enable_checkpointing=true", "checkpoint_period=1"};
+
+// Starts `remat train ... run_name=<name>` in `dir`, output discarded; returns its pid.
+pid_t start(const fs::path& dir, const std::string& name) {
+  std::vector<std::string> args = kArgs;
+  args.push_back("run_name=" + name);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (chdir(dir.c_str()) != 0) _exit(126);
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1);
+    dup2(null, 2);
+    std::vector<char*> argv{const_cast<char*>(REMAT_BINARY)};
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(REMAT_BINARY, argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int finish(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// (step, loss, grad_norm) of every row of a run's metrics.jsonl, exactly as written.
+std::vector<std::tuple<int64_t, double, double>> metrics(const fs::path& run) {
+  std::vector<std::tuple<int64_t, double, double>> rows;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    rows.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>(), j.at("grad_norm").get<double>());
+  }
+  return rows;
+}
+
+TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
+  std::string pattern = (fs::temp_directory_path() / "remat_resume_XXXXXX").string();
+  ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+  const fs::path dir = pattern;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(finish(start(dir, "whole")), 0);
+  const double whole_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const auto want = metrics(dir / "runs" / "whole");
+  ASSERT_EQ(want.size(), 24u);
+  const train::SafeTensors last = train::read_safetensors(dir / "runs" / "whole" / "checkpoints" / "24" / "state.safetensors");
+  const int instants = exec::kAddressSanitizer ? 5 : 20;
+  std::mt19937 rng(2026);
+  std::uniform_real_distribution<double> when(0.0, whole_ms);
+  int killed_midway = 0;
+  for (int i = 0; i < instants; ++i) {
+    const std::string name = fmt::format("killed{}", i);
+    const pid_t pid = start(dir, name);
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(when(rng)));
+    kill(pid, SIGKILL);
+    killed_midway += finish(pid) == -1;
+    ASSERT_EQ(finish(start(dir, name)), 0) << name << ": the resumed run failed";
+    const fs::path run = dir / "runs" / name;
+    EXPECT_EQ(metrics(run), want) << name << ": losses and gradient norms, every step";
+    const train::SafeTensors got = train::read_safetensors(run / "checkpoints" / "24" / "state.safetensors");
+    ASSERT_EQ(got.tensors.size(), last.tensors.size());
+    for (const auto& [tensor, a] : last.tensors) {
+      const exec::Array& b = got.tensors.at(tensor);
+      ASSERT_EQ(a.type(), b.type());
+      EXPECT_EQ(std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())), 0) << name << ": " << tensor;
+    }
+  }
+  std::printf("%d of %d runs were killed before they finished (whole run %.0f ms)\n", killed_midway, instants, whole_ms);
+  EXPECT_GT(killed_midway, instants / 2) << "the instants fall inside the runs";
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace remat
