@@ -102,5 +102,42 @@ TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
   fs::remove_all(dir);
 }
 
+// The latest checkpoint corrupt (one flipped bit): the run says so, resumes from the one before, and ends
+// where the uninterrupted run ended.
+TEST(Resume, ACorruptLatestCheckpointFallsBackToThePreviousOne) {
+  std::string pattern = (fs::temp_directory_path() / "remat_resume_XXXXXX").string();
+  ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+  const fs::path dir = pattern, run = dir / "runs" / "r";
+  ASSERT_EQ(finish(start(dir, "r")), 0);
+  const fs::path latest = run / "checkpoints" / "24" / "state.safetensors";
+  const train::SafeTensors want = train::read_safetensors(latest);
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "23")) << "max_num_checkpoints_to_keep 2";
+  EXPECT_FALSE(fs::exists(run / "checkpoints" / "22"));
+  {
+    std::fstream f(latest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-7, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-7, std::ios::end);
+    f.put(static_cast<char>(c ^ 1));
+  }
+  std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
+  for (const std::string& a : kArgs) cmd += " " + a;
+  FILE* pipe = popen((cmd + " run_name=r 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t k; (k = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, k);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+  EXPECT_NE(out.find("checksum"), std::string::npos) << out;
+  EXPECT_NE(out.find("trying the previous checkpoint"), std::string::npos) << out;
+  EXPECT_NE(out.find(fmt::format("resumed from {} (step 23)", (fs::path("runs") / "r" / "checkpoints" / "23" / "state.safetensors").string())),
+            std::string::npos) << out;
+  const train::SafeTensors got = train::read_safetensors(latest);
+  for (const auto& [tensor, a] : want.tensors)
+    EXPECT_EQ(std::memcmp(a.bytes(), got.tensors.at(tensor).bytes(), static_cast<size_t>(a.type().bytes())), 0) << tensor;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace remat
