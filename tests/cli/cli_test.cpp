@@ -4,6 +4,7 @@
 // one band per category; a bad key exits 2 naming it.
 #include "exec/exec.h"
 #include "support/filecheck.h"
+#include "support/temp_dir.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -42,15 +43,7 @@ Output remat_cli(const std::string& args, const std::string& folder = std::strin
   return out;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "remat_cli_test_XXXXXX").string();
-    EXPECT_NE(mkdtemp(pattern.data()), nullptr);
-    path = pattern;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using testing_support::TempDir;
 
 // A 1-layer model small enough to train a few steps in a test.
 const char* kSmall = "base_emb_dim=32 base_num_decoder_layers=1 base_num_query_heads=2 base_num_kv_heads=2 head_dim=16 "

@@ -5,6 +5,7 @@
 #include "exec/exec.h"
 #include "nn/nn.h"
 #include "train/checkpoint.h"
+#include "support/temp_dir.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -20,15 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "remat_checkpoint_XXXXXX").string();
-    EXPECT_NE(mkdtemp(pattern.data()), nullptr);
-    path = pattern;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using testing_support::TempDir;
 
 std::string bytes_of(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);

@@ -2,6 +2,7 @@
 #include "train/data.h"
 
 #include "base/check.h"
+#include "support/temp_dir.h"
 
 #include <gtest/gtest.h>
 
@@ -14,16 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test (mkdtemp), so tests running in parallel (ctest -j) never share one.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "remat_data_test_XXXXXX").string();
-    ASSERT(mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
+using testing_support::TempDir;
 
 std::string error_of(const std::function<void()>& f) {
   try {

@@ -3,6 +3,7 @@
 // continues from its latest complete checkpoint, and its losses, gradient norms and final parameters and
 // moments are bit-identical to a run never interrupted.
 #include "exec/exec.h"
+#include "support/temp_dir.h"
 #include "train/checkpoint.h"
 
 #include <fmt/format.h>
@@ -67,9 +68,8 @@ std::vector<std::tuple<int64_t, double, double>> metrics(const fs::path& run) {
 }
 
 TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
-  std::string pattern = (fs::temp_directory_path() / "remat_resume_XXXXXX").string();
-  ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-  const fs::path dir = pattern;
+  testing_support::TempDir temp;
+  const fs::path dir = temp.path;
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(finish(start(dir, "whole")), 0);
   const double whole_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -99,15 +99,13 @@ TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
   }
   std::printf("%d of %d runs were killed before they finished (whole run %.0f ms)\n", killed_midway, instants, whole_ms);
   EXPECT_GT(killed_midway, instants / 2) << "the instants fall inside the runs";
-  fs::remove_all(dir);
 }
 
 // The latest checkpoint corrupt (one flipped bit): the run says so, resumes from the one before, and ends
 // where the uninterrupted run ended.
 TEST(Resume, ACorruptLatestCheckpointFallsBackToThePreviousOne) {
-  std::string pattern = (fs::temp_directory_path() / "remat_resume_XXXXXX").string();
-  ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-  const fs::path dir = pattern, run = dir / "runs" / "r";
+  testing_support::TempDir temp;
+  const fs::path dir = temp.path, run = dir / "runs" / "r";
   ASSERT_EQ(finish(start(dir, "r")), 0);
   const fs::path latest = run / "checkpoints" / "24" / "state.safetensors";
   const train::SafeTensors want = train::read_safetensors(latest);
@@ -136,7 +134,6 @@ TEST(Resume, ACorruptLatestCheckpointFallsBackToThePreviousOne) {
   const train::SafeTensors got = train::read_safetensors(latest);
   for (const auto& [tensor, a] : want.tensors)
     EXPECT_EQ(std::memcmp(a.bytes(), got.tensors.at(tensor).bytes(), static_cast<size_t>(a.type().bytes())), 0) << tensor;
-  fs::remove_all(dir);
 }
 
 }  // namespace
