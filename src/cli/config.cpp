@@ -7,6 +7,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
+#include <cmath>
+#include <limits>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -55,14 +58,35 @@ Key bind_enum(std::string name, std::vector<std::string> allowed, std::function<
              }};
 }
 
+// The values a numeric key accepts: an interval, each end open or closed (infinite ends are open).
+struct Bounds {
+  double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false, hi_open = false;
+
+  bool contains(double v) const {
+    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi) && !std::isnan(v);
+  }
+  std::string text() const {
+    if (std::isinf(hi)) return fmt::format("{} {}", lo_open ? ">" : ">=", lo);
+    return fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
+  }
+};
+Bounds at_least(double x) { return {.lo = x}; }
+Bounds above(double x) { return {.lo = x, .lo_open = true}; }
+Bounds unit_interval() { return {.lo = 0, .hi = 1}; }
+Bounds below_one() { return {.lo = 0, .hi = 1, .hi_open = true}; }  // Adam's betas
+
 template <class T>
-Key bind(std::string name, std::function<T&(Config&)> field) {
+Key bind(std::string name, std::function<T&(Config&)> field, std::optional<Bounds> bounds = std::nullopt) {
   const char* kind = std::is_same_v<T, bool>          ? "true or false"
                      : std::is_same_v<T, std::string> ? "a string"
                      : std::is_floating_point_v<T>    ? "a number"
                                                       : "an integer";
-  return Key{name, kind, [name, field, kind](Config& c, const std::string& raw, const std::string& where) {
+  return Key{name, kind, [name, field, kind, bounds](Config& c, const std::string& raw, const std::string& where) {
                field(c) = parse_value<T>(name, raw, where, kind);
+               if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
+                 CHECK(!bounds || bounds->contains(static_cast<double>(field(c))), "config key '{}' expects {} {}, got '{}' ({})",
+                       name, kind, bounds->text(), raw, where);
              }};
 }
 
@@ -75,18 +99,18 @@ Key custom_key(const std::string& name) {
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       bind<std::string>("model", [](Config& c) -> std::string& { return c.model; }),
-      bind<int64_t>("vocab_size", [](Config& c) -> int64_t& { return c.run.model.vocab_size; }),
-      bind<int64_t>("base_emb_dim", [](Config& c) -> int64_t& { return c.run.model.emb_dim; }),
-      bind<int64_t>("base_num_decoder_layers", [](Config& c) -> int64_t& { return c.run.model.num_decoder_layers; }),
-      bind<int64_t>("base_num_query_heads", [](Config& c) -> int64_t& { return c.run.model.num_heads; }),
-      bind<int64_t>("base_num_kv_heads", [](Config& c) -> int64_t& { return c.run.model.num_kv_heads; }),
-      bind<int64_t>("head_dim", [](Config& c) -> int64_t& { return c.run.model.head_dim; }),
-      bind<int64_t>("base_mlp_dim", [](Config& c) -> int64_t& { return c.run.model.mlp_dim; }),
-      bind<double>("rope_max_timescale", [](Config& c) -> double& { return c.run.model.rope_theta; }),
-      bind<double>("normalization_layer_epsilon", [](Config& c) -> double& { return c.run.model.rms_eps; }),
+      bind<int64_t>("vocab_size", [](Config& c) -> int64_t& { return c.run.model.vocab_size; }, at_least(256)),
+      bind<int64_t>("base_emb_dim", [](Config& c) -> int64_t& { return c.run.model.emb_dim; }, at_least(1)),
+      bind<int64_t>("base_num_decoder_layers", [](Config& c) -> int64_t& { return c.run.model.num_decoder_layers; }, at_least(1)),
+      bind<int64_t>("base_num_query_heads", [](Config& c) -> int64_t& { return c.run.model.num_heads; }, at_least(1)),
+      bind<int64_t>("base_num_kv_heads", [](Config& c) -> int64_t& { return c.run.model.num_kv_heads; }, at_least(1)),
+      bind<int64_t>("head_dim", [](Config& c) -> int64_t& { return c.run.model.head_dim; }, at_least(2)),
+      bind<int64_t>("base_mlp_dim", [](Config& c) -> int64_t& { return c.run.model.mlp_dim; }, at_least(1)),
+      bind<double>("rope_max_timescale", [](Config& c) -> double& { return c.run.model.rope_theta; }, above(1)),
+      bind<double>("normalization_layer_epsilon", [](Config& c) -> double& { return c.run.model.rms_eps; }, above(0)),
       bind<bool>("logits_via_embedding", [](Config& c) -> bool& { return c.run.model.logits_via_embedding; }),
       bind<bool>("scan_layers", [](Config& c) -> bool& { return c.run.model.scan_layers; }),
-      bind<int64_t>("layers_per_group", [](Config& c) -> int64_t& { return c.run.model.layers_per_group; }),
+      bind<int64_t>("layers_per_group", [](Config& c) -> int64_t& { return c.run.model.layers_per_group; }, at_least(0)),
       bind<std::string>("mp_policy", [](Config& c) -> std::string& { return c.mp_policy; }),
       bind<std::string>("dtype", [](Config& c) -> std::string& { return c.dtype; }),
       bind<std::string>("weight_dtype", [](Config& c) -> std::string& { return c.weight_dtype; }),
@@ -94,41 +118,41 @@ const std::vector<Key>& keys() {
       bind<bool>("float32_qk_product", [](Config& c) -> bool& { return c.run.model.float32_qk_product; }),
       bind<bool>("float32_logits", [](Config& c) -> bool& { return c.run.model.float32_logits; }),
       bind<bool>("logits_dot_in_fp32", [](Config& c) -> bool& { return c.run.model.logits_dot_in_fp32; }),
-      bind<double>("loss_scale_initial", [](Config& c) -> double& { return c.run.optimizer.loss_scale.initial; }),
-      bind<int64_t>("loss_scale_period", [](Config& c) -> int64_t& { return c.run.optimizer.loss_scale.period; }),
-      bind<double>("loss_scale_factor", [](Config& c) -> double& { return c.run.optimizer.loss_scale.factor; }),
-      bind<double>("loss_scale_min", [](Config& c) -> double& { return c.run.optimizer.loss_scale.min_scale; }),
+      bind<double>("loss_scale_initial", [](Config& c) -> double& { return c.run.optimizer.loss_scale.initial; }, at_least(1)),
+      bind<int64_t>("loss_scale_period", [](Config& c) -> int64_t& { return c.run.optimizer.loss_scale.period; }, at_least(1)),
+      bind<double>("loss_scale_factor", [](Config& c) -> double& { return c.run.optimizer.loss_scale.factor; }, above(1)),
+      bind<double>("loss_scale_min", [](Config& c) -> double& { return c.run.optimizer.loss_scale.min_scale; }, above(0)),
       bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.run.model.remat_policy; }),
       bind<bool>("remat_allow_unmatched", [](Config& c) -> bool& { return c.run.remat_allow_unmatched; }),
       bind_enum("checkpoint_naming", {"maxtext", "axlearn"}, [](Config& c) -> std::string& { return c.checkpoint_naming; }),
       bind<bool>("fused_qkv", [](Config& c) -> bool& { return c.run.model.fused_qkv; }),
       bind<bool>("fused_mlp", [](Config& c) -> bool& { return c.run.model.fused_mlp; }),
-      bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }),
-      bind<int64_t>("max_target_length", [](Config& c) -> int64_t& { return c.run.shape.seq; }),
-      bind<int64_t>("gradient_accumulation_steps", [](Config& c) -> int64_t& { return c.run.shape.accumulation; }),
-      bind<int64_t>("steps", [](Config& c) -> int64_t& { return c.run.steps; }),
-      bind<double>("learning_rate", [](Config& c) -> double& { return c.run.optimizer.learning_rate; }),
-      bind<int64_t>("warmup_steps", [](Config& c) -> int64_t& { return c.run.optimizer.warmup_steps; }),
+      bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }, at_least(1)),
+      bind<int64_t>("max_target_length", [](Config& c) -> int64_t& { return c.run.shape.seq; }, at_least(1)),
+      bind<int64_t>("gradient_accumulation_steps", [](Config& c) -> int64_t& { return c.run.shape.accumulation; }, at_least(1)),
+      bind<int64_t>("steps", [](Config& c) -> int64_t& { return c.run.steps; }, at_least(1)),
+      bind<double>("learning_rate", [](Config& c) -> double& { return c.run.optimizer.learning_rate; }, at_least(0)),
+      bind<int64_t>("warmup_steps", [](Config& c) -> int64_t& { return c.run.optimizer.warmup_steps; }, at_least(0)),
       bind<double>("cosine_learning_rate_final_fraction",
-                   [](Config& c) -> double& { return c.run.optimizer.final_lr_fraction; }),
-      bind<double>("adam_b1", [](Config& c) -> double& { return c.run.optimizer.b1; }),
-      bind<double>("adam_b2", [](Config& c) -> double& { return c.run.optimizer.b2; }),
-      bind<double>("adam_eps", [](Config& c) -> double& { return c.run.optimizer.eps; }),
-      bind<double>("adam_weight_decay", [](Config& c) -> double& { return c.run.optimizer.weight_decay; }),
-      bind<double>("gradient_clipping_threshold", [](Config& c) -> double& { return c.run.optimizer.clip_norm; }),
+                   [](Config& c) -> double& { return c.run.optimizer.final_lr_fraction; }, unit_interval()),
+      bind<double>("adam_b1", [](Config& c) -> double& { return c.run.optimizer.b1; }, below_one()),
+      bind<double>("adam_b2", [](Config& c) -> double& { return c.run.optimizer.b2; }, below_one()),
+      bind<double>("adam_eps", [](Config& c) -> double& { return c.run.optimizer.eps; }, above(0)),
+      bind<double>("adam_weight_decay", [](Config& c) -> double& { return c.run.optimizer.weight_decay; }, at_least(0)),
+      bind<double>("gradient_clipping_threshold", [](Config& c) -> double& { return c.run.optimizer.clip_norm; }, at_least(0)),
       bind<std::string>("dataset_path", [](Config& c) -> std::string& { return c.run.dataset_path; }),
-      bind<double>("validation_fraction", [](Config& c) -> double& { return c.run.validation_fraction; }),
+      bind<double>("validation_fraction", [](Config& c) -> double& { return c.run.validation_fraction; }, Bounds{.lo = 0, .hi = 1, .lo_open = true, .hi_open = true}),
       bind<uint64_t>("init_weights_seed", [](Config& c) -> uint64_t& { return c.run.init_seed; }),
       bind<uint64_t>("data_shuffle_seed", [](Config& c) -> uint64_t& { return c.run.data_seed; }),
-      bind<int64_t>("eval_interval", [](Config& c) -> int64_t& { return c.run.eval_interval; }),
-      bind<int64_t>("eval_steps", [](Config& c) -> int64_t& { return c.run.eval_steps; }),
-      bind<int64_t>("log_period", [](Config& c) -> int64_t& { return c.run.log_period; }),
+      bind<int64_t>("eval_interval", [](Config& c) -> int64_t& { return c.run.eval_interval; }, at_least(1)),
+      bind<int64_t>("eval_steps", [](Config& c) -> int64_t& { return c.run.eval_steps; }, at_least(1)),
+      bind<int64_t>("log_period", [](Config& c) -> int64_t& { return c.run.log_period; }, at_least(1)),
       bind<std::string>("run_name", [](Config& c) -> std::string& { return c.run_name; }),
       bind<std::string>("base_output_directory", [](Config& c) -> std::string& { return c.base_output_directory; }),
       bind<std::string>("hbm_limit", [](Config& c) -> std::string& { return c.hbm_limit; }),
       bind<bool>("enable_checkpointing", [](Config& c) -> bool& { return c.run.enable_checkpointing; }),
-      bind<int64_t>("checkpoint_period", [](Config& c) -> int64_t& { return c.run.checkpoint_period; }),
-      bind<int64_t>("max_num_checkpoints_to_keep", [](Config& c) -> int64_t& { return c.run.max_checkpoints; }),
+      bind<int64_t>("checkpoint_period", [](Config& c) -> int64_t& { return c.run.checkpoint_period; }, at_least(1)),
+      bind<int64_t>("max_num_checkpoints_to_keep", [](Config& c) -> int64_t& { return c.run.max_checkpoints; }, at_least(0)),
       bind<std::string>("load_parameters_path", [](Config& c) -> std::string& { return c.run.load_parameters_path; }),
       custom_key("decoder_layer_input"),
       custom_key("query_proj"),
@@ -142,8 +166,8 @@ const std::vector<Key>& keys() {
       custom_key("qkv_proj"),
       custom_key("mlpwi"),
       bind<std::string>("sample_prompt", [](Config& c) -> std::string& { return c.run.sample_prompt; }),
-      bind<int64_t>("sample_length", [](Config& c) -> int64_t& { return c.run.sample_length; }),
-      bind<double>("sample_temperature", [](Config& c) -> double& { return c.run.sample_temperature; }),
+      bind<int64_t>("sample_length", [](Config& c) -> int64_t& { return c.run.sample_length; }, at_least(0)),
+      bind<double>("sample_temperature", [](Config& c) -> double& { return c.run.sample_temperature; }, at_least(0)),
   };
   return k;
 }

@@ -112,3 +112,106 @@ TEST(Config, BaseYmlDocumentsExactlyTheKnownKeys) {
 
 }  // namespace
 }  // namespace remat::cli
+
+namespace remat::cli {
+namespace {
+
+// Every key of configs/base.yml with a value it refuses (and the words of the refusal) and the edge value
+// it accepts: the bounds written here from each key's meaning, not read from the loader. "" as the bad
+// value: every string is accepted (a name, a path, a prompt; checked where it is used).
+struct Bound {
+  const char* key;
+  const char* bad;
+  const char* refusal;
+  const char* edge;
+};
+const Bound kBounds[] = {
+    {"model", "nope", "has no preset 'nope'", "tiny"},
+    {"vocab_size", "255", "an integer >= 256", "256"},
+    {"base_emb_dim", "0", "an integer >= 1", "1"},
+    {"base_num_decoder_layers", "0", "an integer >= 1", "1"},
+    {"base_num_query_heads", "0", "an integer >= 1", "4"},
+    {"base_num_kv_heads", "0", "an integer >= 1", "1"},
+    {"head_dim", "1", "an integer >= 2", "2"},
+    {"base_mlp_dim", "0", "an integer >= 1", "1"},
+    {"rope_max_timescale", "1", "a number > 1", "1.5"},
+    {"normalization_layer_epsilon", "0", "a number > 0", "1e-30"},
+    {"logits_via_embedding", "maybe", "true or false", "true"},
+    {"scan_layers", "1", "true or false", "false"},
+    {"layers_per_group", "-1", "an integer >= 0", "0"},
+    {"mp_policy", "compute=float8", "mp_policy", ""},
+    {"dtype", "float8", "dtype", "bfloat16"},
+    {"weight_dtype", "int4", "weight_dtype", "bfloat16"},
+    {"mp_cast", "never", "one of per_layer, upfront", "upfront"},
+    {"float32_qk_product", "yes", "true or false", "false"},
+    {"float32_logits", "no", "true or false", "false"},
+    {"logits_dot_in_fp32", "2", "true or false", "false"},
+    {"loss_scale_initial", "0.5", "a number >= 1", "1"},
+    {"loss_scale_period", "0", "an integer >= 1", "1"},
+    {"loss_scale_factor", "1", "a number > 1", "1.5"},
+    {"loss_scale_min", "0", "a number > 0", "1e-9"},
+    {"remat_policy", "mostly", "remat_policy", "none"},
+    {"remat_allow_unmatched", "sometimes", "true or false", "true"},
+    {"checkpoint_naming", "flax", "one of maxtext, axlearn", "axlearn"},
+    {"fused_qkv", "both", "true or false", "true"},
+    {"fused_mlp", "both", "true or false", "true"},
+    {"per_device_batch_size", "0", "an integer >= 1", "1"},
+    {"max_target_length", "0", "an integer >= 1", "1"},
+    {"gradient_accumulation_steps", "0", "an integer >= 1", "1"},
+    {"steps", "0", "an integer >= 1", "1"},
+    {"learning_rate", "-1e-9", "a number >= 0", "0"},
+    {"warmup_steps", "-1", "an integer >= 0", "0"},
+    {"cosine_learning_rate_final_fraction", "1.01", "a number in [0, 1]", "1"},
+    {"adam_b1", "1", "a number in [0, 1)", "0"},
+    {"adam_b2", "-0.1", "a number in [0, 1)", "0.999"},
+    {"adam_eps", "0", "a number > 0", "1e-30"},
+    {"adam_weight_decay", "-0.1", "a number >= 0", "0"},
+    {"gradient_clipping_threshold", "-1", "a number >= 0", "0"},
+    {"dataset_path", "", "", "any/path"},
+    {"validation_fraction", "0", "a number in (0, 1)", "0.5"},
+    {"init_weights_seed", "-1", "an integer", "18446744073709551615"},
+    {"data_shuffle_seed", "x", "an integer", "0"},
+    {"eval_interval", "0", "an integer >= 1", "1"},
+    {"eval_steps", "0", "an integer >= 1", "1"},
+    {"log_period", "0", "an integer >= 1", "1"},
+    {"run_name", "", "", "any name"},
+    {"base_output_directory", "", "", "/any/where"},
+    {"hbm_limit", "", "", "16GiB"},
+    {"enable_checkpointing", "often", "true or false", "true"},
+    {"checkpoint_period", "0", "an integer >= 1", "1"},
+    {"max_num_checkpoints_to_keep", "-1", "an integer >= 0", "0"},
+    {"load_parameters_path", "", "", "some/checkpoint"},
+    {"decoder_layer_input", "disk", "one of remat, device, offload", "offload"},
+    {"query_proj", "disk", "one of remat, device, offload", "device"},
+    {"key_proj", "disk", "one of remat, device, offload", "device"},
+    {"value_proj", "disk", "one of remat, device, offload", "device"},
+    {"context", "disk", "one of remat, device, offload", "device"},
+    {"out_proj", "disk", "one of remat, device, offload", "device"},
+    {"mlpwi_0", "disk", "one of remat, device, offload", "device"},
+    {"mlpwi_1", "disk", "one of remat, device, offload", "device"},
+    {"mlpwo", "disk", "one of remat, device, offload", "device"},
+    {"qkv_proj", "disk", "one of remat, device, offload", "remat"},
+    {"mlpwi", "disk", "one of remat, device, offload", "remat"},
+    {"sample_prompt", "", "", "\\x01 any bytes"},
+    {"sample_length", "-1", "an integer >= 0", "0"},
+    {"sample_temperature", "-0.5", "a number >= 0", "0"},
+};
+
+TEST(ConfigBounds, EveryKeyRefusesItsBadValueNamingItAndAcceptsItsEdge) {
+  std::vector<std::string> covered;
+  for (const Bound& b : kBounds) covered.push_back(b.key);
+  EXPECT_EQ(covered, config_keys()) << "one row per key of configs/base.yml, in its order";
+  for (const Bound& b : kBounds) {
+    const std::string arg = fmt::format("{}={}", b.key, b.bad);
+    if (*b.refusal != '\0') {
+      const std::string e = error_of(base(), {arg});
+      expect_contains(e, b.refusal);
+      expect_contains(e, b.key);
+      EXPECT_EQ(e.find('\n'), std::string::npos) << "one line: " << e;
+    }
+    EXPECT_EQ(error_of(base(), {fmt::format("{}={}", b.key, b.edge)}), "") << b.key << " accepts " << b.edge;
+  }
+}
+
+}  // namespace
+}  // namespace remat::cli
