@@ -19,8 +19,11 @@ Compiled compile(const Request& r) {
                                   : train::logits_program(r.model, r.shape.batch, r.shape.seq);
   }
   ir::inline_remat_regions(traced.graph);
-  c.plan = plan::build(traced.graph, {.donate = traced.signature.updates(), .workspace = exec::workspace_of(*r.backend)});
-  for (const auto& [result, arg] : traced.signature.updates())  // the caller relies on in-place updates
+  if (r.check_finite) ir::insert_finite_checks(traced.graph);
+  // The debugging form donates nothing: its checked results are views, and its arguments stay as they were.
+  const std::vector<std::pair<int, int>> donate = r.check_finite ? std::vector<std::pair<int, int>>{} : traced.signature.updates();
+  c.plan = plan::build(traced.graph, {.donate = donate, .workspace = exec::workspace_of(*r.backend)});
+  for (const auto& [result, arg] : donate)  // the caller relies on in-place updates
     ASSERT(c.plan.donated_param[static_cast<size_t>(result)] == arg);
   c.program = std::move(traced.graph);
   c.signature = std::move(traced.signature);

@@ -38,6 +38,9 @@ struct Request {
   // explanation (hand a fresh one). Null: a decider applying each region's policy (the model's
   // remat_policy). A policy search hands its own.
   rematerialize::Decider* decider = nullptr;
+  // The debugging form: a finite check after every floating-point op (ir::insert_finite_checks), so a run
+  // fails at the first op whose output is a NaN or an infinity, naming it. It updates nothing in place.
+  bool check_finite = false;
 };
 
 struct Compiled {

@@ -7,6 +7,7 @@
 #include "ir/builder.h"
 #include "ir/cost.h"
 #include "ir/dce.h"
+#include "ir/finite_checks.h"
 #include "ir/graph.h"
 #include "ir/inline.h"
 #include "ir/ops.h"

@@ -33,9 +33,10 @@ int64_t resident_bytes(const char* field) {
   return 0;
 }
 
-compile::Compiled compile_program(const RunConfig& c, compile::Kind kind, train::StepShape shape) {
+compile::Compiled compile_program(const RunConfig& c, compile::Kind kind, train::StepShape shape,
+                                  bool check_finite = false) {
   return compile::compile({.model = c.model, .shape = shape, .optimizer = c.optimizer, .kind = kind,
-                           .allow_unmatched = c.remat_allow_unmatched});
+                           .allow_unmatched = c.remat_allow_unmatched, .check_finite = check_finite});
 }
 
 // A compiled program with its executable. Its arguments are its own buffers, except the parameters when
@@ -91,9 +92,15 @@ class Evaluator {
   std::vector<std::vector<int32_t>> batches_;  // inputs then targets, per batch
 };
 
+// Text for the terminal: newlines, tabs and printable ASCII as they are, a backslash doubled, any other
+// byte as \xNN (a byte-level model samples control bytes too).
 std::string printable(const std::string& s) {
   std::string out;
-  for (unsigned char c : s) out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? static_cast<char>(c) : '?';
+  for (unsigned char c : s) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n' || c == '\t' || (c >= 32 && c < 127)) out += static_cast<char>(c);
+    else out += fmt::format("\\x{:02x}", c);
+  }
   return out;
 }
 
@@ -217,6 +224,58 @@ Progress resume(const RunConfig& c, Runner& step, Batcher& batcher) {
   return {};
 }
 
+// The state a run starts from: initial (or loaded) parameters, zero moments, the initial loss scale, then,
+// when checkpointing, the latest complete checkpoint (with the sampler's position). Returns its progress.
+Progress start_state(const RunConfig& c, Runner& step, Batcher& batcher) {
+  for (exec::Array& a : step.args) std::memset(a.bytes(), 0, static_cast<size_t>(a.type().bytes()));
+  std::vector<exec::Array> params;  // views of the step's parameter buffers, in the model's order
+  for (size_t i = 0; i < step.signature.args.size(); ++i)
+    if (step.signature.args[i].role == ir::Role::parameter) params.push_back(step.args[i]);
+  nn::init_params(c.model, c.init_seed, params);
+  if (c.optimizer.loss_scale.enabled) step.arg("loss_scale").set(0, c.optimizer.loss_scale.initial);
+  if (!c.load_parameters_path.empty()) {  // saved parameters, a fresh optimizer
+    fs::path file = c.load_parameters_path;
+    if (fs::is_directory(file)) file /= "state.safetensors";
+    restore(c, step, train::read_safetensors(file), file, true);
+  }
+  return c.enable_checkpointing ? resume(c, step, batcher) : Progress{};
+}
+
+// Draws update `s`'s batch into the step's arguments and runs it. Every updated value (parameters,
+// moments, loss-scale state) is donated: the step writes it into its argument's buffer, where the next
+// step reads it.
+const std::vector<exec::Array>& run_step(const RunConfig& c, Runner& step, Batcher& batcher, int64_t s) {
+  batcher.next(c.shape.accumulation * c.shape.batch, step.arg("inputs").data<int32_t>(), step.arg("targets").data<int32_t>());
+  step.arg("step").set(0, static_cast<double>(s));
+  return step.executable.run();
+}
+
+// Update `done` gave a non-finite loss or gradient norm. The run is deterministic, so the state before it
+// is rebuilt (from the last checkpoint, or the start) and that update runs again in the debugging form (a
+// finite check after every op): the first check that fails names the op. Always throws.
+[[noreturn]] void report_divergence(const RunConfig& c, const train::Dataset& data, Runner& step, int64_t done,
+                                    double loss, double norm) {
+  const std::string what = fmt::format("training diverged at step {}: loss {}, gradient norm {}", done, loss, norm);
+  fmt::print("{}; running it again with a finite check after every op\n", what);
+  Batcher replay(data.train, c.shape.seq, c.data_seed, "train");
+  const Progress from = start_state(c, step, replay);
+  for (int64_t s = from.step; s + 1 < done; ++s) run_step(c, step, replay, s);
+  replay.next(c.shape.accumulation * c.shape.batch, step.arg("inputs").data<int32_t>(), step.arg("targets").data<int32_t>());
+  step.arg("step").set(0, static_cast<double>(done - 1));
+  std::string first = "no op gave a non-finite value when the step ran again";
+  try {
+    compile::Compiled checked = compile_program(c, compile::Kind::train_step, c.shape, true);
+    exec::Executable debug(std::move(checked.program), std::move(checked.plan));
+    debug.run(step.args);
+  } catch (const Error& e) {
+    first = fmt::format("the first non-finite value: {}", e.what());
+  }
+  CHECK(false, "{}; {}.{} Lower learning_rate (now {})", what, first,
+        c.enable_checkpointing ? fmt::format(" The last checkpoint (step {}) is kept.", from.step) : "",
+        c.optimizer.learning_rate);
+  __builtin_unreachable();
+}
+
 // metrics.jsonl keeps the rows of the steps before `step` (a resumed run writes the rest again).
 void truncate_metrics(const std::string& path, int64_t step) {
   std::ifstream in(path);
@@ -252,10 +311,6 @@ RunResult run(const RunConfig& c) {
              plan::bytes_str(static_cast<double>(compiled.plan.arena[1])));
   Runner step(std::move(compiled));
   const ir::Signature& sig = step.signature;
-  std::vector<exec::Array> params;  // views of the step's parameter buffers, in the model's order
-  for (size_t i = 0; i < sig.args.size(); ++i)
-    if (sig.args[i].role == ir::Role::parameter) params.push_back(step.args[i]);
-  nn::init_params(c.model, c.init_seed, params);  // moments start at zero, as allocated
   Evaluator evaluator(c, data, step);
   Runner generator(compile_program(c, compile::Kind::logits, {1, T, 1}), &step);
   fmt::print("model: {:.3f}M parameters; {} layers (scan_layers={}), d={}, heads={}/{} kv, mlp={}\n",
@@ -266,14 +321,8 @@ RunResult run(const RunConfig& c) {
 
   RunResult result;
   const train::LossScaleConfig& ls = c.optimizer.loss_scale;
-  if (ls.enabled) step.arg("loss_scale").set(0, ls.initial);
-  if (!c.load_parameters_path.empty()) {  // saved parameters, a fresh optimizer
-    fs::path file = c.load_parameters_path;
-    if (fs::is_directory(file)) file /= "state.safetensors";
-    restore(c, step, train::read_safetensors(file), file, true);
-    fmt::print("parameters from {}\n", file.string());
-  }
-  const Progress resumed = c.enable_checkpointing ? resume(c, step, batcher) : Progress{};
+  if (!c.load_parameters_path.empty()) fmt::print("parameters from {}\n", c.load_parameters_path);
+  const Progress resumed = start_state(c, step, batcher);
 
   fs::create_directories(c.run_dir);
   std::string metrics_path = (fs::path(c.run_dir) / "metrics.jsonl").string();
@@ -287,14 +336,11 @@ RunResult run(const RunConfig& c) {
   auto window_start = start;
   int64_t window_steps = 0;
   for (int64_t s = resumed.step; s < c.steps; ++s) {
-    batcher.next(k * B, step.arg("inputs").data<int32_t>(), step.arg("targets").data<int32_t>());
-    step.arg("step").set(0, static_cast<double>(s));
-    // Every updated value (parameters, moments, loss-scale state) is donated: the step writes it into its
-    // argument's buffer, so the next step reads it there.
-    const std::vector<exec::Array>& out = step.executable.run();
+    const std::vector<exec::Array>& out = run_step(c, step, batcher, s);
     const double loss = out[loss_at].get(0), norm = out[norm_at].get(0), lr = out[lr_at].get(0);
-    if (ls.enabled && out[result_of("finite")].get(0) == 0) ++skipped;
-    CHECK(std::isfinite(loss), "training diverged at step {}: loss is {}; lower learning_rate", s + 1, loss);
+    const bool skip = ls.enabled && out[result_of("finite")].get(0) == 0;  // loss scaling: backed off
+    skipped += skip;
+    if (!std::isfinite(loss) || (!skip && !std::isfinite(norm))) report_divergence(c, data, step, s + 1, loss, norm);
     result.train_loss = loss;
     ++window_steps;
     const int64_t done = s + 1;

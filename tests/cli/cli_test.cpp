@@ -220,6 +220,46 @@ TEST(Cli, PeakMemoryIsThePlansPlusTheBaseline) {
   }
 }
 
+// No silent divergence: a learning rate of 1e30 makes step 2's gradient norm non-finite; the run stops with
+// a non-zero status naming the step and, from running that step again (from the last checkpoint, or from the
+// start) with a finite check after every op, the first op whose output went non-finite; no checkpoint of it.
+TEST(Cli, DivergenceStopsNamingTheStepAndTheFirstNonFiniteOp) {
+  TempDir work;
+  Output o = remat_cli(fmt::format("train {} steps=4 learning_rate=1e30 warmup_steps=0 enable_checkpointing=true "
+                                   "checkpoint_period=1",
+                                   kSmall),
+                       work.path.string());
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_EQ(testing_support::filecheck(R"(
+// CHECK: error: training diverged at step 2: loss {{[^,]+}}, gradient norm {{[^;]+}}; the first non-finite value: {{.*}}check_finite (scope '{{[^']+}}'): element {{[0-9]+}} of {{[a-z0-9]+\[[0-9,]*\]}} is {{-?(nan|inf)}}, the output of {{[a-z_]+}} (scope '{{[^']+}}'{{.*}}. The last checkpoint (step 1) is kept. Lower learning_rate (now 1e+30)
+)", o.text), "") << o.text;
+  const fs::path checkpoints = work.path / "runs" / "tiny" / "checkpoints";
+  EXPECT_TRUE(fs::exists(checkpoints / "1" / "state.safetensors"));
+  EXPECT_FALSE(fs::exists(checkpoints / "2"));
+  std::ifstream metrics(work.path / "runs" / "tiny" / "metrics.jsonl");
+  std::string first, second;
+  std::getline(metrics, first);
+  EXPECT_FALSE(std::getline(metrics, second)) << "one row: step 1";
+  EXPECT_EQ(nlohmann::json::parse(first).at("step"), 1);
+  Output again = remat_cli(fmt::format("train {} steps=4 learning_rate=1e30 warmup_steps=0 run_name=fresh", kSmall),
+                           work.path.string());
+  EXPECT_EQ(again.status, 2);
+  const std::string op = "(the first non-finite value: [^\\n]*?)\\. (The last|Lower)";
+  EXPECT_NE(captured(o.text, op), "");
+  EXPECT_EQ(captured(again.text, op), captured(o.text, op))
+      << "replayed from the start, the same op: " << again.text;
+}
+
+// The sample reaches the terminal escaped: a control byte as \xNN, a backslash doubled.
+TEST(Cli, SampleEscapesNonPrintableBytes) {
+  TempDir work;
+  Output o = remat_cli(fmt::format("train {} steps=1 sample_length=2 \"sample_prompt=$(printf 'A\\001B\\\\')\"", kSmall),
+                       work.path.string());
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("prompt \"A\\x01B\\\\\"):\nA\\x01B\\\\"), std::string::npos) << o.text;
+  for (char c : o.text) EXPECT_TRUE(c == '\n' || c == '\t' || (c >= 32 && c < 127)) << "byte " << static_cast<int>(c);
+}
+
 TEST(Cli, UnknownKeyExitsTwoNamingIt) {
   Output o = remat_cli("plan no_such_key=1");
   EXPECT_EQ(o.status, 2) << o.text;

@@ -53,8 +53,8 @@ void kernel_name(const ir::Node&, std::span<const Array> in, std::span<Array> ou
 void kernel_check_finite(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   for (int64_t i = 0; i < in[0].size(); ++i) {
     const double v = in[0].get(i);
-    CHECK(std::isfinite(v), "check_finite{}: element {} of {} is {}", n.scope.empty() ? "" : fmt::format(" (scope '{}')", n.scope),
-          i, ir::type_str(in[0].type()), v);
+    CHECK(std::isfinite(v), "check_finite{}: element {} of {} is {}{}", n.scope.empty() ? "" : fmt::format(" (scope '{}')", n.scope),
+          i, ir::type_str(in[0].type()), v, n.attrs.has("of") ? fmt::format(", the output of {}", n.attrs.str("of")) : "");
   }
   out[0] = in[0].view_as(out[0]);
 }
