@@ -33,15 +33,15 @@ void write_all(int fd, const void* data, size_t n, const fs::path& file) {
   }
 }
 
-void fsync_path(const fs::path& path, int flags) {
-  const int fd = ::open(path.c_str(), flags);
-  CHECK(fd >= 0, "cannot open '{}' to sync it: {}", path.string(), std::strerror(errno));
+}  // namespace
+
+void sync_folder(const fs::path& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  CHECK(fd >= 0, "cannot open folder '{}' to sync it: {}", folder.string(), std::strerror(errno));
   const int rc = ::fsync(fd);
   ::close(fd);
-  CHECK(rc == 0, "cannot sync '{}' to disk: {}", path.string(), std::strerror(errno));
+  CHECK(rc == 0, "cannot sync folder '{}' to disk: {}", folder.string(), std::strerror(errno));
 }
-
-}  // namespace
 
 std::string safetensors_dtype(DType d) {
   switch (d) {
@@ -92,7 +92,7 @@ void write_safetensors(const fs::path& file, const std::vector<NamedArray>& tens
   ::close(fd);
   CHECK(::rename(tmp.c_str(), file.c_str()) == 0, "cannot rename '{}' to '{}': {}", tmp.string(), file.string(),
         std::strerror(errno));
-  fsync_path(file.parent_path().empty() ? fs::path(".") : file.parent_path(), O_RDONLY | O_DIRECTORY);
+  sync_folder(file.parent_path().empty() ? fs::path(".") : file.parent_path());
 }
 
 SafeTensors read_safetensors(const fs::path& file) {

@@ -38,6 +38,9 @@ void write_safetensors(const std::filesystem::path& file, const std::vector<Name
 // the metadata has one, the checksum. Every error names the file and what is wrong.
 SafeTensors read_safetensors(const std::filesystem::path& file);
 
+// Makes `folder`'s entries durable (fsync of the folder): after creating a folder, sync its parent.
+void sync_folder(const std::filesystem::path& folder);
+
 // The safetensors dtype string of a dtype ("F32", "BF16", "I32", "BOOL", ...).
 std::string safetensors_dtype(DType d);
 

@@ -161,7 +161,10 @@ std::vector<int64_t> checkpoint_steps(const RunConfig& c) {
 
 void save_checkpoint(const RunConfig& c, Runner& step, const Batcher& batcher, const Progress& p) {
   const fs::path dir = checkpoints_of(c) / std::to_string(p.step);
-  fs::create_directories(dir);
+  if (!fs::exists(dir)) {  // the new folder's entry reaches the disk before the file in it is trusted
+    fs::create_directories(dir);
+    train::sync_folder(checkpoints_of(c));
+  }
   std::vector<train::NamedArray> tensors;
   for (size_t i = 0; i < step.signature.args.size(); ++i)
     if (saved(step.signature.args[i].role)) tensors.push_back({step.signature.args[i].name, step.args[i]});
