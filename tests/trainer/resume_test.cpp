@@ -136,5 +136,33 @@ TEST(Resume, ACorruptLatestCheckpointFallsBackToThePreviousOne) {
     EXPECT_EQ(std::memcmp(a.bytes(), got.tensors.at(tensor).bytes(), static_cast<size_t>(a.type().bytes())), 0) << tensor;
 }
 
+// load_parameters_path: the parameters come from the file, the optimizer starts fresh. With learning rate 0
+// one step keeps every parameter bit for bit (p - p*0 - u*0), while the moments are the new run's own.
+TEST(Resume, LoadParametersPathStartsFromSavedParametersWithAFreshOptimizer) {
+  testing_support::TempDir temp;
+  const fs::path dir = temp.path;
+  ASSERT_EQ(finish(start(dir, "source")), 0);
+  const fs::path saved = dir / "runs" / "source" / "checkpoints" / "24";
+  std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
+  for (const std::string& a : kArgs) cmd += " " + a;
+  cmd += fmt::format(" run_name=loaded steps=1 learning_rate=0 load_parameters_path='{}' > /dev/null 2>&1", saved.string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const train::SafeTensors from = train::read_safetensors(saved / "state.safetensors");
+  const train::SafeTensors got = train::read_safetensors(dir / "runs" / "loaded" / "checkpoints" / "1" / "state.safetensors");
+  int parameters = 0, fresh_moments = 0;
+  for (const auto& [name, a] : from.tensors) {
+    const exec::Array& b = got.tensors.at(name);
+    const bool same = std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())) == 0;
+    if (name.rfind("opt_", 0) == 0) {
+      fresh_moments += !same;
+    } else {
+      EXPECT_TRUE(same) << name << " is the saved parameter";
+      ++parameters;
+    }
+  }
+  EXPECT_GT(parameters, 0);
+  EXPECT_EQ(fresh_moments, static_cast<int>(from.tensors.size()) - parameters) << "every moment is the new run's";
+}
+
 }  // namespace
 }  // namespace remat
