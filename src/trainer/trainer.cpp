@@ -244,12 +244,16 @@ Progress start_state(const RunConfig& c, Runner& step, Batcher& batcher) {
   return c.enable_checkpointing ? resume(c, step, batcher) : Progress{};
 }
 
-// Draws update `s`'s batch into the step's arguments and runs it. Every updated value (parameters,
-// moments, loss-scale state) is donated: the step writes it into its argument's buffer, where the next
-// step reads it.
-const std::vector<exec::Array>& run_step(const RunConfig& c, Runner& step, Batcher& batcher, int64_t s) {
+// Sets the step's arguments for update `s`: its batch (the sampler's next draw) and the step counter.
+void prepare_step(const RunConfig& c, Runner& step, Batcher& batcher, int64_t s) {
   batcher.next(c.shape.accumulation * c.shape.batch, step.arg("inputs").data<int32_t>(), step.arg("targets").data<int32_t>());
   step.arg("step").set(0, static_cast<double>(s));
+}
+
+// Runs update `s`. Every updated value (parameters, moments, loss-scale state) is donated: the step writes
+// it into its argument's buffer, where the next step reads it.
+const std::vector<exec::Array>& run_step(const RunConfig& c, Runner& step, Batcher& batcher, int64_t s) {
+  prepare_step(c, step, batcher, s);
   return step.executable.run();
 }
 
@@ -263,8 +267,7 @@ const std::vector<exec::Array>& run_step(const RunConfig& c, Runner& step, Batch
   Batcher replay(data.train, c.shape.seq, c.data_seed, "train");
   const Progress from = start_state(c, step, replay);
   for (int64_t s = from.step; s + 1 < done; ++s) run_step(c, step, replay, s);
-  replay.next(c.shape.accumulation * c.shape.batch, step.arg("inputs").data<int32_t>(), step.arg("targets").data<int32_t>());
-  step.arg("step").set(0, static_cast<double>(done - 1));
+  prepare_step(c, step, replay, done - 1);
   std::string first = "no op gave a non-finite value when the step ran again";
   try {
     compile::Compiled checked = compile_program(c, compile::Kind::train_step, c.shape, true);
