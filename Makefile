@@ -1,10 +1,13 @@
 # Entry points. `make run` trains the built-in default; `make test` builds and runs every test
-# (also under AddressSanitizer + UndefinedBehaviorSanitizer). Both install missing Debian packages first.
+# (also under AddressSanitizer + UndefinedBehaviorSanitizer) and a short fuzz run of each parser (clang-14's
+# libFuzzer, its own build tree). Both install missing Debian packages first.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 15
 JOBS ?= $(shell nproc)
 
-.PHONY: setup build run test test-fast test-asan bench clean
+.PHONY: setup build run test test-fast test-asan test-fuzz bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -28,10 +31,17 @@ test-asan: setup $(ASAN_BUILD)/build.ninja
 	ninja -C $(ASAN_BUILD) -j $(JOBS) remat_tests
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $(ASAN_BUILD)/remat_tests --gtest_brief=1
 
-test: test-asan test-fast
+$(FUZZ_BUILD)/build.ninja:
+	CC=clang-14 CXX=clang++-14 cmake -S . -B $(FUZZ_BUILD) -G Ninja -DREMAT_FUZZ=ON
+
+test-fuzz: setup $(FUZZ_BUILD)/build.ninja
+	ninja -C $(FUZZ_BUILD) -j $(JOBS)
+	bash scripts/fuzz_smoke.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+test: test-asan test-fast test-fuzz
 
 bench: build
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BUILD)/remat_bench
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -8,6 +8,10 @@
 #include <optional>
 #include <string_view>
 
+#if defined(__clang__) && __clang_major__ < 15
+#include <immintrin.h>
+#endif
+
 namespace remat {
 
 struct bf16_t { uint16_t bits; };
@@ -41,8 +45,15 @@ inline bf16_t float_to_bf16(float x) {
   const uint32_t quiet_nan = (u >> 16) | 0x40u;
   return bf16_t{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
+#if defined(__clang__) && __clang_major__ < 15
+// clang 14 (the fuzz tree's compiler) has no _Float16 on x86-64: the F16C instructions (-mf16c), also IEEE
+// round-to-nearest-even.
+inline float f16_to_float(f16_t x) { return _cvtsh_ss(x.bits); }
+inline f16_t float_to_f16(float x) { return f16_t{_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)}; }
+#else
 // _Float16 conversions are IEEE round-to-nearest-even in g++ on x86-64.
 inline float f16_to_float(f16_t x) { return static_cast<float>(std::bit_cast<_Float16>(x.bits)); }
 inline f16_t float_to_f16(float x) { return f16_t{std::bit_cast<uint16_t>(static_cast<_Float16>(x))}; }
+#endif
 
 }  // namespace remat

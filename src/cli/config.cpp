@@ -82,7 +82,7 @@ Key bind(std::string name, std::function<T&(Config&)> field, std::optional<Bound
                      : std::is_same_v<T, std::string> ? "a string"
                      : std::is_floating_point_v<T>    ? "a number"
                                                       : "an integer";
-  return Key{name, kind, [name, field, kind, bounds](Config& c, const std::string& raw, const std::string& where) {
+  return Key{name, kind, [=](Config& c, const std::string& raw, const std::string& where) {
                field(c) = parse_value<T>(name, raw, where, kind);
                if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>)
                  CHECK(!bounds || bounds->contains(static_cast<double>(field(c))), "config key '{}' expects {} {}, got '{}' ({})",
@@ -188,14 +188,17 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 const Key& find_key(const std::string& name, const std::string& where) {
+  constexpr size_t kNear = 3;  // a key this many edits away is suggested
   const Key* best = nullptr;
-  size_t best_d = SIZE_MAX;
-  for (const Key& k : keys()) {
+  size_t best_d = kNear + 1;
+  for (const Key& k : keys())
     if (k.name == name) return k;
+  for (const Key& k : keys()) {
+    if (std::max(k.name.size(), name.size()) - std::min(k.name.size(), name.size()) > kNear) continue;  // d >= that
     size_t d = edit_distance(k.name, name);
     if (d < best_d) best_d = d, best = &k;
   }
-  std::string hint = best && best_d <= 3 ? fmt::format(" Did you mean '{}'?", best->name) : "";
+  std::string hint = best ? fmt::format(" Did you mean '{}'?", best->name) : "";
   CHECK(false, "unknown config key '{}' ({}).{} Known keys: {}", name, where, hint, fmt::join(config_keys(), ", "));
   __builtin_unreachable();
 }
@@ -262,7 +265,8 @@ Config load_config(const std::string& config_path, const std::vector<std::string
       c.run.config_values[k] = v;
     }
   };
-  apply(parse_yaml(embedded_configs().at("base.yml"), "built-in configs/base.yml"), "built-in configs/base.yml");
+  static const auto base = parse_yaml(embedded_configs().at("base.yml"), "built-in configs/base.yml");  // parsed once
+  apply(base, "built-in configs/base.yml");
   if (!config_path.empty()) apply(read_yaml(config_path), config_path);
   std::vector<std::pair<std::string, std::string>> cli;
   for (const std::string& arg : overrides) {

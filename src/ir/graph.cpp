@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <iterator>
 
 namespace remat::ir {
 
@@ -39,6 +40,14 @@ const AttrValue& Attrs::get(std::string_view key) const {
   for (const auto& item : items_)
     if (item.first == key) return item.second;
   CHECK(false, "missing attribute '{}'", key);
+  __builtin_unreachable();
+}
+
+void Attrs::kind_error(std::string_view key, const AttrValue& got, const AttrValue& wanted) {
+  static constexpr const char* kinds[] = {"a boolean", "an integer", "a number", "a string",
+                                          "a dtype",   "a list of integers", "a list of integer lists"};
+  static_assert(std::size(kinds) == std::variant_size_v<AttrValue>);
+  CHECK(false, "attribute '{}' is {}, expected {}", key, kinds[got.index()], kinds[wanted.index()]);
   __builtin_unreachable();
 }
 

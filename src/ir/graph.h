@@ -47,18 +47,27 @@ class Attrs {
   Attrs() = default;
   Attrs& set(std::string key, AttrValue v);
   bool has(std::string_view key) const;
-  const AttrValue& get(std::string_view key) const;  // ASSERTs presence
-  bool boolean(std::string_view key) const { return std::get<bool>(get(key)); }
-  int64_t integer(std::string_view key) const { return std::get<int64_t>(get(key)); }
-  double real(std::string_view key) const { return std::get<double>(get(key)); }
-  const std::string& str(std::string_view key) const { return std::get<std::string>(get(key)); }
-  DType dtype(std::string_view key) const { return std::get<DType>(get(key)); }
-  const IntList& ints(std::string_view key) const { return std::get<IntList>(get(key)); }
-  const IntLists& int_lists(std::string_view key) const { return std::get<IntLists>(get(key)); }
+  // The typed accessors CHECK presence and kind: attributes parsed from text can be missing or mistyped.
+  const AttrValue& get(std::string_view key) const;
+  bool boolean(std::string_view key) const { return typed<bool>(key); }
+  int64_t integer(std::string_view key) const { return typed<int64_t>(key); }
+  double real(std::string_view key) const { return typed<double>(key); }
+  const std::string& str(std::string_view key) const { return typed<std::string>(key); }
+  DType dtype(std::string_view key) const { return typed<DType>(key); }
+  const IntList& ints(std::string_view key) const { return typed<IntList>(key); }
+  const IntLists& int_lists(std::string_view key) const { return typed<IntLists>(key); }
   const std::vector<std::pair<std::string, AttrValue>>& items() const { return items_; }
   bool operator==(const Attrs&) const = default;
 
  private:
+  template <class T>
+  const T& typed(std::string_view key) const {
+    const AttrValue& v = get(key);
+    if (const T* p = std::get_if<T>(&v)) return *p;
+    kind_error(key, v, AttrValue(T{}));
+  }
+  [[noreturn]] static void kind_error(std::string_view key, const AttrValue& got, const AttrValue& wanted);
+
   std::vector<std::pair<std::string, AttrValue>> items_;
 };
 

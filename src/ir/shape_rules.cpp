@@ -308,9 +308,10 @@ std::vector<Type> rule_scan(const Ctx& c) {
   int64_t length = c.attrs.integer("length");
   int64_t nc = c.attrs.integer("num_consts");
   int64_t nh = c.attrs.integer("num_carry");
+  c.attrs.boolean("reverse");  // not part of the types, but the executor reads it: a bool, checked here
   CHECK(length >= 1, "{}: scan length must be >= 1, got {}", c.where, length);
   int64_t n_in = static_cast<int64_t>(c.in.size());
-  CHECK(nc >= 0 && nh >= 0 && nc + nh <= n_in, "{}: num_consts {} + num_carry {} exceed {} inputs", c.where, nc, nh,
+  CHECK(nc >= 0 && nh >= 0 && nc <= n_in && nh <= n_in - nc, "{}: num_consts {} + num_carry {} exceed {} inputs", c.where, nc, nh,
         n_in);
   CHECK(body.params.size() == c.in.size(), "{}: body @{} takes {} params but the scan passes {}", c.where, body.name,
         body.params.size(), c.in.size());

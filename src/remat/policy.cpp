@@ -95,6 +95,7 @@ class Parser {
       p.kind = Kind::save_and_offload_regex;  // the underscored spelling: AXLearn's deprecated alias
       keyword_arguments(t.text, true, p);
       for (const std::string* re : {&p.save_regex, &p.offload_regex}) {
+        check_regex_size(*re);
         try {
           std::regex check(*re);
         } catch (const std::regex_error& e) {
@@ -155,8 +156,46 @@ class Parser {
   }
 
  private:
+  // std::regex compiles recursively and unrolls counted repeats: bound what it is given. Checkpoint names are
+  // short identifiers, so a pattern for them is short and its counts small.
+  void check_regex_size(const std::string& re) const {
+    constexpr size_t kMaxLength = 1000;
+    constexpr int kMaxCount = 100;  // in {m,n} and \k back-references
+    CHECK(re.size() <= kMaxLength, "remat policy '{}': regular expression longer than {} characters", src_, kMaxLength);
+    for (size_t i = 0; i < re.size(); ++i) {
+      if (re[i] != '{' && re[i] != '\\') continue;
+      for (size_t j = i + 1, n = 0; j < re.size() && (std::isdigit(static_cast<unsigned char>(re[j])) || re[j] == ','); ++j) {
+        n = re[j] == ',' ? 0 : n * 10 + static_cast<size_t>(re[j] - '0');
+        CHECK(n <= kMaxCount, "remat policy '{}': regular expression \"{}\": a count or back-reference above {}", src_,
+              re, kMaxCount);
+      }
+    }
+  }
+  // A string literal that string_literal() reads back as `s`: `"` escaped, and `\\` escaped where it would
+  // otherwise form an escape the reader removes (before `\\`, a quote or the closing quote).
+  static std::string quoted(const std::string& s) {
+    std::string out = "\"";
+    for (size_t i = 0; i < s.size(); ++i) {
+      const bool next_unescapes = i + 1 == s.size() || s[i + 1] == '\\' || s[i + 1] == '"' || s[i + 1] == '\'';
+      if (s[i] == '"' || (s[i] == '\\' && next_unescapes)) out += '\\';
+      out += s[i];
+    }
+    return out + "\"";
+  }
+  // A name as written in a list: bare when it lexes as one identifier, else quoted.
+  static std::string name_text(const std::string& n) {
+    const bool bare = !n.empty() && n != "None" && std::all_of(n.begin(), n.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+    });
+    return bare ? n : quoted(n);
+  }
+  static std::string names_text(const std::vector<std::string>& v) {
+    std::vector<std::string> out;
+    for (const std::string& n : v) out.push_back(name_text(n));
+    return fmt::format("{}", fmt::join(out, ", "));
+  }
   static std::string canonical(const Policy& p) {
-    auto list = [](const std::vector<std::string>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); };
+    auto list = [](const std::vector<std::string>& v) { return fmt::format("[{}]", names_text(v)); };
     switch (p.kind) {
       case Kind::none: return "none";
       case Kind::everything_saveable: return "everything_saveable";
@@ -164,15 +203,14 @@ class Parser {
       case Kind::dots_saveable: return "dots_saveable";
       case Kind::dots_with_no_batch_dims_saveable: return "dots_with_no_batch_dims_saveable";
       case Kind::offload_dot_with_no_batch_dims: return "offload_dot_with_no_batch_dims";
-      case Kind::save_only_these_names: return fmt::format("save_only_these_names({})", fmt::join(p.save_names, ", "));
-      case Kind::save_any_names_but_these:
-        return fmt::format("save_any_names_but_these({})", fmt::join(p.save_names, ", "));
+      case Kind::save_only_these_names: return fmt::format("save_only_these_names({})", names_text(p.save_names));
+      case Kind::save_any_names_but_these: return fmt::format("save_any_names_but_these({})", names_text(p.save_names));
       case Kind::save_and_offload_only_these_names:
         return fmt::format("save_and_offload_only_these_names(save={}, offload={})", list(p.save_names),
                            list(p.offload_names));
       case Kind::save_and_offload_regex:
-        return fmt::format("save_and_offload_only_these_names_regex(save=\"{}\", offload=\"{}\")", p.save_regex,
-                           p.offload_regex);
+        return fmt::format("save_and_offload_only_these_names_regex(save={}, offload={})", quoted(p.save_regex),
+                           quoted(p.offload_regex));
       case Kind::save_from_both_policies:
         return fmt::format("save_from_both_policies({}, {})", p.first->text, p.second->text);
       case Kind::combine:

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -101,7 +102,10 @@ SafeTensors read_safetensors(const fs::path& file) {
   in.seekg(0, std::ios::end);
   const uint64_t size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
-  const std::string what = fmt::format("checkpoint file '{}' ({} bytes)", file.string(), size);
+  return read_safetensors(in, size, fmt::format("checkpoint file '{}' ({} bytes)", file.string(), size));
+}
+
+SafeTensors read_safetensors(std::istream& in, uint64_t size, const std::string& what) {
   CHECK(size >= 8, "{} is too small for a safetensors header", what);
   unsigned char length[8];
   in.read(reinterpret_cast<char*>(length), 8);
@@ -150,7 +154,9 @@ SafeTensors read_safetensors(const fs::path& file) {
     for (const auto& d : value["shape"]) {
       CHECK(d.is_number_unsigned(), "{}: a shape entry is not a non-negative integer", where);
       const uint64_t dim = d.get<uint64_t>();
-      CHECK(dim == 0 || elements <= (uint64_t{1} << 62) / dim, "{}: its shape overflows", where);
+      // Bounded by the file: no product below can overflow, and no array larger than the file is allocated.
+      CHECK(dim <= static_cast<uint64_t>(INT64_MAX) && (dim == 0 || elements <= size / dim),
+            "{}: its shape holds more elements than the file has bytes", where);
       elements *= dim;
       e.type.shape.push_back(static_cast<int64_t>(dim));
     }

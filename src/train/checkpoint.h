@@ -12,6 +12,7 @@
 #include "exec/array.h"
 
 #include <filesystem>
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -37,6 +38,8 @@ void write_safetensors(const std::filesystem::path& file, const std::vector<Name
 // against byte ranges, offsets covering the data without holes or overlaps, nothing after them) and, when
 // the metadata has one, the checksum. Every error names the file and what is wrong.
 SafeTensors read_safetensors(const std::filesystem::path& file);
+// The same from a stream of `size` bytes; `what` names them in errors.
+SafeTensors read_safetensors(std::istream& in, uint64_t size, const std::string& what);
 
 // Makes `folder`'s entries durable (fsync of the folder): after creating a folder, sync its parent.
 void sync_folder(const std::filesystem::path& folder);

@@ -2,6 +2,7 @@
 #include "ir/ir.h"
 #include "support/filecheck.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -55,6 +56,17 @@ TEST(Text, ParseErrorsNameFileAndLine) {
                      "bad.ir:2: value %y is used before it is defined");
   expect_parse_error("graph @g(%x: q7[2]) -> (f32[2]) {\n  return %x\n}\n", "bad.ir:1: expected a type");
   expect_parse_error("graph @g(%x: f32[2]) -> (f32[3]) {\n  return %x\n}\n", "declares result 0 as f32[3]");
+}
+
+// Found by fuzz/ir_text_fuzz: an attribute of the wrong kind escaped as std::bad_variant_access.
+TEST(Text, MissingAndMistypedAttributesAreErrorsNamingThem) {
+  const std::string scan = "graph @g(%h: f32[2]) -> (f32[2]) {{\n  %0: f32[2] = scan(%h) {{{}}}\n"
+                           "    graph @b(%c: f32[2]) -> (f32[2]) {{\n      return %c\n    }}\n  return %0\n}}\n";
+  expect_parse_error(fmt::format(fmt::runtime(scan), "length=\"3\", num_consts=0, num_carry=1, reverse=false"),
+                     "attribute 'length' is a string, expected an integer");
+  expect_parse_error(fmt::format(fmt::runtime(scan), "length=1, num_consts=0, num_carry=1, reverse=[1]"),
+                     "attribute 'reverse' is a list of integers, expected a boolean");
+  expect_parse_error(fmt::format(fmt::runtime(scan), "length=1, num_consts=0, reverse=false"), "missing attribute 'num_carry'");
 }
 
 }  // namespace

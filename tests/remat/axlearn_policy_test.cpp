@@ -6,6 +6,7 @@
 #include "support/models.h"
 #include "train/step.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -89,6 +90,39 @@ TEST(AxlearnSpellings, MalformedOnesAreOneLineErrors) {
     EXPECT_NE(e.find(why), std::string::npos) << text << "\n -> " << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << "one line: " << e;
   }
+}
+
+// Found by fuzz/policy_fuzz: canonical text is policy text again, whatever the names and regexes hold.
+TEST(AxlearnSpellings, CanonicalTextParsesBackToItself) {
+  for (const char* text : {
+           R"p(save_and_offload_only_these_names_regex(save="a\"b", offload=r"c\\"))p",
+           R"p(save_and_offload_only_these_names_regex(save=r"x\\", offload="\\\\d\."))p",
+           R"p(save_only_these_names("two words", "a,b", 'q"', "None", query_proj))p",
+           R"p(save_and_offload_only_these_names(save=["(x)"], offload=["]"]))p",
+       }) {
+    const rematerialize::Policy p = parse_policy(text);
+    EXPECT_EQ(parse_policy(p.text).text, p.text) << text;
+    const rematerialize::Policy q = parse_policy(p.text);
+    EXPECT_EQ(q.save_regex, p.save_regex) << text;
+    EXPECT_EQ(q.offload_regex, p.offload_regex) << text;
+    EXPECT_EQ(q.save_names, p.save_names) << text;
+    EXPECT_EQ(q.offload_names, p.offload_names) << text;
+  }
+  EXPECT_EQ(parse_policy(R"p(save_and_offload_only_these_names_regex(save=r"x\\", offload=None))p").save_regex, "x\\\\");
+}
+
+// std::regex compiles recursively and unrolls counts (a huge count overflowed inside libstdc++: UB).
+TEST(AxlearnSpellings, RegexesBeyondCheckpointNameSizesAreRefused) {
+  EXPECT_NE(error_of("save_and_offload_only_these_names_regex(save=\"a{101}\", offload=None)").find("above 100"),
+            std::string::npos);
+  EXPECT_NE(error_of("save_and_offload_only_these_names_regex(save=\"(a)\\\\2222222222222222222\", offload=None)")
+                .find("above 100"),
+            std::string::npos);
+  EXPECT_NE(error_of(fmt::format("save_and_offload_only_these_names_regex(save=\"{}\", offload=None)",
+                                 std::string(1001, 'a')))
+                .find("longer than 1000"),
+            std::string::npos);
+  EXPECT_EQ(error_of("save_and_offload_only_these_names_regex(save=\"a{2,100}_\\\\d\", offload=None)"), "");
 }
 
 nn::ModelConfig model(const std::string& policy, Naming naming) {

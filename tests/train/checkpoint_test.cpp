@@ -126,6 +126,12 @@ TEST(Safetensors, CorruptTruncatedAndMalformedFilesAreRefusedNamingTheFault) {
   std::string not_json = good;
   not_json[8] = '[';
   EXPECT_NE(variant(not_json).find("is not"), std::string::npos) << variant(not_json);
+  // Seen while writing fuzz/safetensors_fuzz: 2^61 f64 elements are 2^64 bytes, which wrapped to the empty range [0, 0].
+  const std::string header = R"({"x":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})";
+  std::string wrapped(8, '\0');
+  wrapped[0] = static_cast<char>(header.size());
+  EXPECT_NE(variant(wrapped + header).find("more elements than the file has bytes"), std::string::npos)
+      << variant(wrapped + header);
   EXPECT_EQ(variant(good), "") << "the intact file reads";
   EXPECT_NE(error_of(t.path / "none.safetensors").find("cannot read checkpoint file"), std::string::npos);
 }
