@@ -253,6 +253,11 @@ std::vector<Cot> vjp_reload(Builder&, size_t, const Node&, Cots c, Context&) { r
 std::vector<Cot> vjp_name(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }
 std::vector<Cot> vjp_check_finite(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }  // identity
 
+// psum's transpose is psum (as in JAX): each rank's operand feeds every rank's sum.
+std::vector<Cot> vjp_all_reduce(Builder&, size_t, const Node& n, Cots c, Context&) {
+  return {all_reduce(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"))};
+}
+
 }  // namespace
 
 VjpRule vjp_rule(Op op) {

@@ -62,16 +62,20 @@ Key bind_enum(std::string name, std::vector<std::string> allowed, std::function<
 struct Bounds {
   double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
   bool lo_open = false, hi_open = false;
+  bool fill = false;  // a mesh axis size: -1 (filled with the remaining ranks) or >= 1
 
   bool contains(double v) const {
+    if (fill) return v == -1 || v >= 1;
     return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi) && !std::isnan(v);
   }
   std::string text() const {
+    if (fill) return "-1 (fill with the remaining ranks) or >= 1";
     if (std::isinf(hi)) return fmt::format("{} {}", lo_open ? ">" : ">=", lo);
     return fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
   }
 };
 Bounds at_least(double x) { return {.lo = x}; }
+Bounds ranks() { return {.fill = true}; }
 Bounds above(double x) { return {.lo = x, .lo_open = true}; }
 Bounds unit_interval() { return {.lo = 0, .hi = 1}; }
 Bounds below_one() { return {.lo = 0, .hi = 1, .hi_open = true}; }  // Adam's betas
@@ -130,6 +134,8 @@ const std::vector<Key>& keys() {
       bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }, at_least(1)),
       bind<int64_t>("max_target_length", [](Config& c) -> int64_t& { return c.run.shape.seq; }, at_least(1)),
       bind<int64_t>("gradient_accumulation_steps", [](Config& c) -> int64_t& { return c.run.shape.accumulation; }, at_least(1)),
+      bind<int64_t>("ici_data_parallelism", [](Config& c) -> int64_t& { return c.run.ici_data_parallelism; }, ranks()),
+      bind<int64_t>("dcn_data_parallelism", [](Config& c) -> int64_t& { return c.run.dcn_data_parallelism; }, ranks()),
       bind<int64_t>("steps", [](Config& c) -> int64_t& { return c.run.steps; }, at_least(1)),
       bind<double>("learning_rate", [](Config& c) -> double& { return c.run.optimizer.learning_rate; }, at_least(0)),
       bind<int64_t>("warmup_steps", [](Config& c) -> int64_t& { return c.run.optimizer.warmup_steps; }, at_least(0)),
@@ -215,6 +221,8 @@ std::vector<std::pair<std::string, std::string>> parse_yaml(const std::string& t
   if (root.IsNull()) return out;
   CHECK(root.IsMap(), "config file '{}' must be a mapping of key: value lines", where);
   for (const auto& kv : root) {
+    CHECK(kv.first.IsScalar(), "config file '{}': the key at line {} is not a plain name (a YAML complex key?)", where,
+          kv.first.Mark().line + 1);
     std::string key = kv.first.as<std::string>();
     CHECK(kv.second.IsScalar() || kv.second.IsNull(), "config key '{}' in '{}' must be a single value (line {})", key,
           where, kv.second.Mark().line + 1);

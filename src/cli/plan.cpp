@@ -11,15 +11,18 @@ namespace remat::cli {
 
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
   const trainer::RunConfig& run = config.run;
-  compile::Compiled step = compile::compile({.model = run.model, .shape = run.shape, .optimizer = run.optimizer,
+  train::StepShape shape = run.shape;  // one device's: its part of the batch, its collectives
+  shape.data_parallel = trainer::data_parallelism(run, 0);
+  compile::Compiled step = compile::compile({.model = run.model, .shape = shape, .optimizer = run.optimizer,
                                              .allow_unmatched = run.remat_allow_unmatched});
   const rematerialize::Explanation& e = step.explanation;
   plan::ReportOptions o;
   const double params = static_cast<double>(nn::param_count(run.model));
   const nn::PrecisionPolicy& mp = run.model.precision;
-  o.title = fmt::format("model {} ({} parameters), batch {} x {} tokens{}, remat_policy {}{}", config.model,
+  o.title = fmt::format("model {} ({} parameters), batch {} x {} tokens{}{}, remat_policy {}{}", config.model,
                         params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6), run.shape.batch, run.shape.seq,
                         run.shape.accumulation > 1 ? fmt::format(" x {} microbatches", run.shape.accumulation) : "",
+                        shape.data_parallel > 1 ? fmt::format(" per device, {} data-parallel ranks", shape.data_parallel) : "",
                         run.model.remat_policy,
                         mp.compute == mp.param ? std::string()
                                                : fmt::format(", {} weights, {} compute, mp_cast {}", dtype_name(mp.param),

@@ -32,10 +32,13 @@ inline constexpr bool kAddressSanitizer = true;
 inline constexpr bool kAddressSanitizer = false;
 #endif
 
+class Mesh;  // exec/mesh.h
+
 struct Options {
   const Backend* backend = &cpu();  // memory, copies and kernels
   bool reference_kernels = false;  // use the naive reference twins (tests compare the two)
   Profile* profile = nullptr;      // when set, every kernel call is timed into it
+  const Mesh* mesh = nullptr;      // the ranks collectives run over (null: one process)
   // Checks of the memory plan (exec::Executable only):
   // Fill every arena buffer with 0xFF bytes (NaN in every float dtype) outside its planned live range:
   // before the run, and after each buffer's last planned read. A kernel that reads a buffer before its

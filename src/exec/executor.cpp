@@ -38,6 +38,7 @@ class Cpu final : public Backend {
       case ir::Op::dot_general: return workspace_dot_general(n, in);
       case ir::Op::reduce_sum:
       case ir::Op::reduce_max: return workspace_reduction(n, in);
+      case ir::Op::all_reduce: return workspace_all_reduce(n, in);
       default: return 0;  // every other kernel works in its outputs
     }
   }

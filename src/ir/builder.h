@@ -110,6 +110,8 @@ Tensor scatter_add(Tensor operand, Tensor indices, Tensor updates);
 Tensor checkpoint_name(Tensor x, const std::string& name);
 // x, after failing the run (naming the scope) if it holds a NaN or an infinity; kept even if unread.
 Tensor check_finite(Tensor x);
+// The sum of x over the `ranks` ranks of mesh axis `axis` (psum), in rank order.
+Tensor all_reduce(Tensor x, const std::string& axis, int64_t ranks);
 
 // lax.scan. `body(b, consts, carries, x_slices)` returns carries' next values followed by the y slices.
 // Returns the final carries followed by the stacked ys ([length, ...]).

@@ -11,12 +11,15 @@
 // `check_finite` is the identity that fails the run, naming its scope, when its operand holds a NaN or an
 // infinity (jax_debug_nans as an op); it is effectful: never removed, never reordered against another
 // effectful op.
+// `all_reduce` sums its operand over the `ranks` processes of mesh axis `axis` (psum): every rank gets the
+// same bits, the sum taken in rank order whatever the MPI library does (exec/mesh.h). Effectful, so every
+// rank issues its collectives in the same order.
 //
 // Each row answers, for every stage that reads it: X(op, arity, class, effects, cost)
 //   class   what the op is: elementwise (element i of the result from element i of each operand),
 //           view (the result is its operand's storage, retyped: no buffer of its own), layout (moves or
 //           replicates data), contraction, reduction, constant, group, transfer (between memory spaces),
-//           region (owns a body graph)
+//           region (owns a body graph), collective (communicates between the ranks of a mesh axis)
 //   effects pure, or effectful: DCE keeps it though nothing reads it; the scheduler never moves it
 //   cost    FLOPs (ir/cost.h): none, per_output (one per result element), per_input (one per operand
 //           element), per_update (one per element of operand 2), contraction (2·M·N·K), body (its graph)
@@ -68,6 +71,7 @@ namespace remat::ir {
   X(check_finite, 1, view, effectful, none)                                   \
   X(offload, 1, transfer, pure, none)                                         \
   X(reload, 1, transfer, pure, none)                                          \
+  X(all_reduce, 1, collective, effectful, per_input)                          \
   X(scan, -1, region, pure, body)                                             \
   X(remat, -1, region, pure, body)
 
@@ -83,7 +87,9 @@ inline constexpr int kNumOps = 0
 #undef X
     ;
 
-enum class OpClass : uint8_t { elementwise, view, layout, contraction, reduction, constant, group, transfer, region };
+enum class OpClass : uint8_t {
+  elementwise, view, layout, contraction, reduction, constant, group, transfer, region, collective
+};
 enum class OpEffects : uint8_t { pure, effectful };
 enum class OpCost : uint8_t { none, per_output, per_input, per_update, contraction, body };
 

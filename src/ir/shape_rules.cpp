@@ -286,6 +286,12 @@ std::vector<Type> rule_check_finite(const Ctx& c) {
   return same_as_input(c);
 }
 std::vector<Type> rule_offload(const Ctx& c) { return same_as_input(c); }
+std::vector<Type> rule_all_reduce(const Ctx& c) {
+  CHECK(is_float(c.in[0].dtype), "{}: all_reduce takes a floating-point operand, got {}", c.where, type_str(c.in[0]));
+  CHECK(!c.attrs.str("axis").empty() && c.attrs.integer("ranks") >= 1,
+        "{}: all_reduce needs a mesh axis name and its number of ranks (>= 1)", c.where);
+  return same_as_input(c);
+}
 std::vector<Type> rule_reload(const Ctx& c) { return same_as_input(c); }
 
 std::vector<Type> rule_remat(const Ctx& c) {

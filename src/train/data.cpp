@@ -96,10 +96,11 @@ void Batcher::restore(const std::string& state) {
   CHECK(!in.fail(), "the checkpoint's data sampler state is malformed ({} bytes)", state.size());
 }
 
-void Batcher::next(int64_t count, int32_t* inputs, int32_t* targets) {
+void Batcher::next(int64_t count, int32_t* inputs, int32_t* targets, int64_t part, int64_t parts) {
   std::uniform_int_distribution<int64_t> start(0, static_cast<int64_t>(data_.size()) - seq_ - 1);
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t s = start(rng_);
+  for (int64_t drawn = 0; drawn < parts * count; ++drawn) {
+    const int64_t s = start(rng_), i = drawn - part * count;
+    if (i < 0 || i >= count) continue;  // another rank's sequence
     for (int64_t t = 0; t < seq_; ++t) {
       inputs[i * seq_ + t] = data_[static_cast<size_t>(s + t)];
       targets[i * seq_ + t] = data_[static_cast<size_t>(s + t + 1)];

@@ -27,8 +27,10 @@ Dataset load_dataset(const std::string& path, double validation_fraction);
 class Batcher {
  public:
   Batcher(const std::vector<uint8_t>& data, int64_t seq, uint64_t seed, const char* split);
-  // Fills `count` sequences into inputs/targets (count * seq int32 each).
-  void next(int64_t count, int32_t* inputs, int32_t* targets);
+  // Draws a global batch of `parts` x `count` sequences and fills part `part`'s `count` into inputs/targets
+  // (count * seq int32 each). Every data-parallel rank draws the same windows, so the sampler's state is the
+  // same on all of them, and rank r's part is what one process's sequences r*count.. of the batch hold.
+  void next(int64_t count, int32_t* inputs, int32_t* targets, int64_t part = 0, int64_t parts = 1);
   // Where the sampler is, as text (for checkpoints), and back: a restored sampler draws what the saved one
   // would have drawn next.
   std::string state() const;

@@ -29,13 +29,16 @@ LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::spa
   return r;
 }
 
-// Mean loss and gradients over the k microbatches of inputs/targets [k,B,T].
+// Mean loss and gradients over the k microbatches of inputs/targets [k,B,T] of each of `ranks` data-parallel
+// ranks. With several ranks the sums are all-reduced in rank order, so that ranks r taking microbatch r
+// compute what one process accumulating the ranks' microbatches in order does, bit for bit.
 LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params,
-                               Tensor inputs, Tensor targets, rematerialize::Decider& decider,
+                               Tensor inputs, Tensor targets, rematerialize::Decider& decider, int64_t ranks,
                                std::optional<Tensor> scale = std::nullopt) {
   const int64_t k = inputs.dim(0);
   const Shape mb = {inputs.dim(1), inputs.dim(2)};
-  if (k == 1) return trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider, scale);
+  if (k == 1 && ranks == 1)
+    return trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider, scale);
   std::vector<Tensor> consts(params.begin(), params.end());
   if (scale) consts.push_back(*scale);
   auto body = [&](Builder& bb, std::span<const Tensor> c, std::span<const Tensor> sums, std::span<const Tensor> xs) {
@@ -50,7 +53,11 @@ LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::sp
   for (Tensor p : params) init.push_back(zeros_like(p));
   auto s = b.scope("accumulate");
   std::vector<Tensor> sums = scan(b, k, consts, init, std::array{inputs, targets}, body, "microbatch");
-  const double inv = 1.0 / static_cast<double>(k);
+  if (ranks > 1) {
+    auto d = b.scope("data_parallel");
+    for (Tensor& sum : sums) sum = all_reduce(sum, "data", ranks);
+  }
+  const double inv = 1.0 / static_cast<double>(k * ranks);
   LossAndGrads r{sums[0] * inv, {}};
   for (size_t i = 1; i < sums.size(); ++i) r.grads.push_back(sums[i] * inv);
   return r;
@@ -66,6 +73,7 @@ struct StepInputs {
 // Declares the step's arguments as graph params, each with its role in `sig`.
 StepInputs declare(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const StepShape& shape,
                    std::vector<Tensor>* m, std::vector<Tensor>* v, Tensor* step, bool loss_scaling = false) {
+  ASSERT(shape.data_parallel >= 1);
   CHECK(shape.batch > 0 && shape.seq > 0 && shape.accumulation > 0,
         "per_device_batch_size ({}), max_target_length ({}) and gradient_accumulation_steps ({}) must be positive",
         shape.batch, shape.seq, shape.accumulation);
@@ -142,7 +150,8 @@ Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rema
   g.name = "grads";
   Builder b(g);
   StepInputs in = declare(b, prog.signature, model, shape, nullptr, nullptr, nullptr);
-  LossAndGrads r = trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
+  LossAndGrads r =
+      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local, shape.data_parallel);
   result(b, prog.signature, r.loss, "loss", ir::Role::metric);
   for (size_t i = 0; i < r.grads.size(); ++i) result(b, prog.signature, r.grads[i], "grad/" + in.paths[i], ir::Role::output);
   sink_converts_into_scans(g);
@@ -165,7 +174,8 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
   std::optional<Tensor> loss_scale;
   if (o.loss_scale.enabled) loss_scale = in.loss_scale;
   LossAndGrads r =
-      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local, loss_scale);
+      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local, shape.data_parallel,
+                        loss_scale);
   auto s = b.scope("optimizer");
   std::optional<Tensor> finite;
   if (loss_scale) {  // unscale; the update is applied only if every gradient is finite

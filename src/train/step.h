@@ -37,6 +37,9 @@ struct StepShape {
   int64_t batch = 8;           // sequences per microbatch
   int64_t seq = 128;           // tokens per sequence
   int64_t accumulation = 1;    // microbatches per step (gradient accumulation)
+  // Data-parallel ranks (mesh axis "data"): each takes `accumulation` microbatches of the global batch and
+  // the loss and gradient sums are all-reduced over them, in rank order, before the mean.
+  int64_t data_parallel = 1;
 };
 
 // A program and its typed signature (ir/signature.h): every argument and result named, with its role.

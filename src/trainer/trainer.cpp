@@ -1,6 +1,7 @@
 #include "trainer/trainer.h"
 
 #include "exec/executable.h"
+#include "exec/mesh.h"
 #include "plan/report.h"
 #include "train/checkpoint.h"
 
@@ -9,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -47,9 +49,9 @@ struct Runner {
   exec::Executable executable;
   std::vector<exec::Array>& args;
 
-  explicit Runner(compile::Compiled c, const Runner* step = nullptr)
+  explicit Runner(compile::Compiled c, const Runner* step = nullptr, const exec::Mesh* mesh = nullptr)
       : signature(std::move(c.signature)),
-        executable(std::move(c.program), std::move(c.plan), {}, step ? &step->executable : nullptr),
+        executable(std::move(c.program), std::move(c.plan), {.mesh = mesh}, step ? &step->executable : nullptr),
         args(executable.own_arguments(shared(signature, step))) {}
   exec::Array& arg(std::string_view name) { return args[static_cast<size_t>(signature.arg(name))]; }
   // What it allocated: its own arguments and the arenas it does not share.
@@ -244,34 +246,37 @@ Progress start_state(const RunConfig& c, Runner& step, Batcher& batcher) {
   return c.enable_checkpointing ? resume(c, step, batcher) : Progress{};
 }
 
-// Sets the step's arguments for update `s`: its batch (the sampler's next draw) and the step counter.
-void prepare_step(const RunConfig& c, Runner& step, Batcher& batcher, int64_t s) {
-  batcher.next(c.shape.accumulation * c.shape.batch, step.arg("inputs").data<int32_t>(), step.arg("targets").data<int32_t>());
+// Sets the step's arguments for update `s`: its batch (this data-parallel rank's part of the sampler's next
+// draw) and the step counter.
+void prepare_step(const RunConfig& c, const exec::Mesh& mesh, Runner& step, Batcher& batcher, int64_t s) {
+  batcher.next(c.shape.accumulation * c.shape.batch, step.arg("inputs").data<int32_t>(),
+               step.arg("targets").data<int32_t>(), mesh.axis("data").rank, c.shape.data_parallel);
   step.arg("step").set(0, static_cast<double>(s));
 }
 
 // Runs update `s`. Every updated value (parameters, moments, loss-scale state) is donated: the step writes
 // it into its argument's buffer, where the next step reads it.
-const std::vector<exec::Array>& run_step(const RunConfig& c, Runner& step, Batcher& batcher, int64_t s) {
-  prepare_step(c, step, batcher, s);
+const std::vector<exec::Array>& run_step(const RunConfig& c, const exec::Mesh& mesh, Runner& step, Batcher& batcher,
+                                         int64_t s) {
+  prepare_step(c, mesh, step, batcher, s);
   return step.executable.run();
 }
 
 // Update `done` gave a non-finite loss or gradient norm. The run is deterministic, so the state before it
 // is rebuilt (from the last checkpoint, or the start) and that update runs again in the debugging form (a
 // finite check after every op): the first check that fails names the op. Always throws.
-[[noreturn]] void report_divergence(const RunConfig& c, const train::Dataset& data, Runner& step, int64_t done,
-                                    double loss, double norm) {
+[[noreturn]] void report_divergence(const RunConfig& c, const exec::Mesh& mesh, const train::Dataset& data, Runner& step,
+                                    int64_t done, double loss, double norm) {
   const std::string what = fmt::format("training diverged at step {}: loss {}, gradient norm {}", done, loss, norm);
   fmt::print("{}; running it again with a finite check after every op\n", what);
   Batcher replay(data.train, c.shape.seq, c.data_seed, "train");
   const Progress from = start_state(c, step, replay);
-  for (int64_t s = from.step; s + 1 < done; ++s) run_step(c, step, replay, s);
-  prepare_step(c, step, replay, done - 1);
+  for (int64_t s = from.step; s + 1 < done; ++s) run_step(c, mesh, step, replay, s);
+  prepare_step(c, mesh, step, replay, done - 1);
   std::string first = "no op gave a non-finite value when the step ran again";
   try {
     compile::Compiled checked = compile_program(c, compile::Kind::train_step, c.shape, true);
-    exec::Executable debug(std::move(checked.program), std::move(checked.plan));
+    exec::Executable debug(std::move(checked.program), std::move(checked.plan), {.mesh = &mesh});
     debug.run(step.args);
   } catch (const Error& e) {
     first = fmt::format("the first non-finite value: {}", e.what());
@@ -294,7 +299,28 @@ void truncate_metrics(const std::string& path, int64_t step) {
 
 }  // namespace
 
-RunResult run(const RunConfig& c) {
+int64_t data_parallelism(const RunConfig& c, int64_t ranks) {
+  const int64_t ici = c.ici_data_parallelism, dcn = c.dcn_data_parallelism;
+  CHECK((ici == -1 || ici >= 1) && (dcn == -1 || dcn >= 1) && !(ici == -1 && dcn == -1),
+        "ici_data_parallelism ({}) and dcn_data_parallelism ({}) must each be >= 1 or -1 (fill with the ranks "
+        "left), at most one of them -1",
+        ici, dcn);
+  if (ici != -1 && dcn != -1) return ici * dcn;
+  const int64_t given = ici == -1 ? dcn : ici;
+  if (ranks == 0) return given;  // nothing launched: a -1 is 1
+  CHECK(ranks % given == 0, "{}={} needs a multiple of {} ranks, but {} {} launched: start `mpirun -np {} remat train ...`",
+        ici == -1 ? "dcn_data_parallelism" : "ici_data_parallelism", given, given, ranks,
+        ranks == 1 ? "process was" : "processes were", given);
+  return ranks;
+}
+
+RunResult run(const RunConfig& config) {
+  RunConfig c = config;
+  c.shape.data_parallel = data_parallelism(config, exec::Mesh::launched_ranks());
+  const exec::Mesh mesh({{"data", static_cast<int>(c.shape.data_parallel)}});
+  // Rank 0 alone speaks and writes files (metrics, checkpoints); the others' errors still reach stderr.
+  const bool lead = mesh.rank() == 0;
+  if (!lead) CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "rank {}: cannot silence its output", mesh.rank());
   CHECK(c.steps > 0, "config key 'steps' must be positive, got {}", c.steps);
   CHECK(c.eval_interval > 0 && c.eval_steps > 0 && c.log_period > 0,
         "eval_interval ({}), eval_steps ({}) and log_period ({}) must be positive", c.eval_interval, c.eval_steps,
@@ -315,26 +341,30 @@ RunResult run(const RunConfig& c) {
              plan::bytes_str(static_cast<double>(compiled.plan.arena[0])),
              plan::bytes_str(static_cast<double>(compiled.plan.lower_bound[0])),
              plan::bytes_str(static_cast<double>(compiled.plan.arena[1])));
-  Runner step(std::move(compiled));
+  Runner step(std::move(compiled), nullptr, &mesh);
   const ir::Signature& sig = step.signature;
   Evaluator evaluator(c, data, step);
   Runner generator(compile_program(c, compile::Kind::logits, {1, T, 1}), &step);
   fmt::print("model: {:.3f}M parameters; {} layers (scan_layers={}), d={}, heads={}/{} kv, mlp={}\n",
              static_cast<double>(nn::param_count(c.model)) / 1e6, c.model.num_decoder_layers, c.model.scan_layers,
              c.model.emb_dim, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim);
-  fmt::print("train: {} steps x {} microbatch(es) x {} sequences x {} tokens = {} tokens/step\n", c.steps, k, B, T,
-             k * B * T);
+  const int64_t dp = c.shape.data_parallel;
+  fmt::print("train: {} steps x {}{} microbatch(es) x {} sequences x {} tokens = {} tokens/step\n", c.steps,
+             dp > 1 ? fmt::format("{} data-parallel ranks x ", dp) : "", k, B, T, dp * k * B * T);
 
   RunResult result;
   const train::LossScaleConfig& ls = c.optimizer.loss_scale;
   if (!c.load_parameters_path.empty()) fmt::print("parameters from {}\n", c.load_parameters_path);
   const Progress resumed = start_state(c, step, batcher);
 
-  fs::create_directories(c.run_dir);
   std::string metrics_path = (fs::path(c.run_dir) / "metrics.jsonl").string();
-  if (resumed.step > 0) truncate_metrics(metrics_path, resumed.step);
-  std::ofstream metrics(metrics_path, resumed.step > 0 ? std::ios::app : std::ios::trunc);
-  CHECK(metrics.good(), "cannot write metrics file '{}' (config keys base_output_directory, run_name)", metrics_path);
+  std::ofstream metrics;
+  if (lead) {
+    fs::create_directories(c.run_dir);
+    if (resumed.step > 0) truncate_metrics(metrics_path, resumed.step);
+    metrics.open(metrics_path, resumed.step > 0 ? std::ios::app : std::ios::trunc);
+  }
+  CHECK(!lead || metrics.good(), "cannot write metrics file '{}' (config keys base_output_directory, run_name)", metrics_path);
   auto result_of = [&](const char* name) { return static_cast<size_t>(sig.result(name)); };
   const size_t loss_at = result_of("loss"), norm_at = result_of("grad_norm"), lr_at = result_of("lr");
   int64_t skipped = resumed.skipped;
@@ -342,11 +372,11 @@ RunResult run(const RunConfig& c) {
   auto window_start = start;
   int64_t window_steps = 0;
   for (int64_t s = resumed.step; s < c.steps; ++s) {
-    const std::vector<exec::Array>& out = run_step(c, step, batcher, s);
+    const std::vector<exec::Array>& out = run_step(c, mesh, step, batcher, s);
     const double loss = out[loss_at].get(0), norm = out[norm_at].get(0), lr = out[lr_at].get(0);
     const bool skip = ls.enabled && out[result_of("finite")].get(0) == 0;  // loss scaling: backed off
     skipped += skip;
-    if (!std::isfinite(loss) || (!skip && !std::isfinite(norm))) report_divergence(c, data, step, s + 1, loss, norm);
+    if (!std::isfinite(loss) || (!skip && !std::isfinite(norm))) report_divergence(c, mesh, data, step, s + 1, loss, norm);
     result.train_loss = loss;
     ++window_steps;
     const int64_t done = s + 1;
@@ -355,7 +385,7 @@ RunResult run(const RunConfig& c) {
     if (done % c.log_period == 0 || done == c.steps) {
       const double window = seconds_since(window_start), elapsed = seconds_since(start);
       const double ms = 1e3 * window / static_cast<double>(window_steps);
-      const double tok_s = static_cast<double>(window_steps * k * B * T) / window;
+      const double tok_s = static_cast<double>(window_steps * dp * k * B * T) / window;
       fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.2e} | {:>7.0f} tok/s | {:6.1f} ms/step | ETA {}\n", done,
                  c.steps, loss, lr, tok_s, ms,
                  duration_str(elapsed / static_cast<double>(done - resumed.step) * static_cast<double>(c.steps - done)));
@@ -370,6 +400,7 @@ RunResult run(const RunConfig& c) {
       row["validation_loss"] = result.validation_loss;
       window_start = Clock::now();  // keep evaluation time out of tokens/s
     }
+    if (!lead) continue;
     metrics << row.dump() << "\n";
     metrics.flush();
     if (c.enable_checkpointing && (done % c.checkpoint_period == 0 || done == c.steps))
@@ -382,7 +413,7 @@ RunResult run(const RunConfig& c) {
   fmt::print("done in {}; metrics in {}; measured peak {} device (planned {})\n", duration_str(seconds_since(start)),
              metrics_path, plan::bytes_str(static_cast<double>(step.executable.measured_peak(plan::Space::device))),
              plan::bytes_str(static_cast<double>(step.executable.plan().lower_bound[0])));
-  const std::string text = sample(c, generator);
+  const std::string text = lead ? sample(c, generator) : "";
   const int64_t planned = step.bytes() + evaluator.program().bytes() + generator.bytes();
   const int64_t peak = resident_bytes("VmHWM");
   // Everything the process holds beyond its baseline should be planned: the "unplanned" rest is what the

@@ -34,7 +34,13 @@ struct RunConfig {
   int64_t max_checkpoints = 2;         // complete checkpoints kept (older ones deleted); 0: all
   std::string load_parameters_path;    // start from these saved parameters (a checkpoint file or folder)
   std::map<std::string, std::string> config_values;  // every config key's final value (saved, compared on resume)
+  int64_t ici_data_parallelism = 1;    // data-parallel ranks within a host; -1: the ranks left
+  int64_t dcn_data_parallelism = -1;   // across hosts; -1: the ranks left
 };
+
+// The data-parallel degree ici x dcn, a -1 filled so that the product is `ranks` (the processes launched;
+// 0 where there are none, as for `remat plan`: a -1 is then 1). CHECKs that it divides.
+int64_t data_parallelism(const RunConfig& config, int64_t ranks);
 
 struct RunResult {
   double train_loss = 0;       // last step's loss

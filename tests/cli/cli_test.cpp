@@ -4,6 +4,7 @@
 // one band per category; a bad key exits 2 naming it.
 #include "exec/exec.h"
 #include "support/filecheck.h"
+#include "support/command.h"
 #include "support/temp_dir.h"
 
 #include <fmt/format.h>
@@ -24,23 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Output {
-  int status;
-  std::string text;  // stdout and stderr
-};
+using testing_support::Output;
 
-// Runs `remat ARGS` in `folder` (default: the repository root).
+// Runs `remat ARGS` in `folder` (default: the repository root); the output has stdout and stderr.
 Output remat_cli(const std::string& args, const std::string& folder = std::string(REMAT_TEST_DATA) + "/..") {
-  const std::string cmd = fmt::format("cd '{}' && '{}' {} 2>&1", folder, REMAT_BINARY, args);
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr) << cmd;
-  Output out{-1, ""};
-  if (pipe == nullptr) return out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.text.append(buf, n);
-  const int status = pclose(pipe);
-  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
+  return testing_support::run_command(fmt::format("cd '{}' && '{}' {} 2>&1", folder, REMAT_BINARY, args));
 }
 
 using testing_support::TempDir;

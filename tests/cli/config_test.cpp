@@ -1,6 +1,8 @@
 // Config loading: presets, overrides, and the errors users see for bad input.
 #include "cli/config.h"
 
+#include "support/temp_dir.h"
+
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
@@ -96,6 +98,13 @@ TEST(Config, UnknownKeyInAFileNamesTheFile) {
   fs::remove_all(dir);
 }
 
+// Found by fuzz/config_fuzz: a YAML complex key escaped as YAML::BadConversion.
+TEST(Config, AKeyThatIsNotAPlainNameIsAnErrorNamingItsLine) {
+  testing_support::TempDir dir;
+  std::ofstream(dir.path / "c.yml") << "steps: 3\n? [a, b]\n: 1\n";
+  expect_contains(error_of((dir.path / "c.yml").string(), {}), "the key at line 2 is not a plain name");
+}
+
 TEST(Config, BaseYmlDocumentsExactlyTheKnownKeys) {
   YAML::Node root = YAML::LoadFile(base());
   std::vector<std::string> in_file;
@@ -158,6 +167,8 @@ const Bound kBounds[] = {
     {"per_device_batch_size", "0", "an integer >= 1", "1"},
     {"max_target_length", "0", "an integer >= 1", "1"},
     {"gradient_accumulation_steps", "0", "an integer >= 1", "1"},
+    {"ici_data_parallelism", "0", "an integer -1 (fill with the remaining ranks) or >= 1", "-1"},
+    {"dcn_data_parallelism", "-2", "an integer -1 (fill with the remaining ranks) or >= 1", "1"},
     {"steps", "0", "an integer >= 1", "1"},
     {"learning_rate", "-1e-9", "a number >= 0", "0"},
     {"warmup_steps", "-1", "an integer >= 0", "0"},

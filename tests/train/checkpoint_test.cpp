@@ -5,6 +5,7 @@
 #include "exec/exec.h"
 #include "nn/nn.h"
 #include "train/checkpoint.h"
+#include "support/command.h"
 #include "support/temp_dir.h"
 
 #include <fmt/format.h>
@@ -96,13 +97,10 @@ TEST(Safetensors, PythonReadsTheFile) {
                            "    if t['dtype'] in fmt and e > b:\n"
                            "        v, = struct.unpack_from(fmt[t['dtype']], raw, 8 + n + b)\n"
                            "        print(name, t['dtype'], t['shape'], repr(v))\n";
-  FILE* pipe = popen(fmt::format("/usr/bin/python3 '{}' '{}'", script.string(), file.string()).c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buf[512];
-  for (size_t k; (k = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, k);
-  EXPECT_EQ(pclose(pipe), 0) << out;
-  EXPECT_EQ(out, "decoder/w F32 [2, 3] 1.5\nstep I32 [] 42\n");
+  const testing_support::Output o =
+      testing_support::run_command(fmt::format("/usr/bin/python3 '{}' '{}'", script.string(), file.string()));
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_EQ(o.text, "decoder/w F32 [2, 3] 1.5\nstep I32 [] 42\n");
 }
 
 TEST(Safetensors, CorruptTruncatedAndMalformedFilesAreRefusedNamingTheFault) {

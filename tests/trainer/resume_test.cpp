@@ -3,6 +3,7 @@
 // continues from its latest complete checkpoint, and its losses, gradient norms and final parameters and
 // moments are bit-identical to a run never interrupted.
 #include "exec/exec.h"
+#include "support/command.h"
 #include "support/temp_dir.h"
 #include "train/checkpoint.h"
 
@@ -121,12 +122,9 @@ TEST(Resume, ACorruptLatestCheckpointFallsBackToThePreviousOne) {
   }
   std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
   for (const std::string& a : kArgs) cmd += " " + a;
-  FILE* pipe = popen((cmd + " run_name=r 2>&1").c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t k; (k = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, k);
-  ASSERT_EQ(pclose(pipe), 0) << out;
+  const testing_support::Output o = testing_support::run_command(cmd + " run_name=r 2>&1");
+  const std::string& out = o.text;
+  ASSERT_EQ(o.status, 0) << out;
   EXPECT_NE(out.find("checksum"), std::string::npos) << out;
   EXPECT_NE(out.find("trying the previous checkpoint"), std::string::npos) << out;
   EXPECT_NE(out.find(fmt::format("resumed from {} (step 23)", (fs::path("runs") / "r" / "checkpoints" / "23" / "state.safetensors").string())),

@@ -26,6 +26,7 @@ namespace remat::exec {
 #define REMAT_KERNEL_OR_group(k, r) k
 #define REMAT_KERNEL_OR_transfer(k, r) k
 #define REMAT_KERNEL_OR_region(k, r) r
+#define REMAT_KERNEL_OR_collective(k, r) k
 
 #define REMAT_KERNEL_DECLARE(e) \
   void kernel_##e(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx);
@@ -38,6 +39,7 @@ REMAT_OPS(X)
 // scratchpad for dot_general, the accumulator row of a reduction over leading axes.
 int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in);
+int64_t workspace_all_reduce(const ir::Node& n, std::span<const ir::Type> in);  // every rank's copy of a chunk
 
 // Carves `bytes` off the front of a kernel's workspace; the next piece starts 64 bytes aligned. A kernel
 // asks for its pieces rounded up with aligned64, except the last, so that the plan (and, with separate

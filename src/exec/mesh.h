@@ -1,0 +1,54 @@
+// The device mesh of a distributed run (DESIGN §9): one process per rank, launched by Open MPI's mpirun,
+// and named axes whose sizes multiply to the number of processes. Each axis is a communicator over the
+// ranks that differ only in that axis's coordinate (the last axis varies fastest). Collective kernels
+// (all_reduce) find their axis here through exec::Options::mesh.
+// Determinism: a collective's sum is taken in rank order on every rank (each rank receives every rank's
+// part of its chunk and adds them in order 0, 1, ...), never in an order the MPI library picks, so the
+// result does not depend on the library, the launch or the network.
+//
+//   exec::Mesh mesh({{"data", 2}});     // under `mpirun -np 2`; without mpirun only sizes of 1 are allowed
+//   exec::Options o{.mesh = &mesh};
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace remat::exec {
+
+struct MeshAxis {
+  std::string name;
+  int size = 1;
+  int rank = 0;                   // this process's coordinate along the axis
+  MPI_Comm comm = MPI_COMM_NULL;  // the ranks sharing every other coordinate; null when MPI is not running
+};
+
+class Mesh {
+ public:
+  // One process: no axes, no MPI.
+  Mesh() = default;
+  // The processes of this launch arranged as `axes` (name, size); CHECKs that the sizes multiply to the
+  // number of processes mpirun started (1 without mpirun).
+  explicit Mesh(const std::vector<std::pair<std::string, int>>& axes);
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  int rank() const { return rank_; }  // in the whole launch
+  int size() const { return size_; }
+  const MeshAxis& axis(std::string_view name) const;  // CHECKs that the mesh has it
+  const std::vector<MeshAxis>& axes() const { return axes_; }
+
+  // The number of processes mpirun started for this launch (1 when not launched by mpirun); MPI is
+  // initialised on first use when there are several.
+  static int launched_ranks();
+
+ private:
+  std::vector<MeshAxis> axes_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace remat::exec
