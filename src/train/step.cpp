@@ -29,16 +29,32 @@ LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::spa
   return r;
 }
 
+// The means of loss and gradient sums over k microbatches on each of `ranks` data-parallel ranks: the sums
+// all-reduced over mesh axis "data" (in rank order from zero), then scaled.
+LossAndGrads mean_over(Builder& b, LossAndGrads sums, int64_t k, int64_t ranks) {
+  if (ranks > 1) {
+    auto s = b.scope("data_parallel");
+    sums.loss = all_reduce(sums.loss, "data", ranks);
+    for (Tensor& g : sums.grads) g = all_reduce(g, "data", ranks);
+  }
+  if (k * ranks == 1) return sums;
+  const double inv = 1.0 / static_cast<double>(k * ranks);
+  sums.loss = sums.loss * inv;
+  for (Tensor& g : sums.grads) g = g * inv;
+  return sums;
+}
+
 // Mean loss and gradients over the k microbatches of inputs/targets [k,B,T] of each of `ranks` data-parallel
-// ranks. With several ranks the sums are all-reduced in rank order, so that ranks r taking microbatch r
-// compute what one process accumulating the ranks' microbatches in order does, bit for bit.
+// ranks. The ranks' sums are all-reduced as ((0 + x_0) + x_1) + ..., the sum one process accumulating
+// microbatch r of rank r in order forms: ranks each taking one microbatch train bit-identically to it.
 LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params,
                                Tensor inputs, Tensor targets, rematerialize::Decider& decider, int64_t ranks,
                                std::optional<Tensor> scale = std::nullopt) {
   const int64_t k = inputs.dim(0);
   const Shape mb = {inputs.dim(1), inputs.dim(2)};
-  if (k == 1 && ranks == 1)
-    return trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider, scale);
+  if (k == 1)
+    return mean_over(b, trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider, scale), 1,
+                     ranks);
   std::vector<Tensor> consts(params.begin(), params.end());
   if (scale) consts.push_back(*scale);
   auto body = [&](Builder& bb, std::span<const Tensor> c, std::span<const Tensor> sums, std::span<const Tensor> xs) {
@@ -53,14 +69,7 @@ LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::sp
   for (Tensor p : params) init.push_back(zeros_like(p));
   auto s = b.scope("accumulate");
   std::vector<Tensor> sums = scan(b, k, consts, init, std::array{inputs, targets}, body, "microbatch");
-  if (ranks > 1) {
-    auto d = b.scope("data_parallel");
-    for (Tensor& sum : sums) sum = all_reduce(sum, "data", ranks);
-  }
-  const double inv = 1.0 / static_cast<double>(k * ranks);
-  LossAndGrads r{sums[0] * inv, {}};
-  for (size_t i = 1; i < sums.size(); ++i) r.grads.push_back(sums[i] * inv);
-  return r;
+  return mean_over(b, {sums[0], {sums.begin() + 1, sums.end()}}, k, ranks);
 }
 
 struct StepInputs {
