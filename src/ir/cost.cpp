@@ -1,5 +1,7 @@
 #include "ir/cost.h"
 
+#include "base/check.h"
+
 namespace remat::ir {
 
 double flops(const Graph& g, const Node& n) {
@@ -17,6 +19,29 @@ double flops(const Graph& g, const Node& n) {
     case OpCost::body: return (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0) * flops(*n.body);
   }
   return 0;
+}
+
+namespace {
+
+void add_communication(const Graph& g, double trips, std::map<Op, Communication>& out) {
+  for (const Node& n : g.nodes) {
+    if (n.body) add_communication(*n.body, trips * (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0), out);
+    if (op_traits(n.op).cls != OpClass::collective) continue;
+    ASSERT(n.op == Op::all_reduce);  // the one collective: its wire cost below
+    const double bytes = static_cast<double>(g.type(n.inputs[0]).bytes()), ranks = static_cast<double>(n.attrs.integer("ranks"));
+    Communication& c = out[n.op];
+    c.count += static_cast<int64_t>(trips);
+    c.bytes += trips * bytes;
+    c.sent += trips * 2 * (ranks - 1) / ranks * bytes;  // its chunks to every other rank, then its sum back
+  }
+}
+
+}  // namespace
+
+std::map<Op, Communication> communication(const Graph& g) {
+  std::map<Op, Communication> out;
+  add_communication(g, 1, out);
+  return out;
 }
 
 double flops(const Graph& g) {

@@ -5,9 +5,19 @@
 
 #include "ir/graph.h"
 
+#include <map>
+
 namespace remat::ir {
 
 double flops(const Graph& g, const Node& n);
 double flops(const Graph& g);  // every node of g
+
+// What one rank's collectives of one kind move per run of a graph (scan bodies times their length).
+struct Communication {
+  int64_t count = 0;  // collectives run
+  double bytes = 0;   // their operands' bytes
+  double sent = 0;    // bytes this rank sends: an all_reduce of b bytes over N ranks sends 2 (N-1)/N b
+};
+std::map<Op, Communication> communication(const Graph& g);
 
 }  // namespace remat::ir

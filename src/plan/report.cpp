@@ -82,6 +82,7 @@ Report report(const Plan& p, const Graph& g, const ir::Signature& sig, const Rep
   ASSERT(sig.args.size() == g.params.size() && sig.results.size() == g.results.size());
   Report r;
   r.options = options;
+  r.communication = ir::communication(g);
   std::array<int64_t, kNumCategories> args{};
   for (size_t i = 0; i < g.params.size(); ++i)
     args[argument_kind(sig.args[i].role)] += g.type(g.params[i]).bytes();
@@ -210,6 +211,9 @@ std::string Report::text() const {
   out += fmt::format("Host memory (offloaded residuals): {}\n", bytes_str(static_cast<double>(host)));
   out += fmt::format("FLOPs per step: forward {:.4g} G, backward and update {:.4g} G, recompute {:.4g} G\n",
                      options.forward_flops / 1e9, options.backward_flops / 1e9, options.recompute_flops / 1e9);
+  for (const auto& [op, c] : communication)
+    out += fmt::format("Communication per step: {} x{}, {} of operands, {} sent by each device\n", ir::op_name(op), c.count,
+                       bytes_str(c.bytes), bytes_str(c.sent));
   out += fmt::format("Largest program allocations ({}):\n", largest.size());
   for (size_t i = 0; i < largest.size(); ++i) {
     const Allocation& a = largest[i];
@@ -235,6 +239,9 @@ nlohmann::json Report::json() const {
     largest_rows.push_back({{"bytes", a.bytes}, {"op", a.op}, {"scope", a.scope}, {"name", a.name}, {"shape", a.shape},
                             {"dtype", a.dtype}, {"live", {a.start, a.end}},
                             {"space", a.space == Space::host ? "host" : "device"}});
+  nlohmann::json communication_rows = nlohmann::json::object();
+  for (const auto& [op, c] : communication)
+    communication_rows[std::string(ir::op_name(op))] = {{"count", c.count}, {"bytes", c.bytes}, {"sent", c.sent}};
   return {{"title", options.title},
           {"total", total},
           {"limit", options.limit},
@@ -245,6 +252,7 @@ nlohmann::json Report::json() const {
           {"lower_bound", lower_bound},
           {"host", host},
           {"flops", {{"forward", options.forward_flops}, {"backward", options.backward_flops}, {"recompute", options.recompute_flops}}},
+          {"communication", communication_rows},
           {"peak", peak_json()},
           {"largest", largest_rows}};
 }

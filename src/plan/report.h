@@ -5,6 +5,7 @@
 // with the peak marked.
 #pragma once
 
+#include "ir/cost.h"
 #include "plan/plan.h"
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,7 @@ struct Report {
   int64_t host = 0;               // the host arena (offloaded residuals)
   int64_t total = 0;              // device: arguments + arena
   std::vector<Allocation> largest;
+  std::map<ir::Op, ir::Communication> communication;  // per step, one device's collectives by kind
   // Live device bytes per schedule step, by category: parameters, optimizer state, batch, weight copies
   // (parameters or slices of them converted to another dtype, outside scan bodies), saved residuals,
   // gradients, temporaries (including scan bodies' sub-arenas).

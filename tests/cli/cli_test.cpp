@@ -2,7 +2,9 @@
 // the final line, and writes one JSONL record per step that agrees with what it printed; `plan` exits 3
 // over hbm_limit with XLA's "needs X of Y" line and 0 under it; `--timeline` writes a well-formed SVG with
 // one band per category; a bad key exits 2 naming it.
+#include "cli/config.h"
 #include "exec/exec.h"
+#include "nn/nn.h"
 #include "support/filecheck.h"
 #include "support/command.h"
 #include "support/temp_dir.h"
@@ -253,6 +255,31 @@ TEST(Cli, UnknownKeyExitsTwoNamingIt) {
   Output o = remat_cli("plan no_such_key=1");
   EXPECT_EQ(o.status, 2) << o.text;
   EXPECT_NE(o.text.find("no_such_key"), std::string::npos) << o.text;
+}
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+// `remat plan` with data parallelism: one device's all-reduces are one per parameter tensor and one for the
+// loss (counted from the model's parameter list), over the parameters' f32 bytes and the loss's 4, and each
+// device sends 2 (N-1)/N of them (chunks out, sums back). Without it there is no communication.
+TEST(Cli, PlanReportsEachDevicesCommunication) {
+  const nn::ModelConfig tiny = cli::load_config("", {}).run.model;
+  const double param_bytes = 4.0 * static_cast<double>(nn::param_count(tiny));
+  for (int ranks : {2, 8}) {
+    testing_support::Output o = testing_support::run_command(
+        fmt::format("'{}' plan ici_data_parallelism={} --json 2>&1", REMAT_BINARY, ranks));
+    ASSERT_EQ(o.status, 0) << o.text;
+    const nlohmann::json c = nlohmann::json::parse(o.text).at("communication").at("all_reduce");
+    EXPECT_EQ(c.at("count").get<size_t>(), nn::param_specs(tiny).size() + 1);
+    EXPECT_EQ(c.at("bytes").get<double>(), param_bytes + 4);
+    EXPECT_DOUBLE_EQ(c.at("sent").get<double>(), 2.0 * (ranks - 1) / ranks * (param_bytes + 4));
+  }
+  testing_support::Output one = testing_support::run_command(fmt::format("'{}' plan --json 2>&1", REMAT_BINARY));
+  EXPECT_TRUE(nlohmann::json::parse(one.text).at("communication").empty()) << one.text;
 }
 
 }  // namespace
