@@ -74,6 +74,27 @@ TEST_P(DataParallel, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatch
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 4));
 
+// Rank 0 writes the (replicated) state; a run stopped after 12 of 20 steps and started again under mpirun
+// resumes on every rank from that checkpoint and ends bit-identical to one never stopped.
+TEST(DataParallelCheckpoints, TwoRanksResumeBitIdentically) {
+  if (testing_support::run_command("command -v mpirun").status != 0) GTEST_SKIP() << "mpirun not installed (scripts/setup.sh)";
+  testing_support::TempDir dir;
+  const std::string checkpoints = "enable_checkpointing=true checkpoint_period=4";
+  const testing_support::Output whole = train(dir.path, mpirun(2), checkpoints + " run_name=whole");
+  ASSERT_EQ(whole.status, 0) << whole.text;
+  const testing_support::Output first = train(dir.path, mpirun(2), checkpoints + " run_name=split steps=12");
+  ASSERT_EQ(first.status, 0) << first.text;
+  const testing_support::Output rest = train(dir.path, mpirun(2), checkpoints + " run_name=split");
+  ASSERT_EQ(rest.status, 0) << rest.text;
+  EXPECT_NE(rest.text.find("(step 12)"), std::string::npos) << rest.text;
+  auto training = [](std::vector<std::tuple<int64_t, double, double, double>> rows) {  // the stopped run evaluated at 12
+    for (auto& row : rows) std::get<3>(row) = 0;
+    return rows;
+  };
+  EXPECT_EQ(training(metrics(dir.path / "runs" / "split")), training(metrics(dir.path / "runs" / "whole")));
+  EXPECT_EQ(std::get<3>(metrics(dir.path / "runs" / "split").back()), std::get<3>(metrics(dir.path / "runs" / "whole").back()));
+}
+
 TEST(DataParallelConfig, ADegreeTheLaunchCannotHoldIsAnErrorNamingTheKey) {
   testing_support::TempDir dir;
   const testing_support::Output o = train(dir.path, "", "ici_data_parallelism=2");
