@@ -253,9 +253,16 @@ std::vector<Cot> vjp_reload(Builder&, size_t, const Node&, Cots c, Context&) { r
 std::vector<Cot> vjp_name(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }
 std::vector<Cot> vjp_check_finite(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }  // identity
 
-// psum's transpose is psum (as in JAX): each rank's operand feeds every rank's sum.
+// psum's transpose is psum (as in JAX): each rank's operand feeds every rank's sum. all_gather and
+// psum_scatter are each other's transposes.
 std::vector<Cot> vjp_all_reduce(Builder&, size_t, const Node& n, Cots c, Context&) {
   return {all_reduce(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"))};
+}
+std::vector<Cot> vjp_all_gather(Builder&, size_t, const Node& n, Cots c, Context&) {
+  return {reduce_scatter(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"), n.attrs.integer("dim"))};
+}
+std::vector<Cot> vjp_reduce_scatter(Builder&, size_t, const Node& n, Cots c, Context&) {
+  return {all_gather(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"), n.attrs.integer("dim"))};
 }
 
 }  // namespace

@@ -39,6 +39,8 @@ class Cpu final : public Backend {
       case ir::Op::reduce_sum:
       case ir::Op::reduce_max: return workspace_reduction(n, in);
       case ir::Op::all_reduce: return workspace_all_reduce(n, in);
+      case ir::Op::all_gather: return workspace_all_gather(n, in);
+      case ir::Op::reduce_scatter: return workspace_reduce_scatter(n, in);
       default: return 0;  // every other kernel works in its outputs
     }
   }

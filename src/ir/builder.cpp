@@ -154,6 +154,12 @@ Tensor check_finite(Tensor x) { return x.b->emit1(Op::check_finite, std::array{x
 Tensor all_reduce(Tensor x, const std::string& axis, int64_t ranks) {
   return x.b->emit1(Op::all_reduce, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks));
 }
+Tensor all_gather(Tensor x, const std::string& axis, int64_t ranks, int64_t dim) {
+  return x.b->emit1(Op::all_gather, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks).set("dim", dim));
+}
+Tensor reduce_scatter(Tensor x, const std::string& axis, int64_t ranks, int64_t dim) {
+  return x.b->emit1(Op::reduce_scatter, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks).set("dim", dim));
+}
 
 std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> consts, std::span<const Tensor> carries,
                          std::span<const Tensor> xs, const ScanBody& body, const std::string& name, bool reverse) {

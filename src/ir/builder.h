@@ -112,6 +112,10 @@ Tensor checkpoint_name(Tensor x, const std::string& name);
 Tensor check_finite(Tensor x);
 // The sum of x over the `ranks` ranks of mesh axis `axis` (psum), in rank order.
 Tensor all_reduce(Tensor x, const std::string& axis, int64_t ranks);
+// The ranks' x concatenated along `dim`, in rank order.
+Tensor all_gather(Tensor x, const std::string& axis, int64_t ranks, int64_t dim);
+// The sum of the ranks' x (in rank order), this rank's block of `dim` (psum_scatter).
+Tensor reduce_scatter(Tensor x, const std::string& axis, int64_t ranks, int64_t dim);
 
 // lax.scan. `body(b, consts, carries, x_slices)` returns carries' next values followed by the y slices.
 // Returns the final carries followed by the stacked ys ([length, ...]).

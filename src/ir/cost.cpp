@@ -1,7 +1,5 @@
 #include "ir/cost.h"
 
-#include "base/check.h"
-
 namespace remat::ir {
 
 double flops(const Graph& g, const Node& n) {
@@ -27,12 +25,14 @@ void add_communication(const Graph& g, double trips, std::map<Op, Communication>
   for (const Node& n : g.nodes) {
     if (n.body) add_communication(*n.body, trips * (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0), out);
     if (op_traits(n.op).cls != OpClass::collective) continue;
-    ASSERT(n.op == Op::all_reduce);  // the one collective: its wire cost below
     const double bytes = static_cast<double>(g.type(n.inputs[0]).bytes()), ranks = static_cast<double>(n.attrs.integer("ranks"));
     Communication& c = out[n.op];
     c.count += static_cast<int64_t>(trips);
     c.bytes += trips * bytes;
-    c.sent += trips * 2 * (ranks - 1) / ranks * bytes;  // its chunks to every other rank, then its sum back
+    // all_reduce: its chunks to every other rank, then its sum back; reduce_scatter: the other ranks'
+    // blocks; all_gather: its operand to every other rank.
+    const double share = n.op == Op::all_reduce ? 2 * (ranks - 1) / ranks : n.op == Op::reduce_scatter ? (ranks - 1) / ranks : ranks - 1;
+    c.sent += trips * share * bytes;
   }
 }
 

@@ -16,7 +16,8 @@ double flops(const Graph& g);  // every node of g
 struct Communication {
   int64_t count = 0;  // collectives run
   double bytes = 0;   // their operands' bytes
-  double sent = 0;    // bytes this rank sends: an all_reduce of b bytes over N ranks sends 2 (N-1)/N b
+  double sent = 0;    // bytes this rank sends, for b operand bytes over N ranks: all_reduce 2 (N-1)/N b,
+                      // reduce_scatter (N-1)/N b, all_gather (N-1) b
 };
 std::map<Op, Communication> communication(const Graph& g);
 

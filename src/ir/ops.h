@@ -12,8 +12,10 @@
 // infinity (jax_debug_nans as an op); it is effectful: never removed, never reordered against another
 // effectful op.
 // `all_reduce` sums its operand over the `ranks` processes of mesh axis `axis` (psum): every rank gets the
-// same bits, the sum taken in rank order whatever the MPI library does (exec/mesh.h). Effectful, so every
-// rank issues its collectives in the same order.
+// same bits, the sum taken in rank order whatever the MPI library does (exec/mesh.h). `all_gather`
+// concatenates the ranks' operands along dimension `dim` in rank order; `reduce_scatter` sums them (in rank
+// order) and keeps the rank's block of dimension `dim` (psum_scatter). Collectives are effectful, so every
+// rank issues them in the same order.
 //
 // Each row answers, for every stage that reads it: X(op, arity, class, effects, cost)
 //   class   what the op is: elementwise (element i of the result from element i of each operand),
@@ -72,6 +74,8 @@ namespace remat::ir {
   X(offload, 1, transfer, pure, none)                                         \
   X(reload, 1, transfer, pure, none)                                          \
   X(all_reduce, 1, collective, effectful, per_input)                          \
+  X(all_gather, 1, collective, effectful, none)                               \
+  X(reduce_scatter, 1, collective, effectful, per_input)                      \
   X(scan, -1, region, pure, body)                                             \
   X(remat, -1, region, pure, body)
 

@@ -286,6 +286,29 @@ std::vector<Type> rule_check_finite(const Ctx& c) {
   return same_as_input(c);
 }
 std::vector<Type> rule_offload(const Ctx& c) { return same_as_input(c); }
+// all_gather and reduce_scatter: the mesh axis, its ranks and a dimension of the operand.
+int64_t collective_dim(const Ctx& c, const char* op) {
+  CHECK(is_float(c.in[0].dtype), "{}: {} takes a floating-point operand, got {}", c.where, op, type_str(c.in[0]));
+  CHECK(!c.attrs.str("axis").empty() && c.attrs.integer("ranks") >= 1,
+        "{}: {} needs a mesh axis name and its number of ranks (>= 1)", c.where, op);
+  const int64_t dim = c.attrs.integer("dim");
+  CHECK(dim >= 0 && dim < c.in[0].rank(), "{}: {} dim {} is not a dimension of {}", c.where, op, dim, type_str(c.in[0]));
+  return dim;
+}
+std::vector<Type> rule_all_gather(const Ctx& c) {
+  Type t = c.in[0];
+  t.shape[static_cast<size_t>(collective_dim(c, "all_gather"))] *= c.attrs.integer("ranks");
+  return {t};
+}
+std::vector<Type> rule_reduce_scatter(const Ctx& c) {
+  Type t = c.in[0];
+  int64_t& d = t.shape[static_cast<size_t>(collective_dim(c, "reduce_scatter"))];
+  const int64_t ranks = c.attrs.integer("ranks");
+  CHECK(d % ranks == 0, "{}: reduce_scatter over {} ranks needs dim {} of {} to divide by them", c.where, ranks,
+        c.attrs.integer("dim"), type_str(c.in[0]));
+  d /= ranks;
+  return {t};
+}
 std::vector<Type> rule_all_reduce(const Ctx& c) {
   CHECK(is_float(c.in[0].dtype), "{}: all_reduce takes a floating-point operand, got {}", c.where, type_str(c.in[0]));
   CHECK(!c.attrs.str("axis").empty() && c.attrs.integer("ranks") >= 1,

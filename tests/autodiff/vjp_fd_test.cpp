@@ -112,6 +112,9 @@ std::vector<Case> cases() {
   c.push_back({"check_finite", [=](Builder& b) { return tanh(check_finite(p(b, "x", {2, 3}) * 3.0)); }});
   // One rank: the sum over the axis is the operand itself (several ranks: tests/trainer/data_parallel_test.cpp).
   c.push_back({"all_reduce", [=](Builder& b) { return tanh(all_reduce(p(b, "x", {2, 3}) * 3.0, "data", 1)); }});
+  c.push_back({"all_gather_reduce_scatter", [=](Builder& b) {
+                 return tanh(reduce_scatter(all_gather(p(b, "x", {2, 3}) * 3.0, "fsdp", 1, 1), "fsdp", 1, 0));
+               }});
   c.push_back({"offload_reload", [=](Builder& b) {
                  Tensor x = p(b, "x", {2, 3});
                  return b.emit1(Op::reload, std::array{b.emit1(Op::offload, std::array{tanh(x)})}) * x;

@@ -1,8 +1,9 @@
-// The all_reduce kernel across real processes: run without mpirun, the test starts this test binary under
-// `mpirun -np 3` on itself; each rank reduces its own operand and checks the result against the sum formed
-// here, in rank order from zero, of every rank's operand (computed locally: the operands are a function of
-// the rank). Sizes cover a chunk per rank, uneven chunks and fewer elements than ranks; dtypes f32 and bf16,
-// with values where the order of the additions changes the result.
+// The collective kernels across real processes: run without mpirun, each test starts this test binary under
+// `mpirun -np 3` on itself; each rank runs the collective on its own operand and checks the result against
+// what is formed here from every rank's operand (computed locally: the operands are a function of the rank)
+// — sums in rank order from zero. all_reduce: a chunk per rank, uneven chunks, fewer elements than ranks;
+// all_gather and reduce_scatter: along the leading dimension and an inner one. Dtypes f32 and bf16, with
+// values where the order of the additions changes the result.
 #include "exec/exec.h"
 #include "exec/mesh.h"
 #include "ir/ir.h"
@@ -14,6 +15,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 namespace remat {
 namespace {
@@ -26,36 +28,96 @@ double operand(int rank, int64_t i) {
   return big[rank] + 0.37 * static_cast<double>(i % 5) - static_cast<double>(rank);
 }
 
-TEST(Collectives, AllReduceSumsEveryRanksOperandInRankOrder) {
-  if (exec::Mesh::launched_ranks() == 1) {  // the driver: this binary again, under mpirun
-    if (testing_support::run_command("command -v mpirun").status != 0) GTEST_SKIP() << "mpirun not installed (scripts/setup.sh)";
-    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-    const testing_support::Output o = testing_support::run_command(fmt::format(
-        "{}mpirun --oversubscribe --bind-to none{} -np {} '{}' --gtest_filter=Collectives.AllReduce* --gtest_color=no 2>&1",
-        exec::kAddressSanitizer ? "ASAN_OPTIONS=detect_leaks=0 " : "", geteuid() == 0 ? " --allow-run-as-root" : "",
-        kRanks, self));
-    EXPECT_EQ(o.status, 0) << o.text;
-    EXPECT_NE(o.text.find("[  PASSED  ] 1 test"), std::string::npos) << o.text;
-    return;
+// Runs `test` (this binary, filtered to it) under mpirun with kRanks ranks; true when this process is such a
+// rank and should run the collective.
+bool as_ranks(const char* test) {
+  if (exec::Mesh::launched_ranks() > 1) return true;
+  if (testing_support::run_command("command -v mpirun").status != 0) {
+    ADD_FAILURE() << "mpirun is not installed (scripts/setup.sh installs it)";
+    return false;
   }
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const testing_support::Output o = testing_support::run_command(fmt::format(
+      "{}mpirun --oversubscribe --bind-to none{} -np {} '{}' --gtest_filter=Collectives.{} --gtest_color=no 2>&1",
+      exec::kAddressSanitizer ? "ASAN_OPTIONS=detect_leaks=0 " : "", geteuid() == 0 ? " --allow-run-as-root" : "",
+      kRanks, self, test));
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("[  PASSED  ] 1 test"), std::string::npos) << o.text;
+  return false;
+}
+
+// The sum in f32 of every rank's element i, in rank order from zero, each sum rounded to `dtype` as the add
+// op rounds it.
+double rank_order_sum(DType dtype, int64_t i) {
+  exec::Array sum(ir::Type{dtype, {1}}), part(ir::Type{dtype, {1}});
+  sum.set(0, 0.0);
+  for (int r = 0; r < kRanks; ++r) {
+    part.set(0, operand(r, i));
+    sum.set(0, static_cast<double>(static_cast<float>(sum.get(0)) + static_cast<float>(part.get(0))));
+  }
+  return sum.get(0);
+}
+
+exec::Array run_collective(const exec::Mesh& mesh, DType dtype, const ir::Shape& shape,
+                           const std::function<ir::Tensor(ir::Tensor)>& collective) {
+  ir::Graph g;
+  ir::Builder b(g);
+  b.result(collective(b.param("x", {dtype, shape})));
+  exec::Array x(ir::Type{dtype, shape});
+  for (int64_t i = 0; i < x.size(); ++i) x.set(i, operand(mesh.rank(), i));
+  return exec::run(g, std::vector<exec::Array>{x}, {.mesh = &mesh})[0];
+}
+
+TEST(Collectives, AllReduceSumsEveryRanksOperandInRankOrder) {
+  if (!as_ranks("AllReduce*")) return;
   const exec::Mesh mesh({{"data", kRanks}});
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (int64_t n : {int64_t{2}, int64_t{7}, int64_t{3000}}) {
-      ir::Graph g;
-      ir::Builder b(g);
-      b.result(ir::all_reduce(b.param("x", {dtype, {n}}), "data", kRanks));
-      exec::Array x(ir::Type{dtype, {n}});
-      for (int64_t i = 0; i < n; ++i) x.set(i, operand(mesh.rank(), i));
-      const exec::Array y = exec::run(g, std::vector<exec::Array>{x}, {.mesh = &mesh})[0];
-      for (int64_t i = 0; i < n; ++i) {
-        exec::Array sum(ir::Type{dtype, {1}}), part(ir::Type{dtype, {1}});
-        sum.set(0, 0.0);
-        for (int r = 0; r < kRanks; ++r) {  // in f32, each sum rounded to the dtype (set), as the add op does
-          part.set(0, operand(r, i));
-          sum.set(0, static_cast<double>(static_cast<float>(sum.get(0)) + static_cast<float>(part.get(0))));
+      const exec::Array y = run_collective(mesh, dtype, {n}, [](ir::Tensor x) { return ir::all_reduce(x, "data", kRanks); });
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(y.get(i), rank_order_sum(dtype, i)) << dtype_name(dtype) << " n=" << n << " element " << i << " on rank " << mesh.rank();
+    }
+  }
+}
+
+// [2, 3, 2] per rank, gathered along dim 0 ([6, 3, 2]) and dim 1 ([2, 9, 2]); element (a, b, c) of the result
+// is rank r's element at the gathered index minus r's offset.
+TEST(Collectives, AllGatherConcatenatesTheRanksOperandsInRankOrder) {
+  if (!as_ranks("AllGather*")) return;
+  const exec::Mesh mesh({{"data", kRanks}});
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int64_t dim : {0, 1}) {
+      const exec::Array y =
+          run_collective(mesh, dtype, {2, 3, 2}, [&](ir::Tensor x) { return ir::all_gather(x, "data", kRanks, dim); });
+      const int64_t d = dim == 0 ? 2 : 3;  // the gathered dimension's size on each rank
+      exec::Array one(ir::Type{dtype, {1}});
+      for (int64_t a = 0; a < (dim == 0 ? 2 * kRanks : 2); ++a)
+        for (int64_t b = 0; b < (dim == 1 ? 3 * kRanks : 3); ++b)
+          for (int64_t c = 0; c < 2; ++c) {
+            const int64_t g = dim == 0 ? a : b, r = g / d, local_a = dim == 0 ? g % d : a, local_b = dim == 1 ? g % d : b;
+            one.set(0, operand(static_cast<int>(r), (local_a * 3 + local_b) * 2 + c));
+            const int64_t at = (a * (dim == 1 ? 3 * kRanks : 3) + b) * 2 + c;
+            ASSERT_EQ(y.get(at), one.get(0)) << dtype_name(dtype) << " dim " << dim << " (" << a << "," << b << "," << c << ")";
+          }
+    }
+  }
+}
+
+// [6, 3] per rank: the rank-order sum of all operands, this rank's block of rows (dim 0) or columns of a
+// [2, 6] operand (dim 1).
+TEST(Collectives, ReduceScatterKeepsThisRanksBlockOfTheRankOrderSum) {
+  if (!as_ranks("ReduceScatter*")) return;
+  const exec::Mesh mesh({{"data", kRanks}});
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int64_t dim : {0, 1}) {
+      const ir::Shape shape = dim == 0 ? ir::Shape{6, 3} : ir::Shape{2, 6};
+      const exec::Array y = run_collective(mesh, dtype, shape, [&](ir::Tensor x) { return ir::reduce_scatter(x, "data", kRanks, dim); });
+      const int64_t rows = dim == 0 ? 2 : 2, cols = dim == 0 ? 3 : 2;
+      for (int64_t a = 0; a < rows; ++a)
+        for (int64_t b = 0; b < cols; ++b) {
+          const int64_t i = dim == 0 ? (mesh.rank() * 2 + a) * 3 + b : a * 6 + mesh.rank() * 2 + b;
+          ASSERT_EQ(y.get(a * cols + b), rank_order_sum(dtype, i)) << dtype_name(dtype) << " dim " << dim << " (" << a << "," << b << ")";
         }
-        ASSERT_EQ(y.get(i), sum.get(0)) << dtype_name(dtype) << " n=" << n << " element " << i << " on rank " << mesh.rank();
-      }
     }
   }
 }

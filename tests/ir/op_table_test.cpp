@@ -80,9 +80,12 @@ TEST(OpTable, ColumnsAgreeWithTheStages) {
   EXPECT_TRUE(is_elementwise(Op::select) && is_elementwise(Op::convert_element_type) && !is_elementwise(Op::reduce_sum));
   EXPECT_TRUE(has_body(Op::scan) && has_body(Op::remat) && !has_body(Op::convert_group));
   EXPECT_TRUE(is_effectful(Op::check_finite));
-  for (int i = 0; i < kNumOps; ++i)  // the effectful ops today: a check that can fail, a collective
-    EXPECT_EQ(is_effectful(static_cast<Op>(i)), static_cast<Op>(i) == Op::check_finite || static_cast<Op>(i) == Op::all_reduce)
-        << op_name(static_cast<Op>(i));
+  for (int i = 0; i < kNumOps; ++i) {  // the effectful ops today: a check that can fail, the collectives
+    const Op op = static_cast<Op>(i);
+    EXPECT_EQ(is_effectful(op), op == Op::check_finite || op == Op::all_reduce || op == Op::all_gather ||
+                                    op == Op::reduce_scatter)
+        << op_name(op);
+  }
   // A view's output shares its operand's storage in the plan (no buffer of its own).
   Graph g;
   Builder b(g);

@@ -52,7 +52,7 @@ testing_support::Output train(const fs::path& dir, const std::string& launcher, 
 class DataParallel : public ::testing::TestWithParam<int> {};
 
 TEST_P(DataParallel, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatches) {
-  if (testing_support::run_command("command -v mpirun").status != 0) GTEST_SKIP() << "mpirun not installed (scripts/setup.sh)";
+  ASSERT_EQ(testing_support::run_command("command -v mpirun").status, 0) << "mpirun is not installed (scripts/setup.sh installs it)";
   const int ranks = GetParam();
   testing_support::TempDir dir;
   const testing_support::Output one = train(dir.path, "", fmt::format("gradient_accumulation_steps={} run_name=one", ranks));
@@ -77,7 +77,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 4));
 // Rank 0 writes the (replicated) state; a run stopped after 12 of 20 steps and started again under mpirun
 // resumes on every rank from that checkpoint and ends bit-identical to one never stopped.
 TEST(DataParallelCheckpoints, TwoRanksResumeBitIdentically) {
-  if (testing_support::run_command("command -v mpirun").status != 0) GTEST_SKIP() << "mpirun not installed (scripts/setup.sh)";
+  ASSERT_EQ(testing_support::run_command("command -v mpirun").status, 0) << "mpirun is not installed (scripts/setup.sh installs it)";
   testing_support::TempDir dir;
   const std::string checkpoints = "enable_checkpointing=true checkpoint_period=4";
   const testing_support::Output whole = train(dir.path, mpirun(2), checkpoints + " run_name=whole");

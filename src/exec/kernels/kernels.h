@@ -40,11 +40,15 @@ REMAT_OPS(X)
 int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_all_reduce(const ir::Node& n, std::span<const ir::Type> in);  // every rank's copy of a chunk
+int64_t workspace_all_gather(const ir::Node& n, std::span<const ir::Type> in);
+int64_t workspace_reduce_scatter(const ir::Node& n, std::span<const ir::Type> in);
 
 // Carves `bytes` off the front of a kernel's workspace; the next piece starts 64 bytes aligned. A kernel
 // asks for its pieces rounded up with aligned64, except the last, so that the plan (and, with separate
 // buffers, AddressSanitizer) holds it to the exact bytes it uses.
 std::byte* take(std::span<std::byte>& workspace, int64_t bytes);
+// `to` = `from` (equal types), byte for byte; nothing when they are the same buffer.
+void copy_all(const Array& from, Array& to);
 constexpr int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
 namespace ref {
