@@ -7,9 +7,12 @@
 #include "cli/config.h"
 
 #include "base/check.h"
+#include "exec/mesh.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+
+#include <cstdio>
 
 namespace {
 
@@ -66,6 +69,8 @@ int main(int argc, char** argv) {
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
   } catch (const remat::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
+    std::fflush(stderr);
+    remat::exec::Mesh::abort_launch(2);  // under mpirun: the other ranks would wait for this one forever
     return 2;
   }
   return 0;

@@ -31,6 +31,13 @@ int Mesh::launched_ranks() {
   return size ? std::max(1, std::atoi(size)) : 1;
 }
 
+void Mesh::abort_launch(int code) {
+  int running = 0, finalized = 0;
+  MPI_Initialized(&running);
+  MPI_Finalized(&finalized);
+  if (running && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 Mesh::Mesh(const std::vector<std::pair<std::string, int>>& axes) {
   const int launched = launched_ranks();
   const int product = std::accumulate(axes.begin(), axes.end(), 1, [](int p, const auto& a) { return p * a.second; });

@@ -45,6 +45,9 @@ class Mesh {
   // The number of processes mpirun started for this launch (1 when not launched by mpirun); MPI is
   // initialised on first use when there are several.
   static int launched_ranks();
+  // After an error on this rank: ends every rank of the launch with exit status `code` (MPI_Abort) when MPI is
+  // running, since the others would wait in their next collective forever; otherwise returns.
+  static void abort_launch(int code);
 
  private:
   std::vector<MeshAxis> axes_;

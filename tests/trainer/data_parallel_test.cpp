@@ -95,6 +95,17 @@ TEST(DataParallelCheckpoints, TwoRanksResumeBitIdentically) {
   EXPECT_EQ(std::get<3>(metrics(dir.path / "runs" / "split").back()), std::get<3>(metrics(dir.path / "runs" / "whole").back()));
 }
 
+// Rank 0 alone writes metrics; when it cannot, its error ends the whole launch (MPI_Abort) instead of leaving
+// rank 1 waiting in its first all-reduce.
+TEST(DataParallelConfig, AnErrorOnOneRankEndsTheLaunch) {
+  testing_support::TempDir dir;
+  fs::create_directories(dir.path / "runs" / "x" / "metrics.jsonl");  // a folder where the file should go
+  const testing_support::Output o = train(dir.path, "timeout 120 " + mpirun(2), "run_name=x");
+  EXPECT_NE(o.status, 0) << o.text;
+  EXPECT_NE(o.status, 124) << "the launch hung:\n" << o.text;
+  EXPECT_NE(o.text.find("cannot write metrics file"), std::string::npos) << o.text;
+}
+
 TEST(DataParallelConfig, ADegreeTheLaunchCannotHoldIsAnErrorNamingTheKey) {
   testing_support::TempDir dir;
   const testing_support::Output o = train(dir.path, "", "ici_data_parallelism=2");
