@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
-#include <functional>
+#include <algorithm>
 #include <numeric>
 
 namespace remat::exec {
