@@ -7,11 +7,10 @@
 #include "exec/exec.h"
 #include "exec/mesh.h"
 #include "ir/ir.h"
-#include "support/command.h"
+#include "support/mpirun.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -32,15 +31,13 @@ double operand(int rank, int64_t i) {
 // rank and should run the collective.
 bool as_ranks(const char* test) {
   if (exec::Mesh::launched_ranks() > 1) return true;
-  if (testing_support::run_command("command -v mpirun").status != 0) {
+  if (!testing_support::mpirun_installed()) {
     ADD_FAILURE() << "mpirun is not installed (scripts/setup.sh installs it)";
     return false;
   }
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const testing_support::Output o = testing_support::run_command(fmt::format(
-      "{}mpirun --oversubscribe --bind-to none{} -np {} '{}' --gtest_filter=Collectives.{} --gtest_color=no 2>&1",
-      exec::kAddressSanitizer ? "ASAN_OPTIONS=detect_leaks=0 " : "", geteuid() == 0 ? " --allow-run-as-root" : "",
-      kRanks, self, test));
+      "{} '{}' --gtest_filter=Collectives.{} --gtest_color=no 2>&1", testing_support::mpirun(kRanks), self, test));
   EXPECT_EQ(o.status, 0) << o.text;
   EXPECT_NE(o.text.find("[  PASSED  ] 1 test"), std::string::npos) << o.text;
   return false;

@@ -2,14 +2,13 @@
 // batch train bit-identically to one process accumulating the same N microbatches in order — every
 // step's loss and gradient norm, and the validation losses — because the all_reduce sums in rank order.
 // Each rank's measured arena peak equals its plan.
-#include "exec/exec.h"
 #include "support/command.h"
+#include "support/mpirun.h"
 #include "support/temp_dir.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -24,11 +23,7 @@ const char* kRun = "train base_emb_dim=32 base_num_decoder_layers=2 base_num_que
                    "head_dim=16 base_mlp_dim=64 per_device_batch_size=2 max_target_length=32 steps=20 "
                    "eval_interval=10 eval_steps=1 sample_length=2";
 
-// mpirun as a small machine needs it: more ranks than cores, threads not pinned to one core, root allowed.
-std::string mpirun(int ranks) {
-  return fmt::format("mpirun --oversubscribe --bind-to none{} -np {}", geteuid() == 0 ? " --allow-run-as-root" : "",
-                     ranks);
-}
+using testing_support::mpirun;
 
 // (step, loss, grad_norm, validation_loss or -1) of every row, exactly as written.
 std::vector<std::tuple<int64_t, double, double, double>> metrics(const fs::path& run) {
@@ -43,16 +38,14 @@ std::vector<std::tuple<int64_t, double, double, double>> metrics(const fs::path&
 }
 
 testing_support::Output train(const fs::path& dir, const std::string& launcher, const std::string& args) {
-  // Open MPI's own allocations outlive MPI_Finalize: not the engine's leaks.
-  const std::string env = exec::kAddressSanitizer ? "ASAN_OPTIONS=detect_leaks=0 " : "";
   return testing_support::run_command(
-      fmt::format("cd '{}' && {}{} '{}' {} {} 2>&1", dir.string(), env, launcher, REMAT_BINARY, kRun, args));
+      fmt::format("cd '{}' && {} '{}' {} {} 2>&1", dir.string(), launcher, REMAT_BINARY, kRun, args));
 }
 
 class DataParallel : public ::testing::TestWithParam<int> {};
 
 TEST_P(DataParallel, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatches) {
-  ASSERT_EQ(testing_support::run_command("command -v mpirun").status, 0) << "mpirun is not installed (scripts/setup.sh installs it)";
+  ASSERT_TRUE(testing_support::mpirun_installed()) << "mpirun is not installed (scripts/setup.sh installs it)";
   const int ranks = GetParam();
   testing_support::TempDir dir;
   const testing_support::Output one = train(dir.path, "", fmt::format("gradient_accumulation_steps={} run_name=one", ranks));
@@ -77,7 +70,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 4));
 // Rank 0 writes the (replicated) state; a run stopped after 12 of 20 steps and started again under mpirun
 // resumes on every rank from that checkpoint and ends bit-identical to one never stopped.
 TEST(DataParallelCheckpoints, TwoRanksResumeBitIdentically) {
-  ASSERT_EQ(testing_support::run_command("command -v mpirun").status, 0) << "mpirun is not installed (scripts/setup.sh installs it)";
+  ASSERT_TRUE(testing_support::mpirun_installed()) << "mpirun is not installed (scripts/setup.sh installs it)";
   testing_support::TempDir dir;
   const std::string checkpoints = "enable_checkpointing=true checkpoint_period=4";
   const testing_support::Output whole = train(dir.path, mpirun(2), checkpoints + " run_name=whole");

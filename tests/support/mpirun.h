@@ -1,0 +1,26 @@
+// How the MPI tests launch ranks: `mpirun -np N` as a small machine needs it (more ranks than cores, OpenMP
+// threads not pinned to one core, root allowed when root) and, in the sanitizer build, without leak reports
+// (Open MPI's own allocations outlive MPI_Finalize: not the engine's leaks).
+//   run_command(fmt::format("{} '{}' train ...", testing_support::mpirun(2), REMAT_BINARY));
+#pragma once
+
+#include "exec/exec.h"
+#include "support/command.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <string>
+
+namespace remat::testing_support {
+
+inline std::string mpirun(int ranks) {
+  return fmt::format("{}mpirun --oversubscribe --bind-to none{} -np {}",
+                     exec::kAddressSanitizer ? "env ASAN_OPTIONS=detect_leaks=0 " : "",
+                     geteuid() == 0 ? " --allow-run-as-root" : "", ranks);
+}
+
+// scripts/setup.sh installs it; the MPI tests fail without it.
+inline bool mpirun_installed() { return run_command("command -v mpirun").status == 0; }
+
+}  // namespace remat::testing_support
