@@ -258,11 +258,16 @@ std::vector<Cot> vjp_check_finite(Builder&, size_t, const Node&, Cots c, Context
 std::vector<Cot> vjp_all_reduce(Builder&, size_t, const Node& n, Cots c, Context&) {
   return {all_reduce(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"))};
 }
-std::vector<Cot> vjp_all_gather(Builder&, size_t, const Node& n, Cots c, Context&) {
-  return {reduce_scatter(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"), n.attrs.integer("dim"))};
+// Each with the other's attributes, converting back to the operand's dtype: the transpose of a cast before
+// the gather is a sum in the operand's dtype (FSDP reduces bf16 gradients in f32 when the weights are f32).
+int64_t parts_of(const Node& n) { return n.attrs.has("parts") ? n.attrs.integer("parts") : 0; }
+std::vector<Cot> vjp_all_gather(Builder& b, size_t, const Node& n, Cots c, Context&) {
+  return {reduce_scatter(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"), n.attrs.integer("dim"), parts_of(n),
+                         in(b, n, 0).dtype())};
 }
-std::vector<Cot> vjp_reduce_scatter(Builder&, size_t, const Node& n, Cots c, Context&) {
-  return {all_gather(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"), n.attrs.integer("dim"))};
+std::vector<Cot> vjp_reduce_scatter(Builder& b, size_t, const Node& n, Cots c, Context&) {
+  return {all_gather(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"), n.attrs.integer("dim"), parts_of(n),
+                     in(b, n, 0).dtype())};
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <numeric>
 
 namespace remat::exec {
@@ -62,16 +64,43 @@ Mesh::Mesh(const std::vector<std::pair<std::string, int>>& axes) {
     if (size_ > 1) MPI_Comm_split(MPI_COMM_WORLD, rank_ - a.rank * stride, a.rank, &a.comm);
     axes_.push_back(a);
   }
+  // Groups: for each set of two or more axes (a bit mask over them), the ranks equal outside the set, ordered
+  // by their row-major index within it. Every rank creates them all, in the same order.
+  const size_t n = axes_.size();
+  for (uint32_t mask = 1; mask < (1u << n); ++mask) {
+    if (std::popcount(mask) < 2) continue;
+    MeshAxis g{"", 1, 0, MPI_COMM_NULL};
+    int outside = rank_, stride_in = size_;
+    for (size_t i = 0; i < n; ++i) {
+      stride_in /= axes_[i].size;
+      if (!(mask & (1u << i))) continue;
+      g.name += (g.name.empty() ? "" : ",") + axes_[i].name;
+      g.rank = g.rank * axes_[i].size + axes_[i].rank;
+      g.size *= axes_[i].size;
+      outside -= axes_[i].rank * stride_in;
+    }
+    if (size_ > 1) MPI_Comm_split(MPI_COMM_WORLD, outside, g.rank, &g.comm);
+    groups_.push_back(g);
+  }
 }
 
 Mesh::~Mesh() {
-  for (MeshAxis& a : axes_)
-    if (a.comm != MPI_COMM_NULL) MPI_Comm_free(&a.comm);
+  for (std::vector<MeshAxis>* list : {&axes_, &groups_})
+    for (MeshAxis& a : *list)
+      if (a.comm != MPI_COMM_NULL) MPI_Comm_free(&a.comm);
+}
+
+bool Mesh::all(bool ok) const {
+  if (size_ == 1) return ok;
+  int mine = ok ? 1 : 0, every = 0;
+  MPI_Allreduce(&mine, &every, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+  return every != 0;
 }
 
 const MeshAxis& Mesh::axis(std::string_view name) const {
-  for (const MeshAxis& a : axes_)
-    if (a.name == name) return a;
+  for (const std::vector<MeshAxis>* list : {&axes_, &groups_})
+    for (const MeshAxis& a : *list)
+      if (a.name == name) return a;
   CHECK(false, "the program communicates over mesh axis '{}', which this run's mesh does not have", name);
   __builtin_unreachable();
 }

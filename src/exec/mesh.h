@@ -1,7 +1,9 @@
 // The device mesh of a distributed run (DESIGN §9): one process per rank, launched by Open MPI's mpirun,
 // and named axes whose sizes multiply to the number of processes. Each axis is a communicator over the
-// ranks that differ only in that axis's coordinate (the last axis varies fastest). Collective kernels
-// (all_reduce) find their axis here through exec::Options::mesh.
+// ranks that differ only in that axis's coordinate (the last axis varies fastest). A group of several axes,
+// named by their names joined with commas in the mesh's order ("data,fsdp"), is the communicator over the
+// ranks that differ only in those axes, ordered row-major (its last axis fastest). Collective kernels find
+// their axis or group here through exec::Options::mesh.
 // Determinism: a collective's sum is taken in rank order on every rank (each rank receives every rank's
 // part of its chunk and adds them in order 0, 1, ...), never in an order the MPI library picks, so the
 // result does not depend on the library, the launch or the network.
@@ -39,7 +41,10 @@ class Mesh {
 
   int rank() const { return rank_; }  // in the whole launch
   int size() const { return size_; }
-  const MeshAxis& axis(std::string_view name) const;  // CHECKs that the mesh has it
+  // An axis, or a group of axes ("data,fsdp"); CHECKs that the mesh has it.
+  const MeshAxis& axis(std::string_view name) const;
+  // Whether `ok` holds on every rank (a barrier as well); `ok` itself without MPI.
+  bool all(bool ok) const;
   const std::vector<MeshAxis>& axes() const { return axes_; }
 
   // The number of processes mpirun started for this launch (1 when not launched by mpirun); MPI is
@@ -51,6 +56,7 @@ class Mesh {
 
  private:
   std::vector<MeshAxis> axes_;
+  std::vector<MeshAxis> groups_;  // every set of two or more axes
   int rank_ = 0, size_ = 1;
 };
 

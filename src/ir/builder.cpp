@@ -154,11 +154,22 @@ Tensor check_finite(Tensor x) { return x.b->emit1(Op::check_finite, std::array{x
 Tensor all_reduce(Tensor x, const std::string& axis, int64_t ranks) {
   return x.b->emit1(Op::all_reduce, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks));
 }
-Tensor all_gather(Tensor x, const std::string& axis, int64_t ranks, int64_t dim) {
-  return x.b->emit1(Op::all_gather, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks).set("dim", dim));
+namespace {
+// all_gather and reduce_scatter's attributes: `parts` and `dtype` only where they differ from the defaults.
+Attrs sharding_attrs(Tensor x, const std::string& axis, int64_t ranks, int64_t dim, int64_t parts, std::optional<DType> to) {
+  Attrs a = Attrs().set("axis", axis).set("ranks", ranks).set("dim", dim);
+  if (parts != 0 && parts != ranks) a.set("parts", parts);
+  if (to && *to != x.dtype()) a.set("dtype", *to);
+  return a;
 }
-Tensor reduce_scatter(Tensor x, const std::string& axis, int64_t ranks, int64_t dim) {
-  return x.b->emit1(Op::reduce_scatter, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks).set("dim", dim));
+}  // namespace
+
+Tensor all_gather(Tensor x, const std::string& axis, int64_t ranks, int64_t dim, int64_t parts, std::optional<DType> to) {
+  return x.b->emit1(Op::all_gather, std::array{x}, sharding_attrs(x, axis, ranks, dim, parts, to));
+}
+Tensor reduce_scatter(Tensor x, const std::string& axis, int64_t ranks, int64_t dim, int64_t parts,
+                      std::optional<DType> to) {
+  return x.b->emit1(Op::reduce_scatter, std::array{x}, sharding_attrs(x, axis, ranks, dim, parts, to));
 }
 
 std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> consts, std::span<const Tensor> carries,

@@ -14,6 +14,7 @@
 #include "ir/graph.h"
 
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -110,12 +111,21 @@ Tensor scatter_add(Tensor operand, Tensor indices, Tensor updates);
 Tensor checkpoint_name(Tensor x, const std::string& name);
 // x, after failing the run (naming the scope) if it holds a NaN or an infinity; kept even if unread.
 Tensor check_finite(Tensor x);
-// The sum of x over the `ranks` ranks of mesh axis `axis` (psum), in rank order.
+// The sum of x over the `ranks` ranks of mesh axis `axis` (psum), in rank order. `axis` may name a group of
+// axes, "data,fsdp": the sum is then over all their ranks, in row-major order.
 Tensor all_reduce(Tensor x, const std::string& axis, int64_t ranks);
-// The ranks' x concatenated along `dim`, in rank order.
-Tensor all_gather(Tensor x, const std::string& axis, int64_t ranks, int64_t dim);
-// The sum of the ranks' x (in rank order), this rank's block of `dim` (psum_scatter).
-Tensor reduce_scatter(Tensor x, const std::string& axis, int64_t ranks, int64_t dim);
+// The ranks' x concatenated along `dim`, in rank order (all_gather). The blocks are those of the `parts`
+// ranks of the last axis of `axis` (default 0: all `ranks`); over a group ("data,fsdp") x is the same on the
+// ranks that differ only in the other axes (replicas of one shard), which each use the whole result, so that
+// the transpose sums over all `ranks`. `to`: x is converted to this dtype first, the dtype on the wire and of
+// the result (FSDP's cast before the gather).
+Tensor all_gather(Tensor x, const std::string& axis, int64_t ranks, int64_t dim, int64_t parts = 0,
+                  std::optional<DType> to = std::nullopt);
+// The sum of all `ranks` ranks' x (in rank order), this rank's block of `dim` (psum_scatter): the block of
+// its coordinate along the last axis of `axis`, of `parts` blocks (default: `ranks`). `to`: the sum is taken
+// and returned in this dtype (each rank's x sent as it is, converted as it is added).
+Tensor reduce_scatter(Tensor x, const std::string& axis, int64_t ranks, int64_t dim, int64_t parts = 0,
+                      std::optional<DType> to = std::nullopt);
 
 // lax.scan. `body(b, consts, carries, x_slices)` returns carries' next values followed by the y slices.
 // Returns the final carries followed by the stacked ys ([length, ...]).

@@ -25,13 +25,15 @@ void add_communication(const Graph& g, double trips, std::map<Op, Communication>
   for (const Node& n : g.nodes) {
     if (n.body) add_communication(*n.body, trips * (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0), out);
     if (op_traits(n.op).cls != OpClass::collective) continue;
-    const double bytes = static_cast<double>(g.type(n.inputs[0]).bytes()), ranks = static_cast<double>(n.attrs.integer("ranks"));
+    const Type& operand = g.type(n.inputs[0]);
+    const double ranks = static_cast<double>(n.attrs.integer("ranks"));
+    const double parts = n.attrs.has("parts") ? static_cast<double>(n.attrs.integer("parts")) : ranks;
+    const DType wire = n.op == Op::all_gather ? g.type(n.outputs[0]).dtype : operand.dtype;  // cast before the gather
+    const double bytes = static_cast<double>(operand.num_elements() * dtype_size(wire));
     Communication& c = out[n.op];
     c.count += static_cast<int64_t>(trips);
     c.bytes += trips * bytes;
-    // all_reduce: its chunks to every other rank, then its sum back; reduce_scatter: the other ranks'
-    // blocks; all_gather: its operand to every other rank.
-    const double share = n.op == Op::all_reduce ? 2 * (ranks - 1) / ranks : n.op == Op::reduce_scatter ? (ranks - 1) / ranks : ranks - 1;
+    const double share = n.op == Op::all_reduce ? 2 * (ranks - 1) / ranks : n.op == Op::reduce_scatter ? (ranks - 1) / parts : parts - 1;
     c.sent += trips * share * bytes;
   }
 }

@@ -14,8 +14,10 @@
 // `all_reduce` sums its operand over the `ranks` processes of mesh axis `axis` (psum): every rank gets the
 // same bits, the sum taken in rank order whatever the MPI library does (exec/mesh.h). `all_gather`
 // concatenates the ranks' operands along dimension `dim` in rank order; `reduce_scatter` sums them (in rank
-// order) and keeps the rank's block of dimension `dim` (psum_scatter). Collectives are effectful, so every
-// rank issues them in the same order.
+// order) and keeps the rank's block of dimension `dim` (psum_scatter). `axis` may name a group of mesh axes
+// ("data,fsdp"); all_gather and reduce_scatter then have `parts` blocks, those of the group's last axis, and
+// either may carry `dtype`, converting before it communicates (all_gather: FSDP's cast before the gather) or
+// summing in it (reduce_scatter). Collectives are effectful, so every rank issues them in the same order.
 //
 // Each row answers, for every stage that reads it: X(op, arity, class, effects, cost)
 //   class   what the op is: elementwise (element i of the result from element i of each operand),

@@ -286,27 +286,39 @@ std::vector<Type> rule_check_finite(const Ctx& c) {
   return same_as_input(c);
 }
 std::vector<Type> rule_offload(const Ctx& c) { return same_as_input(c); }
-// all_gather and reduce_scatter: the mesh axis, its ranks and a dimension of the operand.
-int64_t collective_dim(const Ctx& c, const char* op) {
+// all_gather and reduce_scatter: the mesh axis (or group), its ranks, a dimension of the operand, the
+// number of blocks (a divisor of the ranks) and the result's dtype.
+struct Sharded {
+  int64_t dim, parts;
+  DType dtype;
+};
+Sharded sharded(const Ctx& c, const char* op) {
   CHECK(is_float(c.in[0].dtype), "{}: {} takes a floating-point operand, got {}", c.where, op, type_str(c.in[0]));
-  CHECK(!c.attrs.str("axis").empty() && c.attrs.integer("ranks") >= 1,
-        "{}: {} needs a mesh axis name and its number of ranks (>= 1)", c.where, op);
+  const int64_t ranks = c.attrs.integer("ranks");
+  CHECK(!c.attrs.str("axis").empty() && ranks >= 1, "{}: {} needs a mesh axis name and its number of ranks (>= 1)",
+        c.where, op);
   const int64_t dim = c.attrs.integer("dim");
   CHECK(dim >= 0 && dim < c.in[0].rank(), "{}: {} dim {} is not a dimension of {}", c.where, op, dim, type_str(c.in[0]));
-  return dim;
+  const int64_t parts = c.attrs.has("parts") ? c.attrs.integer("parts") : ranks;
+  CHECK(parts >= 1 && ranks % parts == 0, "{}: {} into {} parts over {} ranks: the parts must divide the ranks",
+        c.where, op, parts, ranks);
+  const DType dtype = c.attrs.has("dtype") ? c.attrs.dtype("dtype") : c.in[0].dtype;
+  CHECK(is_float(dtype), "{}: {} converts to {}, which is not a floating-point dtype", c.where, op, dtype_name(dtype));
+  return {dim, parts, dtype};
 }
 std::vector<Type> rule_all_gather(const Ctx& c) {
-  Type t = c.in[0];
-  t.shape[static_cast<size_t>(collective_dim(c, "all_gather"))] *= c.attrs.integer("ranks");
+  const Sharded s = sharded(c, "all_gather");
+  Type t{s.dtype, c.in[0].shape};
+  t.shape[static_cast<size_t>(s.dim)] *= s.parts;
   return {t};
 }
 std::vector<Type> rule_reduce_scatter(const Ctx& c) {
-  Type t = c.in[0];
-  int64_t& d = t.shape[static_cast<size_t>(collective_dim(c, "reduce_scatter"))];
-  const int64_t ranks = c.attrs.integer("ranks");
-  CHECK(d % ranks == 0, "{}: reduce_scatter over {} ranks needs dim {} of {} to divide by them", c.where, ranks,
-        c.attrs.integer("dim"), type_str(c.in[0]));
-  d /= ranks;
+  const Sharded s = sharded(c, "reduce_scatter");
+  Type t{s.dtype, c.in[0].shape};
+  int64_t& d = t.shape[static_cast<size_t>(s.dim)];
+  CHECK(d % s.parts == 0, "{}: reduce_scatter into {} parts needs dim {} of {} to divide by them", c.where, s.parts,
+        s.dim, type_str(c.in[0]));
+  d /= s.parts;
   return {t};
 }
 std::vector<Type> rule_all_reduce(const Ctx& c) {

@@ -23,13 +23,13 @@ constexpr int kRanks = 3;
 
 // Rank r's element i: magnitudes far apart, so that (a + b) + c differs from a + (b + c) in f32 and bf16.
 double operand(int rank, int64_t i) {
-  const double big[kRanks] = {1e8, -1e8, 3.0};
+  const double big[] = {1e8, -1e8, 3.0, 7e7};
   return big[rank] + 0.37 * static_cast<double>(i % 5) - static_cast<double>(rank);
 }
 
-// Runs `test` (this binary, filtered to it) under mpirun with kRanks ranks; true when this process is such a
+// Runs `test` (this binary, filtered to it) under mpirun with `ranks` ranks; true when this process is such a
 // rank and should run the collective.
-bool as_ranks(const char* test) {
+bool as_ranks(const char* test, int ranks = kRanks) {
   if (exec::Mesh::launched_ranks() > 1) return true;
   if (!testing_support::mpirun_installed()) {
     ADD_FAILURE() << "mpirun is not installed (scripts/setup.sh installs it)";
@@ -37,18 +37,19 @@ bool as_ranks(const char* test) {
   }
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const testing_support::Output o = testing_support::run_command(fmt::format(
-      "{} '{}' --gtest_filter=Collectives.{} --gtest_color=no 2>&1", testing_support::mpirun(kRanks), self, test));
+      "{} '{}' --gtest_filter=Collectives.{} --gtest_color=no 2>&1", testing_support::mpirun(ranks), self, test));
   EXPECT_EQ(o.status, 0) << o.text;
   EXPECT_NE(o.text.find("[  PASSED  ] 1 test"), std::string::npos) << o.text;
   return false;
 }
 
-// The sum in f32 of every rank's element i, in rank order from zero, each sum rounded to `dtype` as the add
-// op rounds it.
-double rank_order_sum(DType dtype, int64_t i) {
-  exec::Array sum(ir::Type{dtype, {1}}), part(ir::Type{dtype, {1}});
+// The sum in f32 of the ranks' element i (each rounded to `part_dtype`), in rank order from zero, each sum
+// rounded to `dtype` as the add op rounds it.
+double rank_order_sum(DType dtype, int64_t i, int ranks = kRanks, DType part_dtype = DType::f32) {
+  if (part_dtype == DType::f32) part_dtype = dtype;
+  exec::Array sum(ir::Type{dtype, {1}}), part(ir::Type{part_dtype, {1}});
   sum.set(0, 0.0);
-  for (int r = 0; r < kRanks; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     part.set(0, operand(r, i));
     sum.set(0, static_cast<double>(static_cast<float>(sum.get(0)) + static_cast<float>(part.get(0))));
   }
@@ -117,6 +118,46 @@ TEST(Collectives, ReduceScatterKeepsThisRanksBlockOfTheRankOrderSum) {
         }
     }
   }
+}
+
+// A 2 x 2 mesh (data, fsdp), FSDP's collectives over the group "data,fsdp": an all_gather of the fsdp
+// shards converted to bf16 before they are sent (the data-parallel replicas hold the same shard), the
+// transpose's reduce_scatter of bf16 operands summed over all four ranks in f32, in rank order, each rank
+// keeping the block of its fsdp coordinate, and an all_reduce over the group.
+TEST(Collectives, GroupCollectivesSpanDataAndFsdp) {
+  constexpr int kGroup = 4;
+  if (!as_ranks("GroupCollectives*", kGroup)) return;
+  const exec::Mesh mesh({{"data", 2}, {"fsdp", 2}});
+  const int f = mesh.axis("fsdp").rank, data_rank = mesh.axis("data").rank;
+  ASSERT_EQ(mesh.rank(), data_rank * 2 + f);
+  ASSERT_EQ(mesh.axis("data,fsdp").rank, mesh.rank());
+  // The replicas of a shard hold the same operand: rank (d, f) gathers the operands of ranks (0, 0) and (0, 1).
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor shard = b.param("x", {DType::f32, {2, 3}});
+  b.result(ir::all_gather(shard, "data,fsdp", kGroup, 1, 2, DType::bf16));
+  exec::Array x(ir::Type{DType::f32, {2, 3}});
+  for (int64_t i = 0; i < x.size(); ++i) x.set(i, operand(f, i) + 0.001);
+  const exec::Array gathered = exec::run(g, std::vector<exec::Array>{x}, {.mesh = &mesh})[0];
+  ASSERT_EQ(gathered.type(), (ir::Type{DType::bf16, {2, 6}}));
+  exec::Array one(ir::Type{DType::bf16, {1}});
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t c = 0; c < 6; ++c) {
+      one.set(0, operand(static_cast<int>(c / 3), a * 3 + c % 3) + 0.001);
+      ASSERT_EQ(gathered.get(a * 6 + c), one.get(0)) << "(" << a << "," << c << ") on rank " << mesh.rank();
+    }
+
+  const exec::Array scattered = run_collective(mesh, DType::bf16, {2, 4}, [](ir::Tensor t) {
+    return ir::reduce_scatter(t, "data,fsdp", kGroup, 1, 2, DType::f32);
+  });
+  ASSERT_EQ(scattered.type(), (ir::Type{DType::f32, {2, 2}}));
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t c = 0; c < 2; ++c)
+      ASSERT_EQ(scattered.get(a * 2 + c), rank_order_sum(DType::f32, a * 4 + f * 2 + c, kGroup, DType::bf16))
+          << "(" << a << "," << c << ") on rank " << mesh.rank();
+
+  const exec::Array summed = run_collective(mesh, DType::f32, {5}, [](ir::Tensor t) { return ir::all_reduce(t, "data,fsdp", kGroup); });
+  for (int64_t i = 0; i < 5; ++i) ASSERT_EQ(summed.get(i), rank_order_sum(DType::f32, i, kGroup)) << i;
 }
 
 }  // namespace
