@@ -21,10 +21,11 @@ namespace {
 
 constexpr int kRanks = 3;
 
-// Rank r's element i: magnitudes far apart, so that (a + b) + c differs from a + (b + c) in f32 and bf16.
+// Rank r's element i: magnitudes far apart, so that (a + b) + c differs from a + (b + c) in f32 and bf16, and
+// a factor that tells elements apart in bf16 too.
 double operand(int rank, int64_t i) {
   const double big[] = {1e8, -1e8, 3.0, 7e7};
-  return big[rank] + 0.37 * static_cast<double>(i % 5) - static_cast<double>(rank);
+  return big[rank] * (1 + 0.125 * static_cast<double>(i % 7)) + 0.37 * static_cast<double>(i % 5) - static_cast<double>(rank);
 }
 
 // Runs `test` (this binary, filtered to it) under mpirun with `ranks` ranks; true when this process is such a
