@@ -136,6 +136,8 @@ const std::vector<Key>& keys() {
       bind<int64_t>("gradient_accumulation_steps", [](Config& c) -> int64_t& { return c.run.shape.accumulation; }, at_least(1)),
       bind<int64_t>("ici_data_parallelism", [](Config& c) -> int64_t& { return c.run.ici_data_parallelism; }, ranks()),
       bind<int64_t>("dcn_data_parallelism", [](Config& c) -> int64_t& { return c.run.dcn_data_parallelism; }, ranks()),
+      bind<int64_t>("ici_fsdp_parallelism", [](Config& c) -> int64_t& { return c.run.ici_fsdp_parallelism; }, ranks()),
+      bind<int64_t>("dcn_fsdp_parallelism", [](Config& c) -> int64_t& { return c.run.dcn_fsdp_parallelism; }, ranks()),
       bind<int64_t>("steps", [](Config& c) -> int64_t& { return c.run.steps; }, at_least(1)),
       bind<double>("learning_rate", [](Config& c) -> double& { return c.run.optimizer.learning_rate; }, at_least(0)),
       bind<int64_t>("warmup_steps", [](Config& c) -> int64_t& { return c.run.optimizer.warmup_steps; }, at_least(0)),

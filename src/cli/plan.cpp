@@ -11,9 +11,10 @@ namespace remat::cli {
 
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
   const trainer::RunConfig& run = config.run;
-  train::StepShape shape = run.shape;  // one device's: its part of the batch, its collectives
-  shape.data_parallel = trainer::data_parallelism(run, 0);
-  compile::Compiled step = compile::compile({.model = run.model, .shape = shape, .optimizer = run.optimizer,
+  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
+  model.mesh = trainer::mesh_of(run, 0);
+  const int64_t devices = model.mesh.ranks(), fsdp = model.mesh.size("fsdp");
+  compile::Compiled step = compile::compile({.model = model, .shape = run.shape, .optimizer = run.optimizer,
                                              .allow_unmatched = run.remat_allow_unmatched});
   const rematerialize::Explanation& e = step.explanation;
   plan::ReportOptions o;
@@ -22,7 +23,10 @@ std::string plan_report(const Config& config, bool json, const std::string& time
   o.title = fmt::format("model {} ({} parameters), batch {} x {} tokens{}{}, remat_policy {}{}", config.model,
                         params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6), run.shape.batch, run.shape.seq,
                         run.shape.accumulation > 1 ? fmt::format(" x {} microbatches", run.shape.accumulation) : "",
-                        shape.data_parallel > 1 ? fmt::format(" per device, {} data-parallel ranks", shape.data_parallel) : "",
+                        devices == 1  ? ""
+                        : fsdp == 1   ? fmt::format(" per device, {} data-parallel ranks", devices)
+                        : fsdp == devices ? fmt::format(" per device, {} FSDP ranks", devices)
+                                          : fmt::format(" per device, {} ranks ({} data-parallel x {} FSDP)", devices, devices / fsdp, fsdp),
                         run.model.remat_policy,
                         mp.compute == mp.param ? std::string()
                                                : fmt::format(", {} weights, {} compute, mp_cast {}", dtype_name(mp.param),

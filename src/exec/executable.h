@@ -42,6 +42,7 @@ class Executable {
 
   const ir::Graph& graph() const { return graph_; }
   const plan::Plan& plan() const { return plan_; }
+  const Options& options() const { return options_; }
   // Peak of the live arena bytes observed while running (a buffer is live from the step that first writes
   // it to the step that last reads it; results to the end), per memory space. Meant to equal the plan's
   // lower_bound: the check that liveness was planned right.

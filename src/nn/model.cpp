@@ -2,6 +2,7 @@
 
 #include "nn/checkpoint_names.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -214,14 +215,43 @@ LayerWeights cast_to_compute(LayerWeights w) {
   return w;
 }
 
+// FSDP: the whole of a parameter (or of a layer's slice of one) from this device's shard along `dim`, in
+// `to` when given: the cast comes before the gather, so the compute dtype is what goes on the wire and what
+// the gathered buffer holds. Unsharded: the parameter itself (converted).
+Tensor gathered(Tensor shard, int64_t dim, int64_t shards, std::optional<DType> to = std::nullopt) {
+  if (shards == 1) return to ? convert(shard, *to) : shard;
+  const Mesh& m = ComputeContext::current().mesh;
+  return all_gather(shard, m.group(), m.ranks(), dim, shards, to);
+}
+
+// FSDP: a layer's whole weights from its shards, the kernels cast to the compute dtype before the gather
+// (under mp_cast=upfront they already are), the norm scales as they are. Gathered where the layer starts:
+// under a scan one layer's are live at a time, and being weight-derived they are recomputed by the
+// backward, never saved.
+LayerWeights gather_layer(Builder& b, const ModelConfig& c, LayerWeights w) {
+  auto s = b.scope("fsdp_gather");
+  const std::vector<ParamSpec> specs = param_specs(c);
+  const std::vector<LayerParam> params = layer_params(c);
+  const std::vector<Tensor*> matmul = kernels(w);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSpec& spec = specs[1 + i];  // after the embedding; a layer's slice drops the layers dimension
+    Tensor& t = w.*params[i].field;
+    const bool kernel = std::find(matmul.begin(), matmul.end(), &t) != matmul.end();
+    t = gathered(t, spec.shard_dim - 1, spec.shards, kernel ? std::optional<DType>(compute_dtype()) : std::nullopt);
+  }
+  return w;
+}
+
 Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeights& weights, const LayerConsts& k) {
   x = named(x, names::kDecoderLayerInput, c.checkpoint_naming);
+  const bool sharded = c.mesh.size("fsdp") > 1;
+  const LayerWeights whole = sharded ? gather_layer(b, c, weights) : weights;
   Tensor h;
   {
     auto s = b.scope("pre_self_attention_norm");
-    h = rms_norm(x, weights.attn_norm, c.rms_eps);
+    h = rms_norm(x, whole.attn_norm, c.rms_eps);
   }
-  const LayerWeights w = cast_to_compute(weights);
+  const LayerWeights w = sharded ? whole : cast_to_compute(weights);
   x = named(x + attention(b, c, h, w, k), names::kAttentionResidual, c.checkpoint_naming);
   {
     auto s = b.scope("post_self_attention_norm");
@@ -328,13 +358,16 @@ Tensor decoder_layers(Builder& b, const ModelConfig& c, Tensor x, std::span<cons
 }
 
 Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Tensor inputs) {
-  ComputeContext precision(ComputeSettings{c.precision, {}, {}});
+  ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
   CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32, "model inputs must be i32[batch, seq], got {}",
         type_str(inputs.type()));
+  const std::vector<ParamSpec> specs = param_specs(c);
+  auto whole = [&](size_t i, std::optional<DType> to) { return gathered(p[i], specs[i].shard_dim, specs[i].shards, to); };
   Tensor x;
   {
     auto s = b.scope("token_embedder");
-    x = convert(gather(p[0], inputs), compute_dtype());
+    // Sharded, the table is gathered in the compute dtype; the rows are the same values either way.
+    x = specs[0].shards > 1 ? gather(whole(0, compute_dtype()), inputs) : convert(gather(p[0], inputs), compute_dtype());
   }
   LayerConsts k = layer_consts(b, c, inputs.dim(1));
   // params: the embedding, the stacked layer weights, the final norm scale, the output kernel (if untied).
@@ -349,14 +382,14 @@ Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p,
   x = decoder_layers(b, c, x, stacked, k);
   {
     auto s = b.scope("decoder/decoder_norm");
-    x = rms_norm(x, p[final_norm], c.rms_eps);
+    x = rms_norm(x, whole(final_norm, std::nullopt), c.rms_eps);
   }
   auto s = b.scope("decoder/logits_dense");
   // Logits in f32 for the loss: the matmul in the compute dtype (or f32 with logits_dot_in_fp32), cast up.
   const DType dot = c.logits_dot_in_fp32 ? kF32 : compute_dtype();
   if (c.logits_via_embedding)
-    return convert(dot_general(convert(x, dot), convert(p[0], dot), DotDims{{2}, {1}, {}, {}}), kF32);
-  return convert(project(x, p[final_norm + 1], dot), kF32);
+    return convert(dot_general(convert(x, dot), whole(0, dot), DotDims{{2}, {1}, {}, {}}), kF32);
+  return convert(project(x, whole(final_norm + 1, dot), dot), kF32);
 }
 
 }  // namespace
@@ -387,41 +420,77 @@ void validate(const ModelConfig& c) {
         "config key 'layers_per_group' ({}) needs scan_layers=true: groups are a scan of scans", c.layers_per_group);
 }
 
+ir::Type ParamSpec::whole_type() const {
+  ir::Type t = type;
+  if (shard_dim >= 0) t.shape[static_cast<size_t>(shard_dim)] *= shards;
+  return t;
+}
+
+namespace {
+// Splits `p` along the first of its logical axes that axis_rules maps to a mesh axis of several ranks.
+void shard(ParamSpec& p, const ModelConfig& c) {
+  for (size_t d = 0; d < p.axes.size(); ++d) {
+    auto rule = c.axis_rules.find(p.axes[d]);
+    if (rule == c.axis_rules.end()) continue;
+    const int64_t n = c.mesh.size(rule->second), size = p.type.shape[d];
+    if (n == 1) continue;
+    CHECK(size % n == 0,
+          "parameter {} ({}) cannot be sharded {} ways along its '{}' dimension of {}: the {} parallelism "
+          "(ici_{}_parallelism x dcn_{}_parallelism) must divide it; {} divides it",
+          p.path, ir::type_str(p.type), n, p.axes[d], size, rule->second, rule->second, rule->second,
+          [&] {  // the degrees that would, up to its size
+            std::vector<int64_t> ok;
+            for (int64_t k = 2; k <= size && ok.size() < 8; ++k)
+              if (size % k == 0) ok.push_back(k);
+            return fmt::format("{}", fmt::join(ok, ", "));
+          }());
+    p.type.shape[d] /= n;
+    p.shard_dim = static_cast<int64_t>(d);
+    p.shards = n;
+    return;
+  }
+}
+}  // namespace
+
 std::vector<ParamSpec> param_specs(const ModelConfig& c) {
   validate(c);
   const int64_t L = c.num_decoder_layers, D = c.emb_dim, H = c.num_heads, KV = c.num_kv_heads, Dh = c.head_dim,
                 F = c.mlp_dim, V = c.vocab_size;
   const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
   const DType pd = c.precision.param;
-  auto t = [pd](Shape s) { return Type{pd, std::move(s)}; };
-  std::vector<ParamSpec> p = {
-      {"token_embedder/embedding", t({V, D}), Init::normal, 0.02},
-      {"decoder/layers/pre_self_attention_norm/scale", t({L, D}), Init::ones, 0},
+  using Axes = std::vector<std::string>;
+  std::vector<ParamSpec> p;
+  auto add = [&](std::string path, Shape s, Axes axes, Init init, double std) {
+    p.push_back({std::move(path), Type{pd, std::move(s)}, init, std, std::move(axes)});
   };
+  add("token_embedder/embedding", {V, D}, {"vocab", "embed"}, Init::normal, 0.02);
+  add("decoder/layers/pre_self_attention_norm/scale", {L, D}, {"layers", "embed"}, Init::ones, 0);
   if (c.fused_qkv) {
-    p.push_back({"decoder/layers/self_attention/qkv_proj/kernel", t({L, D, H + 2 * KV, Dh}), Init::normal, 0.02});
+    add("decoder/layers/self_attention/qkv_proj/kernel", {L, D, H + 2 * KV, Dh}, {"layers", "embed", "qkv_heads", "kv"},
+        Init::normal, 0.02);
   } else {
-    p.push_back({"decoder/layers/self_attention/query/kernel", t({L, D, H, Dh}), Init::normal, 0.02});
-    p.push_back({"decoder/layers/self_attention/key/kernel", t({L, D, KV, Dh}), Init::normal, 0.02});
-    p.push_back({"decoder/layers/self_attention/value/kernel", t({L, D, KV, Dh}), Init::normal, 0.02});
+    add("decoder/layers/self_attention/query/kernel", {L, D, H, Dh}, {"layers", "embed", "heads", "kv"}, Init::normal, 0.02);
+    add("decoder/layers/self_attention/key/kernel", {L, D, KV, Dh}, {"layers", "embed", "kv_heads", "kv"}, Init::normal, 0.02);
+    add("decoder/layers/self_attention/value/kernel", {L, D, KV, Dh}, {"layers", "embed", "kv_heads", "kv"}, Init::normal, 0.02);
   }
-  p.push_back({"decoder/layers/self_attention/out/kernel", t({L, H, Dh, D}), Init::normal, out_std});
-  p.push_back({"decoder/layers/post_self_attention_norm/scale", t({L, D}), Init::ones, 0});
+  add("decoder/layers/self_attention/out/kernel", {L, H, Dh, D}, {"layers", "heads", "kv", "embed"}, Init::normal, out_std);
+  add("decoder/layers/post_self_attention_norm/scale", {L, D}, {"layers", "embed"}, Init::ones, 0);
   if (c.fused_mlp) {
-    p.push_back({"decoder/layers/mlp/wi/kernel", t({L, D, 2, F}), Init::normal, 0.02});
+    add("decoder/layers/mlp/wi/kernel", {L, D, 2, F}, {"layers", "embed", "activations", "mlp"}, Init::normal, 0.02);
   } else {
-    p.push_back({"decoder/layers/mlp/wi_0/kernel", t({L, D, F}), Init::normal, 0.02});
-    p.push_back({"decoder/layers/mlp/wi_1/kernel", t({L, D, F}), Init::normal, 0.02});
+    add("decoder/layers/mlp/wi_0/kernel", {L, D, F}, {"layers", "embed", "mlp"}, Init::normal, 0.02);
+    add("decoder/layers/mlp/wi_1/kernel", {L, D, F}, {"layers", "embed", "mlp"}, Init::normal, 0.02);
   }
-  p.push_back({"decoder/layers/mlp/wo/kernel", t({L, F, D}), Init::normal, out_std});
-  p.push_back({"decoder/decoder_norm/scale", t({D}), Init::ones, 0});
-  if (!c.logits_via_embedding) p.push_back({"decoder/logits_dense/kernel", t({D, V}), Init::normal, 0.02});
+  add("decoder/layers/mlp/wo/kernel", {L, F, D}, {"layers", "mlp", "embed"}, Init::normal, out_std);
+  add("decoder/decoder_norm/scale", {D}, {"embed"}, Init::ones, 0);
+  if (!c.logits_via_embedding) add("decoder/logits_dense/kernel", {D, V}, {"embed", "vocab"}, Init::normal, 0.02);
+  for (ParamSpec& s : p) shard(s, c);
   return p;
 }
 
 int64_t param_count(const ModelConfig& c) {
   int64_t n = 0;
-  for (const ParamSpec& p : param_specs(c)) n += p.type.num_elements();
+  for (const ParamSpec& p : param_specs(c)) n += p.whole_type().num_elements();
   return n;
 }
 
@@ -462,9 +531,8 @@ Place place_of(const std::vector<ParamSpec>& model, const std::vector<ParamSpec>
   return {};
 }
 
-// Writes `part` (an unfused array) into its place in `into`.
-void put(const exec::Array& part, const Place& place, std::span<exec::Array> into) {
-  exec::Array& to = into[place.index];
+// Writes `part` (an unfused array) into its place in `to` (the whole parameter `place` names).
+void put(const exec::Array& part, const Place& place, exec::Array& to) {
   if (place.row_offset < 0) {
     std::memcpy(to.bytes(), part.bytes(), static_cast<size_t>(part.type().bytes()));
     return;
@@ -480,24 +548,55 @@ ModelConfig unfused(const ModelConfig& c) {
   u.fused_qkv = u.fused_mlp = false;
   return u;
 }
+
+ModelConfig on_one_device(const ModelConfig& c) {
+  ModelConfig u = c;
+  u.mesh = {};
+  return u;
+}
+
+// `into` = block `index` of `whole` along the spec's shard dimension.
+void copy_shard(const exec::Array& whole, const ParamSpec& spec, int64_t index, exec::Array& into) {
+  const Shape& s = whole.type().shape;
+  const size_t d = static_cast<size_t>(spec.shard_dim);
+  int64_t outer = 1, inner = dtype_size(whole.type().dtype);
+  for (size_t i = 0; i < s.size(); ++i)
+    if (i != d) (i < d ? outer : inner) *= s[i];
+  const int64_t part = spec.type.shape[d] * inner;  // bytes of the shard per outer index
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(into.bytes() + o * part, whole.bytes() + o * s[d] * inner + index * part, static_cast<size_t>(part));
+}
 }  // namespace
 
-void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into) {
-  const std::vector<ParamSpec> specs = param_specs(c), draws = param_specs(unfused(c));
+void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into, int64_t shard_index) {
+  const std::vector<ParamSpec> specs = param_specs(c), whole = param_specs(on_one_device(c)),
+                               draws = param_specs(unfused(on_one_device(c)));
   CHECK(into.size() == specs.size(), "init_params: {} arrays for {} parameters", into.size(), specs.size());
-  for (size_t i = 0; i < specs.size(); ++i)
+  for (size_t i = 0; i < specs.size(); ++i) {
     CHECK(into[i].type() == specs[i].type, "init_params: {} is {}, the model has {}", specs[i].path,
           ir::type_str(into[i].type()), ir::type_str(specs[i].type));
-  // The unfused draws, in their order: fused and unfused runs start alike. A part of a fused kernel is drawn
-  // into a temporary of its own size (one at a time) and stacked into place; the rest directly.
-  std::mt19937_64 rng(seed);
-  for (const ParamSpec& d : draws) {
-    const Place place = place_of(specs, draws, d.path);
-    exec::Array target = place.row_offset < 0 ? into[place.index] : exec::Array(d.type);
-    std::normal_distribution<float> dist(0.0f, static_cast<float>(d.std));
-    for (int64_t k = 0; k < target.size(); ++k) target.set(k, d.init == Init::ones ? 1.0 : dist(rng));
-    if (place.row_offset >= 0) put(target, place, into);
+    CHECK(shard_index >= 0 && shard_index < specs[i].shards, "init_params: shard {} of {} parts", shard_index,
+          specs[i].shards);
   }
+  // The unfused draws, in their order: fused and unfused, sharded and whole runs start alike. A parameter's
+  // draws are consecutive (a fused kernel's parts one after another); each part of a fused kernel is drawn
+  // into a temporary of its own size and stacked into place, and a sharded parameter is made whole in a
+  // temporary (one parameter at a time) and its shard kept.
+  std::mt19937_64 rng(seed);
+  size_t next = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    exec::Array target = specs[i].shards > 1 ? exec::Array(whole[i].type) : into[i];
+    for (; next < draws.size() && place_of(whole, draws, draws[next].path).index == i; ++next) {
+      const ParamSpec& d = draws[next];
+      const Place place = place_of(whole, draws, d.path);
+      exec::Array drawn = place.row_offset < 0 ? target : exec::Array(d.type);
+      std::normal_distribution<float> dist(0.0f, static_cast<float>(d.std));
+      for (int64_t k = 0; k < drawn.size(); ++k) drawn.set(k, d.init == Init::ones ? 1.0 : dist(rng));
+      if (place.row_offset >= 0) put(drawn, place, target);
+    }
+    if (specs[i].shards > 1) copy_shard(target, specs[i], shard_index, into[i]);
+  }
+  ASSERT(next == draws.size());
 }
 
 std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
@@ -508,6 +607,7 @@ std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
 }
 
 std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec::Array> unfused_params) {
+  CHECK(c.mesh.ranks() == 1, "fuse_params: takes one device's whole parameters, not FSDP shards");
   const std::vector<ParamSpec> from = param_specs(unfused(c)), to = param_specs(c);
   CHECK(unfused_params.size() == from.size(), "fuse_params: {} arrays for {} unfused parameters", unfused_params.size(),
         from.size());
@@ -516,7 +616,8 @@ std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec:
   for (size_t i = 0; i < from.size(); ++i) {
     CHECK(unfused_params[i].type() == from[i].type, "fuse_params: {} is {}, the unfused model has {}", from[i].path,
           ir::type_str(unfused_params[i].type()), ir::type_str(from[i].type));
-    put(unfused_params[i], place_of(to, from, from[i].path), out);
+    const Place place = place_of(to, from, from[i].path);
+    put(unfused_params[i], place, out[place.index]);
   }
   return out;
 }

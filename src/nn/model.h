@@ -53,6 +53,12 @@ struct ModelConfig {
   bool float32_qk_product = true;    // attention q.k in f32 (q and k cast up); else in the compute dtype
   bool float32_logits = true;        // attention scores cast up to f32 before the softmax (if not already)
   bool logits_dot_in_fp32 = false;   // the vocabulary projection in f32; else in the compute dtype, cast up
+  // Distribution: the mesh one step runs on, and which logical parameter axis is sharded over which mesh
+  // axis. With fsdp > 1 (FSDP, ZeRO-3) every parameter is a shard along its embed dimension; the model
+  // all-gathers each where it is used (a layer's weights inside the layer, cast to the compute dtype
+  // first), and the batch is split over every rank of the mesh.
+  Mesh mesh;
+  AxisMapping axis_rules = {{"embed", "fsdp"}};
 };
 
 // Checks the shapes fit together; errors name the config key.
@@ -65,12 +71,18 @@ enum class Init { normal, ones };
 
 struct ParamSpec {
   std::string path;  // e.g. "decoder/layers/mlp/wi_0/kernel"
-  ir::Type type;
+  ir::Type type;     // of this device's part: the whole parameter, or its shard
   Init init;
   double std;        // for Init::normal
+  std::vector<std::string> axes;  // the logical name of each dimension (layers, embed, heads, kv, mlp, vocab, ...)
+  int64_t shard_dim = -1;         // the dimension split over the mesh axis axis_rules gives it; -1: whole
+  int64_t shards = 1;             // the parts it is split into (that axis's size)
+  ir::Type whole_type() const;    // the whole parameter's
 };
 
-// The parameter tree in a fixed order: the order of the graphs' leading params and of init_params().
+// The parameter tree in a fixed order: the order of the graphs' leading params and of init_params(). Under
+// FSDP each is this device's shard; a dimension that the mesh axis does not divide is refused (naming the
+// parameter, the config keys and the sizes that would divide it).
 std::vector<ParamSpec> param_specs(const ModelConfig& c);
 int64_t param_count(const ModelConfig& c);
 
@@ -78,8 +90,9 @@ int64_t param_count(const ModelConfig& c);
 // Fused kernels are the unfused draws stacked, so fused and unfused models start from the same weights.
 std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed);
 // The same values written into existing arrays of the parameters' types (an executable's own buffers).
-// Fused projections are drawn unfused and stacked, through a temporary copy of the parameters.
-void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into);
+// Under FSDP, shard `shard` (the rank's fsdp coordinate) of the values one device would hold: each
+// parameter is drawn whole into a temporary, one at a time, and its shard kept.
+void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into, int64_t shard = 0);
 
 // The parameters of `c` (with its fusions) from those of the same model unfused: qkv_proj = [query | key |
 // value] along the head axis, wi = [wi_0, wi_1] along a new axis 2; the rest as they are.

@@ -72,6 +72,25 @@ PrecisionPolicy parse_precision(const std::string& text, const std::string& key)
   return r;
 }
 
+int64_t Mesh::size(std::string_view axis) const {
+  for (const auto& [name, n] : axes)
+    if (name == axis) return n;
+  return 1;
+}
+
+int64_t Mesh::ranks() const {
+  int64_t r = 1;
+  for (const auto& a : axes) r *= a.second;
+  return r;
+}
+
+std::string Mesh::group() const {
+  std::string g;
+  for (const auto& [name, n] : axes)
+    if (n > 1) g += (g.empty() ? "" : ",") + name;
+  return g;
+}
+
 ComputeContext::ComputeContext(ComputeSettings settings) { stack().push_back(std::move(settings)); }
 
 ComputeContext::~ComputeContext() { stack().pop_back(); }

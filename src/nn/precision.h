@@ -14,6 +14,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -30,12 +31,20 @@ struct PrecisionPolicy {
 // Parses jmp's grammar; errors name `key` and show the grammar.
 PrecisionPolicy parse_precision(const std::string& text, const std::string& key = "mp_policy");
 
-// Named mesh axes (data, fsdp, stage) with their sizes; used by the distributed stage.
+// Named mesh axes (data, fsdp) with their sizes, in order (the last varies fastest over the ranks): the
+// devices one step runs on, as the model sees them (exec::Mesh holds the processes).
 struct Mesh {
   std::vector<std::pair<std::string, int64_t>> axes;
+  int64_t size(std::string_view axis) const;  // 1 for an axis the mesh does not have
+  int64_t ranks() const;                      // the product of the sizes
+  // The axes of more than one rank joined by commas ("data,fsdp"; "" for one device): the group a
+  // collective over every rank names (exec::Mesh).
+  std::string group() const;
+  bool operator==(const Mesh&) const = default;
 };
 
-// Logical axis name (batch, embed, mlp, heads, ...) -> mesh axis name.
+// Logical axis name (embed, mlp, heads, ...) -> the mesh axis it is sharded over (MaxText's
+// logical_axis_rules, one mesh axis per logical one).
 using AxisMapping = std::map<std::string, std::string>;
 
 struct ComputeSettings {

@@ -102,12 +102,23 @@ Report report(const Plan& p, const Graph& g, const ir::Signature& sig, const Rep
   // dtype; saved residuals cross the loss (defined up to it, read after it); after the loss, weight-shaped
   // values outside the optimizer are gradients; the rest are temporaries. Buffers inside a scan body are
   // its sub-arena, one temporary (per_layer's casts; with gradient accumulation, the whole model's).
+  std::vector<int> producer(g.types.size(), -1);
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (ir::ValueId v : g.nodes[i].outputs) producer[static_cast<size_t>(v)] = static_cast<int>(i);
+  // The loss as the forward made it: before the sum over the ranks (an all_reduce after the backward, whose
+  // collectives come first) and the mean's scaling.
   int loss_step = 0;
   const auto loss = std::find_if(sig.results.begin(), sig.results.end(), [](const ir::Slot& s) { return s.name == "loss"; });
-  if (loss != sig.results.end())
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-      for (ir::ValueId v : g.nodes[i].outputs)
-        if (v == g.results[static_cast<size_t>(loss - sig.results.begin())]) loss_step = p.position[i];
+  if (loss != sig.results.end()) {
+    ir::ValueId v = g.results[static_cast<size_t>(loss - sig.results.begin())];
+    int made_by = producer[static_cast<size_t>(v)];
+    for (; made_by >= 0; made_by = producer[static_cast<size_t>(v)]) {
+      const Node& n = g.nodes[static_cast<size_t>(made_by)];
+      if (n.op != Op::all_reduce && n.op != Op::mul) break;
+      v = n.inputs[0];
+    }
+    if (made_by >= 0) loss_step = p.position[static_cast<size_t>(made_by)];
+  }
   std::vector<ir::Type> weight_types;
   for (size_t i = 0; i < g.params.size(); ++i)
     if (argument_kind(sig.args[i].role) == kParameters) weight_types.push_back(g.type(g.params[i]));
@@ -115,9 +126,6 @@ Report report(const Plan& p, const Graph& g, const ir::Signature& sig, const Rep
   std::array<int64_t, kNumCategories> at_start{};
   for (int c : {kParameters, kOptimizer, kBatch}) at_start[static_cast<size_t>(c)] = args[static_cast<size_t>(c)];
   r.timeline.assign(static_cast<size_t>(steps + 1), at_start);
-  std::vector<int> producer(g.types.size(), -1);
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (ir::ValueId v : g.nodes[i].outputs) producer[static_cast<size_t>(v)] = static_cast<int>(i);
   auto of_parameter = [&](ir::ValueId v) {  // a parameter, or a view or slice of one
     for (int d; (d = producer[static_cast<size_t>(v)]) >= 0;) {
       const Node& n = g.nodes[static_cast<size_t>(d)];

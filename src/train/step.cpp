@@ -2,6 +2,7 @@
 
 #include "autodiff/autodiff.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <numbers>
@@ -29,13 +30,18 @@ LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::spa
   return r;
 }
 
-// The means of loss and gradient sums over k microbatches on each of `ranks` data-parallel ranks: the sums
-// all-reduced over mesh axis "data" (in rank order from zero), then scaled.
-LossAndGrads mean_over(Builder& b, LossAndGrads sums, int64_t k, int64_t ranks) {
+// The means of loss and gradient sums over k microbatches on each rank of the model's mesh (every rank takes
+// its own part of the batch). The loss sums are all-reduced over the mesh (in rank order from zero); so are
+// the gradients under data parallelism alone, while FSDP's gradients arrive summed over every rank already
+// (the transpose of each parameter's all_gather is a reduce_scatter over the whole mesh).
+LossAndGrads mean_over(Builder& b, const nn::ModelConfig& model, LossAndGrads sums, int64_t k) {
+  const nn::Mesh& mesh = model.mesh;
+  const int64_t ranks = mesh.ranks();
   if (ranks > 1) {
     auto s = b.scope("data_parallel");
-    sums.loss = all_reduce(sums.loss, "data", ranks);
-    for (Tensor& g : sums.grads) g = all_reduce(g, "data", ranks);
+    sums.loss = all_reduce(sums.loss, mesh.group(), ranks);
+    if (mesh.size("fsdp") == 1)
+      for (Tensor& g : sums.grads) g = all_reduce(g, mesh.group(), ranks);
   }
   if (k * ranks == 1) return sums;
   const double inv = 1.0 / static_cast<double>(k * ranks);
@@ -44,17 +50,16 @@ LossAndGrads mean_over(Builder& b, LossAndGrads sums, int64_t k, int64_t ranks) 
   return sums;
 }
 
-// Mean loss and gradients over the k microbatches of inputs/targets [k,B,T] of each of `ranks` data-parallel
-// ranks. The ranks' sums are all-reduced as ((0 + x_0) + x_1) + ..., the sum one process accumulating
-// microbatch r of rank r in order forms: ranks each taking one microbatch train bit-identically to it.
+// Mean loss and gradients over the k microbatches of inputs/targets [k,B,T] of each rank of the model's mesh.
+// The ranks' sums are all-reduced as ((0 + x_0) + x_1) + ..., the sum one process accumulating microbatch r
+// of rank r in order forms: ranks each taking one microbatch train bit-identically to it.
 LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::span<const Tensor> params,
-                               Tensor inputs, Tensor targets, rematerialize::Decider& decider, int64_t ranks,
+                               Tensor inputs, Tensor targets, rematerialize::Decider& decider,
                                std::optional<Tensor> scale = std::nullopt) {
   const int64_t k = inputs.dim(0);
   const Shape mb = {inputs.dim(1), inputs.dim(2)};
   if (k == 1)
-    return mean_over(b, trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider, scale), 1,
-                     ranks);
+    return mean_over(b, model, trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider, scale), 1);
   std::vector<Tensor> consts(params.begin(), params.end());
   if (scale) consts.push_back(*scale);
   auto body = [&](Builder& bb, std::span<const Tensor> c, std::span<const Tensor> sums, std::span<const Tensor> xs) {
@@ -69,7 +74,7 @@ LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::sp
   for (Tensor p : params) init.push_back(zeros_like(p));
   auto s = b.scope("accumulate");
   std::vector<Tensor> sums = scan(b, k, consts, init, std::array{inputs, targets}, body, "microbatch");
-  return mean_over(b, {sums[0], {sums.begin() + 1, sums.end()}}, k, ranks);
+  return mean_over(b, model, {sums[0], {sums.begin() + 1, sums.end()}}, k);
 }
 
 struct StepInputs {
@@ -82,7 +87,6 @@ struct StepInputs {
 // Declares the step's arguments as graph params, each with its role in `sig`.
 StepInputs declare(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const StepShape& shape,
                    std::vector<Tensor>* m, std::vector<Tensor>* v, Tensor* step, bool loss_scaling = false) {
-  ASSERT(shape.data_parallel >= 1);
   CHECK(shape.batch > 0 && shape.seq > 0 && shape.accumulation > 0,
         "per_device_batch_size ({}), max_target_length ({}) and gradient_accumulation_steps ({}) must be positive",
         shape.batch, shape.seq, shape.accumulation);
@@ -128,6 +132,24 @@ Tensor sum_all(Tensor x) {
   return axes.empty() ? x : reduce_sum(x, axes);
 }
 
+// The sum of a gradient's squares, the same bits whether it is whole or sharded over `fsdp` ranks: summed
+// over every dimension but the embed one first (each of those sums reads the same elements in the same
+// order either way), the shards' partial sums gathered, then summed.
+Tensor squared_sum(Tensor grad, const nn::ParamSpec& spec, int64_t fsdp) {
+  const auto embed = std::find(spec.axes.begin(), spec.axes.end(), "embed");
+  ASSERT(embed != spec.axes.end());
+  const int64_t e = embed - spec.axes.begin();
+  IntList others;
+  for (int64_t d = 0; d < grad.rank(); ++d)
+    if (d != e) others.push_back(d);
+  Tensor partial = reduce_sum(square(grad), others);  // [embed]
+  if (spec.shards > 1) {
+    ASSERT(spec.shard_dim == e && spec.shards == fsdp);
+    partial = all_gather(partial, "fsdp", fsdp, 0);
+  }
+  return reduce_sum(partial, {0});
+}
+
 // lr(step): linear warmup over warmup_steps, then cosine decay to final_lr_fraction * peak.
 Tensor schedule(Builder& b, const OptimizerConfig& o, Tensor step) {
   auto s = b.scope("lr_schedule");
@@ -160,7 +182,7 @@ Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rema
   Builder b(g);
   StepInputs in = declare(b, prog.signature, model, shape, nullptr, nullptr, nullptr);
   LossAndGrads r =
-      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local, shape.data_parallel);
+      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
   result(b, prog.signature, r.loss, "loss", ir::Role::metric);
   for (size_t i = 0; i < r.grads.size(); ++i) result(b, prog.signature, r.grads[i], "grad/" + in.paths[i], ir::Role::output);
   sink_converts_into_scans(g);
@@ -180,11 +202,12 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
   std::vector<Tensor> m, v;
   Tensor step;
   StepInputs in = declare(b, sig, model, shape, &m, &v, &step, o.loss_scale.enabled);
+  const std::vector<nn::ParamSpec> specs = nn::param_specs(model);
+  const int64_t fsdp = model.mesh.size("fsdp");
   std::optional<Tensor> loss_scale;
   if (o.loss_scale.enabled) loss_scale = in.loss_scale;
   LossAndGrads r =
-      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local, shape.data_parallel,
-                        loss_scale);
+      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local, loss_scale);
   auto s = b.scope("optimizer");
   std::optional<Tensor> finite;
   if (loss_scale) {  // unscale; the update is applied only if every gradient is finite
@@ -196,10 +219,11 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
       Tensor nonfinite = compare(grad * 0.0, zeros_like(grad), "ne");
       bad = bad + sum_all(convert(nonfinite, DType::f32));
     }
+    if (fsdp > 1) bad = all_reduce(bad, "fsdp", fsdp);  // each rank checked its shards: every rank decides alike
     finite = compare(bad, scalar(b, DType::f32, 0.0), "eq");
   }
   Tensor sq = scalar(b, DType::f32, 0.0);
-  for (Tensor grad : r.grads) sq = sq + sum_all(square(grad));
+  for (size_t i = 0; i < r.grads.size(); ++i) sq = sq + squared_sum(r.grads[i], specs[i], fsdp);
   Tensor norm = sqrt(sq);
   Tensor scale = o.clip_norm > 0 ? min(scalar(b, DType::f32, 1.0), scalar(b, DType::f32, o.clip_norm) / (norm + 1e-6))
                                  : scalar(b, DType::f32, 1.0);

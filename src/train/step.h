@@ -37,9 +37,8 @@ struct StepShape {
   int64_t batch = 8;           // sequences per microbatch
   int64_t seq = 128;           // tokens per sequence
   int64_t accumulation = 1;    // microbatches per step (gradient accumulation)
-  // Data-parallel ranks (mesh axis "data"): each takes `accumulation` microbatches of the global batch and
-  // the loss and gradient sums are all-reduced over them, in rank order, before the mean.
-  int64_t data_parallel = 1;
+  // Every rank of the model's mesh (nn::ModelConfig::mesh: data and fsdp) takes `accumulation` microbatches of
+  // the global batch; the loss and gradient sums are reduced over them, in rank order, before the mean.
 };
 
 // A program and its typed signature (ir/signature.h): every argument and result named, with its role.

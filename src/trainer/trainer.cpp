@@ -49,9 +49,11 @@ struct Runner {
   exec::Executable executable;
   std::vector<exec::Array>& args;
 
+  // The step's runner takes the mesh; the others run on the step's.
   explicit Runner(compile::Compiled c, const Runner* step = nullptr, const exec::Mesh* mesh = nullptr)
       : signature(std::move(c.signature)),
-        executable(std::move(c.program), std::move(c.plan), {.mesh = mesh}, step ? &step->executable : nullptr),
+        executable(std::move(c.program), std::move(c.plan), {.mesh = step ? step->executable.options().mesh : mesh},
+                   step ? &step->executable : nullptr),
         args(executable.own_arguments(shared(signature, step))) {}
   exec::Array& arg(std::string_view name) { return args[static_cast<size_t>(signature.arg(name))]; }
   // What it allocated: its own arguments and the arenas it does not share.
@@ -161,26 +163,60 @@ std::vector<int64_t> checkpoint_steps(const RunConfig& c) {
   return steps;
 }
 
-void save_checkpoint(const RunConfig& c, Runner& step, const Batcher& batcher, const Progress& p) {
-  const fs::path dir = checkpoints_of(c) / std::to_string(p.step);
-  if (!fs::exists(dir)) {  // the new folder's entry reaches the disk before the file in it is trusted
-    fs::create_directories(dir);
-    train::sync_folder(checkpoints_of(c));
+// This rank's checkpoint file in a step folder: the whole state, or under FSDP its shard, one file per fsdp
+// coordinate (the data-parallel replicas of a shard hold the same bits).
+std::string state_file(const nn::Mesh& mesh, const exec::Mesh& ranks) {
+  const int64_t fsdp = mesh.size("fsdp");
+  return fsdp == 1 ? "state.safetensors" : fmt::format("state.fsdp{}-of-{}.safetensors", ranks.axis("fsdp").rank, fsdp);
+}
+
+// The state files in a step folder, whatever mesh wrote them.
+std::vector<std::string> state_files(const fs::path& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("state", 0) == 0 && name.ends_with(".safetensors")) files.push_back(name);
   }
-  std::vector<train::NamedArray> tensors;
-  for (size_t i = 0; i < step.signature.args.size(); ++i)
-    if (saved(step.signature.args[i].role)) tensors.push_back({step.signature.args[i].name, step.args[i]});
-  train::write_safetensors(dir / "state.safetensors", tensors,
-                           {{"step", std::to_string(p.step)},
-                            {"skipped_steps", std::to_string(p.skipped)},
-                            {"train_sampler", batcher.state()},
-                            {"config", nlohmann::json(c.config_values).dump()}});
-  // Keep the newest complete ones; a folder without its file is a write that never finished.
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Whether a step folder holds every file of a checkpoint of this mesh.
+bool complete(const fs::path& dir, const nn::Mesh& mesh) {
+  const int64_t fsdp = mesh.size("fsdp");
+  if (fsdp == 1) return fs::is_regular_file(dir / "state.safetensors");
+  for (int64_t f = 0; f < fsdp; ++f)
+    if (!fs::is_regular_file(dir / fmt::format("state.fsdp{}-of-{}.safetensors", f, fsdp))) return false;
+  return true;
+}
+
+// Every rank calls it: the first rank of each shard's replicas writes the shard's file; once all are written,
+// rank 0 deletes the checkpoints beyond the newest max_num_checkpoints_to_keep complete ones.
+void save_checkpoint(const RunConfig& c, const exec::Mesh& ranks, Runner& step, const Batcher& batcher,
+                     const Progress& p) {
+  const fs::path dir = checkpoints_of(c) / std::to_string(p.step);
+  if (ranks.axis("data").rank == 0) {
+    if (!fs::exists(dir)) {  // the new folder's entry reaches the disk before the file in it is trusted
+      fs::create_directories(dir);
+      train::sync_folder(checkpoints_of(c));
+    }
+    std::vector<train::NamedArray> tensors;
+    for (size_t i = 0; i < step.signature.args.size(); ++i)
+      if (saved(step.signature.args[i].role)) tensors.push_back({step.signature.args[i].name, step.args[i]});
+    train::write_safetensors(dir / state_file(c.model.mesh, ranks), tensors,
+                             {{"step", std::to_string(p.step)},
+                              {"skipped_steps", std::to_string(p.skipped)},
+                              {"train_sampler", batcher.state()},
+                              {"config", nlohmann::json(c.config_values).dump()}});
+  }
+  ranks.all(true);  // every shard written
+  if (ranks.rank() != 0) return;
+  // Keep the newest complete ones; a folder without all its files is a write that never finished.
   int64_t kept = 0;
   for (int64_t s : checkpoint_steps(c)) {
     const fs::path d = checkpoints_of(c) / std::to_string(s);
-    const bool complete = fs::is_regular_file(d / "state.safetensors");
-    if (complete && (c.max_checkpoints <= 0 || kept < c.max_checkpoints)) ++kept;
+    if (complete(d, c.model.mesh) && (c.max_checkpoints <= 0 || kept < c.max_checkpoints)) ++kept;
     else if (s < p.step) fs::remove_all(d);
   }
 }
@@ -209,17 +245,25 @@ void restore(const RunConfig& c, Runner& step, const train::SafeTensors& s, cons
 
 // Continues from the run's latest complete checkpoint: a torn, truncated or corrupt one is reported and
 // the previous one used. Returns the progress it holds (step 0 when there is none).
-Progress resume(const RunConfig& c, Runner& step, Batcher& batcher) {
+Progress resume(const RunConfig& c, const exec::Mesh& ranks, Runner& step, Batcher& batcher) {
   for (int64_t s : checkpoint_steps(c)) {
-    const fs::path file = checkpoints_of(c) / std::to_string(s) / "state.safetensors";
-    if (!fs::is_regular_file(file)) continue;  // never finished
+    const fs::path dir = checkpoints_of(c) / std::to_string(s), file = dir / state_file(c.model.mesh, ranks);
+    const std::vector<std::string> files = state_files(dir);
+    CHECK(files.empty() || fs::exists(file),
+          "checkpoint {} was written by another mesh ({}), this run's rank {} needs {}: resume with the "
+          "ici/dcn_fsdp_parallelism it was saved with (a checkpoint is not resharded), or start a new run_name",
+          dir.string(), fmt::join(files, ", "), ranks.rank(), file.filename().string());
     train::SafeTensors saved_state;
-    try {
-      saved_state = train::read_safetensors(file);
-    } catch (const Error& e) {
-      fmt::print("warning: {}; trying the previous checkpoint\n", e.what());
-      continue;
+    bool ok = complete(dir, c.model.mesh);  // else never finished
+    if (ok) {
+      try {
+        saved_state = train::read_safetensors(file);
+      } catch (const Error& e) {
+        fmt::print("warning: {}; trying the previous checkpoint\n", e.what());
+        ok = false;
+      }
     }
+    if (!ranks.all(ok)) continue;  // every rank resumes from the same step, or none does
     restore(c, step, saved_state, file, false);
     batcher.restore(saved_state.metadata.at("train_sampler"));
     Progress p{std::stoll(saved_state.metadata.at("step")), std::stoll(saved_state.metadata.at("skipped_steps"))};
@@ -231,26 +275,26 @@ Progress resume(const RunConfig& c, Runner& step, Batcher& batcher) {
 
 // The state a run starts from: initial (or loaded) parameters, zero moments, the initial loss scale, then,
 // when checkpointing, the latest complete checkpoint (with the sampler's position). Returns its progress.
-Progress start_state(const RunConfig& c, Runner& step, Batcher& batcher) {
+Progress start_state(const RunConfig& c, const exec::Mesh& ranks, Runner& step, Batcher& batcher) {
   for (exec::Array& a : step.args) std::memset(a.bytes(), 0, static_cast<size_t>(a.type().bytes()));
   std::vector<exec::Array> params;  // views of the step's parameter buffers, in the model's order
   for (size_t i = 0; i < step.signature.args.size(); ++i)
     if (step.signature.args[i].role == ir::Role::parameter) params.push_back(step.args[i]);
-  nn::init_params(c.model, c.init_seed, params);
+  nn::init_params(c.model, c.init_seed, params, ranks.axis("fsdp").rank);
   if (c.optimizer.loss_scale.enabled) step.arg("loss_scale").set(0, c.optimizer.loss_scale.initial);
   if (!c.load_parameters_path.empty()) {  // saved parameters, a fresh optimizer
     fs::path file = c.load_parameters_path;
-    if (fs::is_directory(file)) file /= "state.safetensors";
+    if (fs::is_directory(file)) file /= state_file(c.model.mesh, ranks);
     restore(c, step, train::read_safetensors(file), file, true);
   }
-  return c.enable_checkpointing ? resume(c, step, batcher) : Progress{};
+  return c.enable_checkpointing ? resume(c, ranks, step, batcher) : Progress{};
 }
 
 // Sets the step's arguments for update `s`: its batch (this data-parallel rank's part of the sampler's next
 // draw) and the step counter.
 void prepare_step(const RunConfig& c, const exec::Mesh& mesh, Runner& step, Batcher& batcher, int64_t s) {
   batcher.next(c.shape.accumulation * c.shape.batch, step.arg("inputs").data<int32_t>(),
-               step.arg("targets").data<int32_t>(), mesh.axis("data").rank, c.shape.data_parallel);
+               step.arg("targets").data<int32_t>(), mesh.rank(), mesh.size());
   step.arg("step").set(0, static_cast<double>(s));
 }
 
@@ -270,7 +314,7 @@ const std::vector<exec::Array>& run_step(const RunConfig& c, const exec::Mesh& m
   const std::string what = fmt::format("training diverged at step {}: loss {}, gradient norm {}", done, loss, norm);
   fmt::print("{}; running it again with a finite check after every op\n", what);
   Batcher replay(data.train, c.shape.seq, c.data_seed, "train");
-  const Progress from = start_state(c, step, replay);
+  const Progress from = start_state(c, mesh, step, replay);
   for (int64_t s = from.step; s + 1 < done; ++s) run_step(c, mesh, step, replay, s);
   prepare_step(c, mesh, step, replay, done - 1);
   std::string first = "no op gave a non-finite value when the step ran again";
@@ -299,25 +343,49 @@ void truncate_metrics(const std::string& path, int64_t step) {
 
 }  // namespace
 
-int64_t data_parallelism(const RunConfig& c, int64_t ranks) {
-  const int64_t ici = c.ici_data_parallelism, dcn = c.dcn_data_parallelism;
-  CHECK((ici == -1 || ici >= 1) && (dcn == -1 || dcn >= 1) && !(ici == -1 && dcn == -1),
-        "ici_data_parallelism ({}) and dcn_data_parallelism ({}) must each be >= 1 or -1 (fill with the ranks "
-        "left), at most one of them -1",
-        ici, dcn);
-  if (ici != -1 && dcn != -1) return ici * dcn;
-  const int64_t given = ici == -1 ? dcn : ici;
-  if (ranks == 0) return given;  // nothing launched: a -1 is 1
-  CHECK(ranks % given == 0, "{}={} needs a multiple of {} ranks, but {} {} launched: start `mpirun -np {} remat train ...`",
-        ici == -1 ? "dcn_data_parallelism" : "ici_data_parallelism", given, given, ranks,
-        ranks == 1 ? "process was" : "processes were", given);
-  return ranks;
+nn::Mesh mesh_of(const RunConfig& c, int64_t ranks) {
+  struct Key {
+    const char* name;
+    int64_t value;
+  };
+  std::array<Key, 4> keys = {{{"ici_data_parallelism", c.ici_data_parallelism},
+                              {"dcn_data_parallelism", c.dcn_data_parallelism},
+                              {"ici_fsdp_parallelism", c.ici_fsdp_parallelism},
+                              {"dcn_fsdp_parallelism", c.dcn_fsdp_parallelism}}};
+  int64_t given = 1;
+  Key* fill = nullptr;
+  for (Key& k : keys) {
+    CHECK(k.value == -1 || k.value >= 1, "config key '{}' must be >= 1 or -1 (fill with the ranks left), got {}", k.name,
+          k.value);
+    if (k.value >= 1) {
+      given *= k.value;
+      continue;
+    }
+    CHECK(fill == nullptr, "config keys '{}' and '{}' are both -1: at most one parallelism key may fill with the ranks left",
+          fill ? fill->name : "", k.name);
+    fill = &k;
+  }
+  const auto shown = [&] {
+    std::vector<std::string> s;
+    for (const Key& k : keys)
+      if (k.value != 1) s.push_back(fmt::format("{}={}", k.name, k.value));
+    return s.empty() ? std::string("one device") : fmt::format("{}", fmt::join(s, " "));
+  };
+  if (fill != nullptr) {
+    CHECK(ranks == 0 || ranks % given == 0,
+          "{} needs a multiple of {} ranks, but {} {} launched: start `mpirun -np {} remat train ...`", shown(), given,
+          ranks, ranks == 1 ? "process was" : "processes were", given);
+    fill->value = ranks == 0 ? 1 : ranks / given;
+  }
+  return {{{"data", keys[0].value * keys[1].value}, {"fsdp", keys[2].value * keys[3].value}}};
 }
 
 RunResult run(const RunConfig& config) {
   RunConfig c = config;
-  c.shape.data_parallel = data_parallelism(config, exec::Mesh::launched_ranks());
-  const exec::Mesh mesh({{"data", static_cast<int>(c.shape.data_parallel)}});
+  c.model.mesh = mesh_of(config, exec::Mesh::launched_ranks());
+  std::vector<std::pair<std::string, int>> axes;
+  for (const auto& [name, size] : c.model.mesh.axes) axes.emplace_back(name, static_cast<int>(size));
+  const exec::Mesh mesh(axes);
   // Rank 0 alone speaks and writes files (metrics, checkpoints); the others' errors still reach stderr.
   const bool lead = mesh.rank() == 0;
   if (!lead) CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "rank {}: cannot silence its output", mesh.rank());
@@ -348,14 +416,17 @@ RunResult run(const RunConfig& config) {
   fmt::print("model: {:.3f}M parameters; {} layers (scan_layers={}), d={}, heads={}/{} kv, mlp={}\n",
              static_cast<double>(nn::param_count(c.model)) / 1e6, c.model.num_decoder_layers, c.model.scan_layers,
              c.model.emb_dim, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim);
-  const int64_t dp = c.shape.data_parallel;
+  const int64_t dp = c.model.mesh.ranks(), fsdp = c.model.mesh.size("fsdp");
   fmt::print("train: {} steps x {}{} microbatch(es) x {} sequences x {} tokens = {} tokens/step\n", c.steps,
-             dp > 1 ? fmt::format("{} data-parallel ranks x ", dp) : "", k, B, T, dp * k * B * T);
+             dp == 1      ? ""
+             : fsdp == 1 ? fmt::format("{} data-parallel ranks x ", dp)
+                         : fmt::format("{} ranks ({} data-parallel x {} FSDP) x ", dp, dp / fsdp, fsdp),
+             k, B, T, dp * k * B * T);
 
   RunResult result;
   const train::LossScaleConfig& ls = c.optimizer.loss_scale;
   if (!c.load_parameters_path.empty()) fmt::print("parameters from {}\n", c.load_parameters_path);
-  const Progress resumed = start_state(c, step, batcher);
+  const Progress resumed = start_state(c, mesh, step, batcher);
 
   std::string metrics_path = (fs::path(c.run_dir) / "metrics.jsonl").string();
   std::ofstream metrics;
@@ -400,11 +471,12 @@ RunResult run(const RunConfig& config) {
       row["validation_loss"] = result.validation_loss;
       window_start = Clock::now();  // keep evaluation time out of tokens/s
     }
-    if (!lead) continue;
-    metrics << row.dump() << "\n";
-    metrics.flush();
+    if (lead) {
+      metrics << row.dump() << "\n";
+      metrics.flush();
+    }
     if (c.enable_checkpointing && (done % c.checkpoint_period == 0 || done == c.steps))
-      save_checkpoint(c, step, batcher, {done, skipped});
+      save_checkpoint(c, mesh, step, batcher, {done, skipped});
   }
   if (resumed.step >= c.steps) {  // a finished run, resumed: nothing to train
     result.validation_loss = evaluator.loss();
@@ -413,7 +485,8 @@ RunResult run(const RunConfig& config) {
   fmt::print("done in {}; metrics in {}; measured peak {} device (planned {})\n", duration_str(seconds_since(start)),
              metrics_path, plan::bytes_str(static_cast<double>(step.executable.measured_peak(plan::Space::device))),
              plan::bytes_str(static_cast<double>(step.executable.plan().lower_bound[0])));
-  const std::string text = lead ? sample(c, generator) : "";
+  // Under FSDP sampling gathers the weights, so every rank samples (the same bytes); otherwise rank 0 alone.
+  const std::string text = lead || fsdp > 1 ? sample(c, generator) : "";
   const int64_t planned = step.bytes() + evaluator.program().bytes() + generator.bytes();
   const int64_t peak = resident_bytes("VmHWM");
   // Everything the process holds beyond its baseline should be planned: the "unplanned" rest is what the

@@ -36,11 +36,14 @@ struct RunConfig {
   std::map<std::string, std::string> config_values;  // every config key's final value (saved, compared on resume)
   int64_t ici_data_parallelism = 1;    // data-parallel ranks within a host; -1: the ranks left
   int64_t dcn_data_parallelism = -1;   // across hosts; -1: the ranks left
+  int64_t ici_fsdp_parallelism = 1;    // FSDP ranks within a host; -1: the ranks left
+  int64_t dcn_fsdp_parallelism = 1;    // across hosts; -1: the ranks left
 };
 
-// The data-parallel degree ici x dcn, a -1 filled so that the product is `ranks` (the processes launched;
-// 0 where there are none, as for `remat plan`: a -1 is then 1). CHECKs that it divides.
-int64_t data_parallelism(const RunConfig& config, int64_t ranks);
+// The mesh of `ranks` processes (0 where none are launched, as for `remat plan`: a -1 is then 1): data =
+// ici x dcn data parallelism, fsdp = ici x dcn fsdp parallelism (the last axis, varying fastest over the
+// ranks), the one -1 among the four keys filled so that the product is `ranks`. CHECKs that it divides.
+nn::Mesh mesh_of(const RunConfig& config, int64_t ranks);
 
 struct RunResult {
   double train_loss = 0;       // last step's loss

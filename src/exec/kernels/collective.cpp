@@ -153,8 +153,8 @@ void kernel_all_gather(const ir::Node& n, std::span<const Array> in, std::span<A
   const int64_t parts = parts_of(n);
   const ir::Type &from = in[0].type(), &to = out[0].type();
   const int64_t blocks = outer(from, n.attrs.integer("dim")), piece = from.num_elements() / blocks;
+  if (n.attrs.integer("ranks") > 1) axis_of(n, ctx);  // a mesh, with the group it was compiled for
   const int64_t me = parts == 1 ? 0 : last_axis_of(n, ctx, parts).rank;
-  if (n.attrs.integer("ranks") > 1) axis_of(n, ctx);  // the group it was compiled for
   // out[o][r] = rank r's block o: this rank's blocks converted into place, the rest received around them.
   for (int64_t o = 0; o < blocks; ++o)
     convert_elements(n, from.dtype, in[0].bytes() + o * piece * dtype_size(from.dtype), to.dtype,
