@@ -366,8 +366,8 @@ Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p,
   Tensor x;
   {
     auto s = b.scope("token_embedder");
-    // Sharded, the table is gathered in the compute dtype; the rows are the same values either way.
-    x = specs[0].shards > 1 ? gather(whole(0, compute_dtype()), inputs) : convert(gather(p[0], inputs), compute_dtype());
+    // The table in its own dtype (sharded, gathered so): the rows' gradient accumulates in it, as unsharded.
+    x = convert(gather(whole(0, std::nullopt), inputs), compute_dtype());
   }
   LayerConsts k = layer_consts(b, c, inputs.dim(1));
   // params: the embedding, the stacked layer weights, the final norm scale, the output kernel (if untied).

@@ -368,7 +368,7 @@ nn::Mesh mesh_of(const RunConfig& c, int64_t ranks) {
   const auto shown = [&] {
     std::vector<std::string> s;
     for (const Key& k : keys)
-      if (k.value != 1) s.push_back(fmt::format("{}={}", k.name, k.value));
+      if (k.value > 1) s.push_back(fmt::format("{}={}", k.name, k.value));
     return s.empty() ? std::string("one device") : fmt::format("{}", fmt::join(s, " "));
   };
   if (fill != nullptr) {
