@@ -1,6 +1,8 @@
 // How the MPI tests launch ranks: `mpirun -np N` as a small machine needs it (more ranks than cores, OpenMP
-// threads not pinned to one core, root allowed when root) and, in the sanitizer build, without leak reports
-// (Open MPI's own allocations outlive MPI_Finalize: not the engine's leaks).
+// threads not pinned to one core, root allowed when root, one OpenMP thread per rank: with more ranks than
+// cores, a rank's spinning OpenMP threads take the cores the other ranks wait for, 10-20x slower) and, in
+// the sanitizer build, without leak reports (Open MPI's own allocations outlive MPI_Finalize: not the
+// engine's leaks).
 //   run_command(fmt::format("{} '{}' train ...", testing_support::mpirun(2), REMAT_BINARY));
 #pragma once
 
@@ -15,7 +17,7 @@
 namespace remat::testing_support {
 
 inline std::string mpirun(int ranks) {
-  return fmt::format("{}mpirun --oversubscribe --bind-to none{} -np {}",
+  return fmt::format("{}mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1{} -np {}",
                      exec::kAddressSanitizer ? "env ASAN_OPTIONS=detect_leaks=0 " : "",
                      geteuid() == 0 ? " --allow-run-as-root" : "", ranks);
 }

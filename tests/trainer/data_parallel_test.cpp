@@ -1,7 +1,8 @@
-// Data parallelism end to end, under Open MPI's mpirun: N ranks each taking one microbatch of the global
-// batch train bit-identically to one process accumulating the same N microbatches in order — every
-// step's loss and gradient norm, and the validation losses — because the all_reduce sums in rank order.
-// Each rank's measured arena peak equals its plan.
+// Data parallelism and FSDP end to end, under Open MPI's mpirun: N ranks each taking one microbatch of the
+// global batch train bit-identically to one process accumulating the same N microbatches in order — every
+// step's loss and gradient norm, and the validation losses — because every sum over the ranks is taken in
+// rank order (FSDP's gradient reduce_scatter too, in f32 under bf16 compute), and the global norm is summed
+// the same way whether the gradients are whole or sharded. Rank 0's measured arena peak equals its plan.
 #include "support/command.h"
 #include "support/mpirun.h"
 #include "support/temp_dir.h"
@@ -42,18 +43,26 @@ testing_support::Output train(const fs::path& dir, const std::string& launcher, 
       fmt::format("cd '{}' && {} '{}' {} {} 2>&1", dir.string(), launcher, REMAT_BINARY, kRun, args));
 }
 
-class DataParallel : public ::testing::TestWithParam<int> {};
+struct Launch {
+  const char* name;
+  int ranks;
+  const char* args;    // the mesh's keys (and a dtype, given to the one process too)
+  const char* layout;  // how the run describes its ranks
+};
 
-TEST_P(DataParallel, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatches) {
+class Distributed : public ::testing::TestWithParam<Launch> {};
+
+TEST_P(Distributed, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatches) {
   ASSERT_TRUE(testing_support::mpirun_installed()) << "mpirun is not installed (scripts/setup.sh installs it)";
-  const int ranks = GetParam();
+  const Launch& l = GetParam();
+  const std::string dtype = std::string(l.args).find("dtype") == std::string::npos ? "" : "dtype=bfloat16";
   testing_support::TempDir dir;
-  const testing_support::Output one = train(dir.path, "", fmt::format("gradient_accumulation_steps={} run_name=one", ranks));
+  const testing_support::Output one =
+      train(dir.path, "", fmt::format("gradient_accumulation_steps={} run_name=one {}", l.ranks, dtype));
   ASSERT_EQ(one.status, 0) << one.text;
-  const testing_support::Output many = train(dir.path, mpirun(ranks), "run_name=many");
+  const testing_support::Output many = train(dir.path, mpirun(l.ranks), fmt::format("run_name=many {}", l.args));
   ASSERT_EQ(many.status, 0) << many.text;
-  EXPECT_NE(many.text.find(fmt::format("{} data-parallel ranks x 1 microbatch(es)", ranks)), std::string::npos)
-      << many.text;
+  EXPECT_NE(many.text.find(fmt::format("{} x 1 microbatch(es)", l.layout)), std::string::npos) << many.text;
   const auto want = metrics(dir.path / "runs" / "one"), got = metrics(dir.path / "runs" / "many");
   ASSERT_EQ(want.size(), 20u);
   EXPECT_EQ(got, want);
@@ -65,14 +74,25 @@ TEST_P(DataParallel, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatch
       << "rank 0 alone prints:\n" << many.text;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, DataParallel, ::testing::Values(2, 4));
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, Distributed,
+    ::testing::Values(Launch{"data2", 2, "", "2 data-parallel ranks"}, Launch{"data4", 4, "", "4 data-parallel ranks"},
+                      Launch{"fsdp2", 2, "ici_fsdp_parallelism=2", "2 ranks (1 data-parallel x 2 FSDP)"},
+                      Launch{"fsdp4", 4, "ici_fsdp_parallelism=-1 dcn_data_parallelism=1", "4 ranks (1 data-parallel x 4 FSDP)"},
+                      Launch{"data2_fsdp2", 4, "ici_fsdp_parallelism=2", "4 ranks (2 data-parallel x 2 FSDP)"},
+                      Launch{"fsdp2_bf16", 2, "ici_fsdp_parallelism=2 dtype=bfloat16", "2 ranks (1 data-parallel x 2 FSDP)"}),
+    [](const ::testing::TestParamInfo<Launch>& i) { return std::string(i.param.name); });
 
-// Rank 0 writes the (replicated) state; a run stopped after 12 of 20 steps and started again under mpirun
-// resumes on every rank from that checkpoint and ends bit-identical to one never stopped.
-TEST(DataParallelCheckpoints, TwoRanksResumeBitIdentically) {
+// Rank 0 writes the (replicated) state, or under FSDP the first rank of each shard's replicas writes that
+// shard's file; a run stopped after 12 of 20 steps and started again under mpirun resumes on every rank
+// from that checkpoint and ends bit-identical to one never stopped. An FSDP checkpoint is refused by a run
+// of another FSDP degree, naming the files it found.
+class Checkpoints : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Checkpoints, TwoRanksResumeBitIdentically) {
   ASSERT_TRUE(testing_support::mpirun_installed()) << "mpirun is not installed (scripts/setup.sh installs it)";
   testing_support::TempDir dir;
-  const std::string checkpoints = "enable_checkpointing=true checkpoint_period=4";
+  const std::string checkpoints = fmt::format("enable_checkpointing=true checkpoint_period=4 {}", GetParam());
   const testing_support::Output whole = train(dir.path, mpirun(2), checkpoints + " run_name=whole");
   ASSERT_EQ(whole.status, 0) << whole.text;
   const testing_support::Output first = train(dir.path, mpirun(2), checkpoints + " run_name=split steps=12");
@@ -86,7 +106,23 @@ TEST(DataParallelCheckpoints, TwoRanksResumeBitIdentically) {
   };
   EXPECT_EQ(training(metrics(dir.path / "runs" / "split")), training(metrics(dir.path / "runs" / "whole")));
   EXPECT_EQ(std::get<3>(metrics(dir.path / "runs" / "split").back()), std::get<3>(metrics(dir.path / "runs" / "whole").back()));
+  const fs::path last = dir.path / "runs" / "split" / "checkpoints" / "20";
+  if (std::string(GetParam()).empty()) {
+    EXPECT_TRUE(fs::is_regular_file(last / "state.safetensors"));
+    return;
+  }
+  EXPECT_TRUE(fs::is_regular_file(last / "state.fsdp0-of-2.safetensors"));
+  EXPECT_TRUE(fs::is_regular_file(last / "state.fsdp1-of-2.safetensors"));
+  const testing_support::Output other = train(dir.path, "", "enable_checkpointing=true run_name=split steps=24");
+  EXPECT_EQ(other.status, 2) << other.text;
+  EXPECT_NE(other.text.find("was written by another mesh (state.fsdp0-of-2.safetensors, state.fsdp1-of-2.safetensors), "
+                            "this run's rank 0 needs state.safetensors"),
+            std::string::npos)
+      << other.text;
 }
+
+INSTANTIATE_TEST_SUITE_P(Meshes, Checkpoints, ::testing::Values("", "ici_fsdp_parallelism=2"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return i.index == 0 ? "data2" : "fsdp2"; });
 
 // Rank 0 alone writes metrics; when it cannot, its error ends the whole launch (MPI_Abort) instead of leaving
 // rank 1 waiting in its first all-reduce.
