@@ -50,6 +50,8 @@ struct Launch {
   const char* layout;  // how the run describes its ranks
 };
 
+void PrintTo(const Launch& l, std::ostream* os) { *os << l.name; }
+
 class Distributed : public ::testing::TestWithParam<Launch> {};
 
 TEST_P(Distributed, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatches) {
