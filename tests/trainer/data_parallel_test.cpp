@@ -72,6 +72,10 @@ TEST_P(Distributed, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatche
   ASSERT_TRUE(std::regex_search(many.text, m, std::regex(R"(measured peak (.+) device \(planned (.+)\))")))
       << many.text;
   EXPECT_EQ(m[1].str(), m[2].str()) << "rank 0's arena peak is its plan's";
+  // The process's resident memory beyond its baseline (MPI included) and its plans: within the single-process
+  // bound (tests/cli: 64 MiB).
+  ASSERT_TRUE(std::regex_search(many.text, m, std::regex(R"(\+ unplanned ([0-9.]+) (B|KiB|MiB)\n)"))) << many.text;
+  EXPECT_TRUE(m[2].str() != "MiB" || std::stod(m[1].str()) < 64) << m[0].str();
   EXPECT_EQ(std::count(many.text.begin(), many.text.end(), '\n'), std::count(one.text.begin(), one.text.end(), '\n'))
       << "rank 0 alone prints:\n" << many.text;
 }
