@@ -1,0 +1,111 @@
+// Validation and simulation of a schedule: every rank's actions run in order against the compute costs; a
+// receive waits for its send. The first error names the rank and the action.
+#include "parallel/parallel.h"
+
+#include "base/check.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <tuple>
+
+namespace remat::parallel {
+namespace {
+
+std::string action_str(const Action& a) {
+  std::string s = fmt::format("{} of microbatch {} (chunk {})", step_name(a.step), a.microbatch, a.chunk);
+  return a.peer < 0 ? s : s + fmt::format(" with rank {}", a.peer);
+}
+
+// Each virtual stage runs every microbatch forward once and backward once, in microbatch order, on its rank,
+// backward after forward.
+void check_counts(const Schedule& s) {
+  const PipelineShape& shape = s.shape;
+  CHECK(static_cast<int64_t>(s.ranks.size()) == shape.stages, "schedule: {} rank lists for {} stages", s.ranks.size(),
+        shape.stages);
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
+    std::vector<int64_t> forwards(static_cast<size_t>(shape.chunks), 0), backwards = forwards;
+    for (const Action& a : s.ranks[r]) {
+      if (a.step != Step::forward && a.step != Step::backward) continue;
+      CHECK(a.chunk >= 0 && a.chunk < shape.chunks, "schedule: rank {} runs {}: no such chunk", r, action_str(a));
+      const size_t c = static_cast<size_t>(a.chunk);
+      int64_t& next = a.step == Step::forward ? forwards[c] : backwards[c];
+      CHECK(a.microbatch == next, "schedule: rank {} runs {} where microbatch {} comes next on that chunk", r,
+            action_str(a), next);
+      CHECK(a.step == Step::forward || a.microbatch < forwards[c], "schedule: rank {} runs {} before its forward", r,
+            action_str(a));
+      ++next;
+    }
+    for (int64_t c = 0; c < shape.chunks; ++c)
+      CHECK(forwards[static_cast<size_t>(c)] == shape.microbatches && backwards[static_cast<size_t>(c)] == shape.microbatches,
+            "schedule: rank {} chunk {} runs {} forwards and {} backwards of {} microbatches", r, c,
+            forwards[static_cast<size_t>(c)], backwards[static_cast<size_t>(c)], shape.microbatches);
+  }
+}
+
+struct Message {
+  int64_t microbatch, chunk;  // as the receiver names them: its chunk
+  double time;
+};
+
+}  // namespace
+
+Simulation simulate(const Schedule& s, const Costs& costs) {
+  check_counts(s);
+  const int64_t p = s.shape.stages;
+  // Channels (from, to, gradient?) carry messages in the order they were sent.
+  std::map<std::tuple<int64_t, int64_t, bool>, std::deque<Message>> channels;
+  Simulation sim;
+  sim.ranks.resize(s.ranks.size());
+  std::vector<size_t> next(s.ranks.size(), 0);
+  std::vector<double> clock(s.ranks.size(), 0);
+  std::vector<int64_t> in_flight(s.ranks.size(), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t r = 0; r < s.ranks.size(); ++r) {
+      for (; next[r] < s.ranks[r].size(); ++next[r]) {
+        const Action& a = s.ranks[r][next[r]];
+        const int64_t me = static_cast<int64_t>(r);
+        if (a.step == Step::send_activation || a.step == Step::send_gradient) {
+          const bool gradient = a.step == Step::send_gradient;
+          // The receiver's chunk: the next virtual stage (activation) or the previous one (gradient).
+          const int64_t k = a.chunk * p + me + (gradient ? -1 : 1);
+          channels[{me, a.peer, gradient}].push_back({a.microbatch, k / p, clock[r]});
+        } else if (a.step == Step::recv_activation || a.step == Step::recv_gradient) {
+          std::deque<Message>& q = channels[{a.peer, me, a.step == Step::recv_gradient}];
+          if (q.empty()) break;  // waits for the send
+          const Message m = q.front();
+          q.pop_front();
+          CHECK(m.microbatch == a.microbatch && m.chunk == a.chunk,
+                "schedule: rank {} runs {} but the next message from rank {} is for microbatch {} (chunk {})", r,
+                action_str(a), a.peer, m.microbatch, m.chunk);
+          clock[r] = std::max(clock[r], m.time);
+        } else {
+          const double d = a.step == Step::forward ? costs.forward : costs.backward;
+          RankTimeline& t = sim.ranks[r];
+          t.compute.push_back({clock[r], clock[r] + d, a});
+          t.busy += d;
+          clock[r] += d;
+          in_flight[r] += a.step == Step::forward ? 1 : -1;
+          t.in_flight.push_back(in_flight[r]);
+          t.peak_in_flight = std::max(t.peak_in_flight, in_flight[r]);
+        }
+        progress = true;
+      }
+    }
+  }
+  std::vector<std::string> stuck;
+  for (size_t r = 0; r < s.ranks.size(); ++r)
+    if (next[r] < s.ranks[r].size()) stuck.push_back(fmt::format("rank {} at {}", r, action_str(s.ranks[r][next[r]])));
+  sim.makespan = *std::max_element(clock.begin(), clock.end());
+  CHECK(stuck.empty(), "schedule {} does not progress (deadlock): {}; the grid so far:\n{}", schedule_name(s.kind),
+        fmt::join(stuck, "; "), grid(s, sim));
+  for (const auto& [channel, q] : channels)
+    CHECK(q.empty(), "schedule: {} message(s) from rank {} to rank {} are never received", q.size(), std::get<0>(channel),
+          std::get<1>(channel));
+  return sim;
+}
+
+}  // namespace remat::parallel

@@ -1,0 +1,157 @@
+// Pipeline schedules as data: the generators' schedules are valid and run to the end; each rank holds the
+// microbatches the literature says it holds (GPipe all m on every rank, 1F1B min(p - s, m) on rank s,
+// Megatron's interleaved warm-up + 1 in chunk units); the simulated bubble is (p-1)/(m+p-1), or
+// (p-1)/(v·m+p-1) interleaved, computed here from the formula; broken schedules are refused naming the rank
+// and the action; a small grid is checked against one worked out by hand.
+#include "parallel/parallel.h"
+
+#include "base/check.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace remat::parallel {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct Case {
+  ScheduleKind kind;
+  PipelineShape shape;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  for (int64_t p : {1, 2, 4, 8})
+    for (int64_t m : {8, 16}) {
+      c.push_back({ScheduleKind::gpipe, {p, m, 1}});
+      c.push_back({ScheduleKind::one_f_one_b, {p, m, 1}});
+      for (int64_t v : {2, 3}) c.push_back({ScheduleKind::interleaved_1f1b, {p, m, v}});
+    }
+  c.push_back({ScheduleKind::gpipe, {4, 3, 1}});  // fewer microbatches than stages
+  c.push_back({ScheduleKind::gpipe, {4, 8, 2}});  // circular (MaxText's repeats)
+  return c;
+}
+
+// Microbatch-chunks a rank stashes at most, from the schedules' definitions.
+int64_t expected_in_flight(const Case& c, int64_t rank) {
+  const int64_t p = c.shape.stages, m = c.shape.microbatches, v = c.shape.chunks;
+  switch (c.kind) {
+    case ScheduleKind::gpipe: return m * v;
+    case ScheduleKind::one_f_one_b: return std::min(p - rank, m);
+    case ScheduleKind::interleaved_1f1b: return std::min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v);
+  }
+  return -1;
+}
+
+TEST(Schedules, EveryGeneratedScheduleRunsAndHoldsWhatItsDefinitionSays) {
+  for (const Case& c : cases()) {
+    const Schedule s = make_schedule(c.kind, c.shape);
+    const double v = static_cast<double>(c.shape.chunks);
+    const Simulation t = simulate(s, {1 / v, 2 / v});  // a chunk is 1/v of a stage's layers
+    const std::string what = fmt::format("{} p={} m={} v={}", schedule_name(c.kind), c.shape.stages,
+                                         c.shape.microbatches, c.shape.chunks);
+    for (size_t r = 0; r < t.ranks.size(); ++r)
+      EXPECT_EQ(t.ranks[r].peak_in_flight, expected_in_flight(c, static_cast<int64_t>(r))) << what << " rank " << r;
+  }
+}
+
+TEST(Schedules, BubbleIsTheClosedForm) {
+  for (const Case& c : cases()) {
+    const double p = static_cast<double>(c.shape.stages), m = static_cast<double>(c.shape.microbatches),
+                 v = static_cast<double>(c.shape.chunks);
+    const Simulation t = simulate(make_schedule(c.kind, c.shape), {1 / v, 2 / v});
+    const double want = c.kind == ScheduleKind::interleaved_1f1b ? (p - 1) / (v * m + p - 1) : (p - 1) / (m + p - 1);
+    const std::string what = fmt::format("{} p={} m={} v={}", schedule_name(c.kind), p, m, v);
+    for (size_t r = 0; r < t.ranks.size(); ++r) {
+      if (c.kind == ScheduleKind::gpipe && c.shape.chunks > 1) continue;  // circular GPipe: no closed form here
+      if (c.kind == ScheduleKind::interleaved_1f1b)
+        EXPECT_NEAR(t.bubble(r), want, 0.1 * want + 1e-12) << what << " rank " << r;
+      else
+        EXPECT_NEAR(t.bubble(r), want, 1e-12) << what << " rank " << r;
+    }
+  }
+}
+
+// GPipe, p = 2, m = 2, forward 1, backward 2: rank 1's forwards trail rank 0's by one; rank 0's backwards
+// wait for rank 1's; the makespan is (m + p - 1)(1 + 2) = 9, the bubble 3/9 on both ranks.
+TEST(Schedules, GridOfASmallGPipeIsTheOneWorkedOutByHand) {
+  const Schedule s = make_schedule(ScheduleKind::gpipe, {2, 2, 1});
+  EXPECT_EQ(grid(s, simulate(s, {1, 2})),
+            "gpipe schedule: 2 stages x 1 chunk(s), 2 microbatches; a column is one forward\n"
+            "rank  0 | F0 F1 .  .  .  B0 B0 B1 B1\n"
+            "rank  1 | .  F0 F1 B0 B0 B1 B1 .  . \n"
+            "rank  0: at most 2 microbatch-chunk(s) in flight, bubble 33.3%\n"
+            "rank  1: at most 2 microbatch-chunk(s) in flight, bubble 33.3%\n");
+  const std::string picture = svg(s, simulate(s, {1, 2}));
+  EXPECT_EQ(std::count(picture.begin(), picture.end(), '\n'), 2 + 8 + 2 + 1);  // header, 8 boxes, 2 rank names, end
+}
+
+TEST(Schedules, ActionsAroundEachComputeStepCarryItsTensors) {
+  const Schedule s = make_schedule(ScheduleKind::one_f_one_b, {2, 2, 1});
+  using A = Action;
+  EXPECT_EQ(s.ranks[0], (std::vector<A>{{Step::forward, 0, 0}, {Step::send_activation, 0, 0, 1},
+                                        {Step::forward, 1, 0}, {Step::send_activation, 1, 0, 1},
+                                        {Step::recv_gradient, 0, 0, 1}, {Step::backward, 0, 0},
+                                        {Step::recv_gradient, 1, 0, 1}, {Step::backward, 1, 0}}));
+  EXPECT_EQ(s.ranks[1], (std::vector<A>{{Step::recv_activation, 0, 0, 0}, {Step::forward, 0, 0},
+                                        {Step::backward, 0, 0}, {Step::send_gradient, 0, 0, 0},
+                                        {Step::recv_activation, 1, 0, 0}, {Step::forward, 1, 0},
+                                        {Step::backward, 1, 0}, {Step::send_gradient, 1, 0, 0}}));
+}
+
+TEST(Schedules, BrokenSchedulesAreRefusedNamingTheRankAndTheAction) {
+  Schedule s = make_schedule(ScheduleKind::one_f_one_b, {2, 4, 1});
+  Schedule early = s;  // rank 0 waits for a gradient before it has sent the activations that produce it
+  auto& r0 = early.ranks[0];
+  auto recv = std::find(r0.begin(), r0.end(), Action{Step::recv_gradient, 0, 0, 1});
+  std::rotate(r0.begin(), recv, recv + 1);
+  EXPECT_NE(error_of([&] { simulate(early, {}); })
+                .find("schedule 1f1b does not progress (deadlock): rank 0 at recv_gradient of microbatch 0 (chunk 0) with "
+                      "rank 1; rank 1 at recv_activation of microbatch 0 (chunk 0) with rank 0"),
+            std::string::npos)
+      << error_of([&] { simulate(early, {}); });
+  Schedule swapped = s;  // rank 1 runs microbatch 1's forward before microbatch 0's
+  auto& r1 = swapped.ranks[1];
+  std::iter_swap(std::find(r1.begin(), r1.end(), Action{Step::forward, 0, 0}),
+                 std::find(r1.begin(), r1.end(), Action{Step::forward, 1, 0}));
+  EXPECT_NE(error_of([&] { simulate(swapped, {}); })
+                .find("schedule: rank 1 runs forward of microbatch 1 (chunk 0) where microbatch 0 comes next on that chunk"),
+            std::string::npos)
+      << error_of([&] { simulate(swapped, {}); });
+  Schedule lost = s;  // a backward dropped
+  lost.ranks[1].erase(std::find(lost.ranks[1].begin(), lost.ranks[1].end(), Action{Step::backward, 3, 0}));
+  EXPECT_NE(error_of([&] { simulate(lost, {}); }).find("rank 1 chunk 0 runs 4 forwards and 3 backwards of 4 microbatches"),
+            std::string::npos);
+}
+
+TEST(Schedules, InvalidCombinationsAreConfigErrorsSayingWhatWorks) {
+  auto check = [](ScheduleKind k, PipelineShape s, int64_t layers, int64_t per) {
+    return error_of([&] { check_pipeline(k, s, layers, per); });
+  };
+  EXPECT_NE(check(ScheduleKind::one_f_one_b, {4, 2, 1}, 4, 1)
+                .find("pipeline_schedule=1f1b needs num_pipeline_microbatches (2) >= ici_pipeline_parallelism (4): set "
+                      "it to 4 or more, or use gpipe"),
+            std::string::npos);
+  EXPECT_NE(check(ScheduleKind::gpipe, {4, 8, 1}, 6, 1).find("base_num_decoder_layers (6) must equal ici_pipeline_parallelism (4)"),
+            std::string::npos);
+  EXPECT_NE(check(ScheduleKind::interleaved_1f1b, {4, 8, 1}, 4, 1).find("needs num_pipeline_repeats >= 2"),
+            std::string::npos);
+  EXPECT_NE(check(ScheduleKind::interleaved_1f1b, {4, 6, 2}, 8, 1).find("a multiple of ici_pipeline_parallelism (4): 4 or 8 would do"),
+            std::string::npos)
+      << check(ScheduleKind::interleaved_1f1b, {4, 6, 2}, 8, 1);
+  EXPECT_EQ(check(ScheduleKind::interleaved_1f1b, {4, 8, 2}, 16, 2), "");
+  EXPECT_NE(error_of([] { parse_schedule("zb-v"); }).find("unknown schedule 'zb-v'; choose gpipe, 1f1b or interleaved_1f1b"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace remat::parallel
