@@ -62,20 +62,21 @@ Key bind_enum(std::string name, std::vector<std::string> allowed, std::function<
 struct Bounds {
   double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
   bool lo_open = false, hi_open = false;
-  bool fill = false;  // a mesh axis size: -1 (filled with the remaining ranks) or >= 1
+  const char* fill = nullptr;  // else -1 (what it means: filled with the remaining ranks, ...) or >= 1
 
   bool contains(double v) const {
-    if (fill) return v == -1 || v >= 1;
+    if (fill != nullptr) return v == -1 || v >= 1;
     return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi) && !std::isnan(v);
   }
   std::string text() const {
-    if (fill) return "-1 (fill with the remaining ranks) or >= 1";
+    if (fill != nullptr) return fmt::format("-1 ({}) or >= 1", fill);
     if (std::isinf(hi)) return fmt::format("{} {}", lo_open ? ">" : ">=", lo);
     return fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
   }
 };
 Bounds at_least(double x) { return {.lo = x}; }
-Bounds ranks() { return {.fill = true}; }
+Bounds ranks() { return {.fill = "fill with the remaining ranks"}; }
+Bounds or_derived() { return {.fill = "derived"}; }
 Bounds above(double x) { return {.lo = x, .lo_open = true}; }
 Bounds unit_interval() { return {.lo = 0, .hi = 1}; }
 Bounds below_one() { return {.lo = 0, .hi = 1, .hi_open = true}; }  // Adam's betas
@@ -138,6 +139,11 @@ const std::vector<Key>& keys() {
       bind<int64_t>("dcn_data_parallelism", [](Config& c) -> int64_t& { return c.run.dcn_data_parallelism; }, ranks()),
       bind<int64_t>("ici_fsdp_parallelism", [](Config& c) -> int64_t& { return c.run.ici_fsdp_parallelism; }, ranks()),
       bind<int64_t>("dcn_fsdp_parallelism", [](Config& c) -> int64_t& { return c.run.dcn_fsdp_parallelism; }, ranks()),
+      bind<int64_t>("ici_pipeline_parallelism", [](Config& c) -> int64_t& { return c.run.ici_pipeline_parallelism; }, at_least(1)),
+      bind<int64_t>("num_pipeline_microbatches", [](Config& c) -> int64_t& { return c.run.num_pipeline_microbatches; }, or_derived()),
+      bind<int64_t>("num_layers_per_pipeline_stage", [](Config& c) -> int64_t& { return c.run.num_layers_per_pipeline_stage; }, at_least(1)),
+      bind<int64_t>("num_pipeline_repeats", [](Config& c) -> int64_t& { return c.run.num_pipeline_repeats; }, or_derived()),
+      bind_enum("pipeline_schedule", {"gpipe", "1f1b", "interleaved_1f1b"}, [](Config& c) -> std::string& { return c.run.pipeline_schedule; }),
       bind<int64_t>("steps", [](Config& c) -> int64_t& { return c.run.steps; }, at_least(1)),
       bind<double>("learning_rate", [](Config& c) -> double& { return c.run.optimizer.learning_rate; }, at_least(0)),
       bind<int64_t>("warmup_steps", [](Config& c) -> int64_t& { return c.run.optimizer.warmup_steps; }, at_least(0)),

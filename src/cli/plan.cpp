@@ -4,13 +4,38 @@
 #include "plan/report.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 
 namespace remat::cli {
 
+namespace {
+// `remat plan` under a pipeline: the schedule of every rank from shapes alone (equal-cost layers: a chunk's
+// forward takes 1/v, its backward 2/v), its microbatches in flight and bubble. Per-rank memory plans of the
+// stage programs are not built yet.
+std::string pipeline_report(const Config& config, bool json) {
+  const parallel::Schedule s = trainer::pipeline_schedule(config.run);
+  const double v = static_cast<double>(s.shape.chunks);
+  const parallel::Simulation t = parallel::simulate(s, {1 / v, 2 / v});
+  if (!json)
+    return parallel::grid(s, t) + "per-rank memory plans of the pipeline stages are not built yet (the schedule is)\n";
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < t.ranks.size(); ++r)
+    ranks.push_back({{"rank", r}, {"peak_in_flight", t.ranks[r].peak_in_flight}, {"bubble", t.bubble(r)}});
+  nlohmann::json out = {{"pipeline",
+                         {{"schedule", parallel::schedule_name(s.kind)},
+                          {"stages", s.shape.stages},
+                          {"microbatches", s.shape.microbatches},
+                          {"chunks", s.shape.chunks},
+                          {"ranks", ranks}}}};
+  return out.dump(2) + "\n";
+}
+}  // namespace
+
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
   const trainer::RunConfig& run = config.run;
+  if (run.ici_pipeline_parallelism > 1) return pipeline_report(config, json);
   nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
   model.mesh = trainer::mesh_of(run, 0);
   const int64_t devices = model.mesh.ranks(), fsdp = model.mesh.size("fsdp");

@@ -380,8 +380,23 @@ nn::Mesh mesh_of(const RunConfig& c, int64_t ranks) {
   return {{{"data", keys[0].value * keys[1].value}, {"fsdp", keys[2].value * keys[3].value}}};
 }
 
+parallel::Schedule pipeline_schedule(const RunConfig& c) {
+  const parallel::ScheduleKind kind = parallel::parse_schedule(c.pipeline_schedule);
+  const int64_t p = c.ici_pipeline_parallelism, per = c.num_layers_per_pipeline_stage, L = c.model.num_decoder_layers;
+  CHECK(p >= 1 && per >= 1, "ici_pipeline_parallelism ({}) and num_layers_per_pipeline_stage ({}) must be >= 1", p, per);
+  const parallel::PipelineShape shape{
+      p, c.num_pipeline_microbatches == -1 ? p : c.num_pipeline_microbatches,
+      c.num_pipeline_repeats == -1 ? std::max<int64_t>(1, L / (p * per)) : c.num_pipeline_repeats};
+  parallel::check_pipeline(kind, shape, L, per);
+  return parallel::make_schedule(kind, shape);
+}
+
 RunResult run(const RunConfig& config) {
   RunConfig c = config;
+  CHECK(c.ici_pipeline_parallelism == 1,
+        "ici_pipeline_parallelism={}: pipeline training is not built yet; `remat plan` shows the schedule ({}) and "
+        "its bubble. Train with ici_pipeline_parallelism=1",
+        c.ici_pipeline_parallelism, c.pipeline_schedule);
   c.model.mesh = mesh_of(config, exec::Mesh::launched_ranks());
   std::vector<std::pair<std::string, int>> axes;
   for (const auto& [name, size] : c.model.mesh.axes) axes.emplace_back(name, static_cast<int>(size));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "compile/compile.h"
+#include "parallel/parallel.h"
 #include "train/data.h"
 
 #include <map>
@@ -38,7 +39,16 @@ struct RunConfig {
   int64_t dcn_data_parallelism = -1;   // across hosts; -1: the ranks left
   int64_t ici_fsdp_parallelism = 1;    // FSDP ranks within a host; -1: the ranks left
   int64_t dcn_fsdp_parallelism = 1;    // across hosts; -1: the ranks left
+  int64_t ici_pipeline_parallelism = 1;          // pipeline stages
+  int64_t num_pipeline_microbatches = -1;        // -1: the stages
+  int64_t num_layers_per_pipeline_stage = 1;
+  int64_t num_pipeline_repeats = -1;             // chunks per rank; -1: layers / (stages x layers per stage)
+  std::string pipeline_schedule = "gpipe";       // gpipe | 1f1b | interleaved_1f1b
 };
+
+// The pipeline schedule the config asks for (keys ici_pipeline_parallelism, num_pipeline_microbatches,
+// num_layers_per_pipeline_stage, num_pipeline_repeats, pipeline_schedule), CHECKed to fit the model.
+parallel::Schedule pipeline_schedule(const RunConfig& config);
 
 // The mesh of `ranks` processes (0 where none are launched, as for `remat plan`: a -1 is then 1): data =
 // ici x dcn data parallelism, fsdp = ici x dcn fsdp parallelism (the last axis, varying fastest over the

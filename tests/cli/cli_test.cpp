@@ -257,6 +257,29 @@ TEST(Cli, UnknownKeyExitsTwoNamingIt) {
   EXPECT_NE(o.text.find("no_such_key"), std::string::npos) << o.text;
 }
 
+// Under a pipeline `remat plan` shows every rank's schedule from shapes alone: 1F1B over 4 stages and 8
+// microbatches holds 4, 3, 2, 1 microbatches on ranks 0..3 and idles (p-1)/(m+p-1) = 3/11 of the time;
+// training refuses the key until pipeline runs are built, saying so.
+TEST(Cli, PlanShowsThePipelineScheduleOfEveryRank) {
+  testing_support::Output o = testing_support::run_command(fmt::format(
+      "'{}' plan ici_pipeline_parallelism=4 pipeline_schedule=1f1b num_pipeline_microbatches=8 --json 2>&1", REMAT_BINARY));
+  ASSERT_EQ(o.status, 0) << o.text;
+  const nlohmann::json ranks = nlohmann::json::parse(o.text).at("pipeline").at("ranks");
+  ASSERT_EQ(ranks.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(ranks[static_cast<size_t>(r)].at("peak_in_flight").get<int>(), 4 - r);
+    EXPECT_NEAR(ranks[static_cast<size_t>(r)].at("bubble").get<double>(), 3.0 / 11.0, 1e-12);
+  }
+  testing_support::Output text = testing_support::run_command(
+      fmt::format("'{}' plan ici_pipeline_parallelism=2 pipeline_schedule=gpipe num_pipeline_microbatches=2 "
+                  "base_num_decoder_layers=2 2>&1", REMAT_BINARY));
+  EXPECT_NE(text.text.find("rank  0 | F0 F1 .  .  .  B0 B0 B1 B1\n"), std::string::npos) << text.text;
+  testing_support::Output train = testing_support::run_command(
+      fmt::format("'{}' train ici_pipeline_parallelism=2 2>&1", REMAT_BINARY));
+  EXPECT_EQ(train.status, 2) << train.text;
+  EXPECT_NE(train.text.find("pipeline training is not built yet"), std::string::npos) << train.text;
+}
+
 }  // namespace
 }  // namespace remat
 
