@@ -12,12 +12,17 @@ namespace remat::cli {
 
 namespace {
 // `remat plan` under a pipeline: the schedule of every rank from shapes alone (equal-cost layers: a chunk's
-// forward takes 1/v, its backward 2/v), its microbatches in flight and bubble. Per-rank memory plans of the
-// stage programs are not built yet.
-std::string pipeline_report(const Config& config, bool json) {
+// forward takes 1/v, its backward 2/v), its microbatches in flight and bubble; `timeline` gets the schedule's
+// SVG. Per-rank memory plans of the stage programs are not built yet (nor checked against hbm_limit).
+std::string pipeline_report(const Config& config, bool json, const std::string& timeline) {
   const parallel::Schedule s = trainer::pipeline_schedule(config.run);
   const double v = static_cast<double>(s.shape.chunks);
   const parallel::Simulation t = parallel::simulate(s, {1 / v, 2 / v});
+  if (!timeline.empty()) {
+    std::ofstream out(timeline);
+    CHECK(out.good(), "cannot write the schedule's timeline to '{}'", timeline);
+    out << parallel::svg(s, t);
+  }
   if (!json)
     return parallel::grid(s, t) + "per-rank memory plans of the pipeline stages are not built yet (the schedule is)\n";
   nlohmann::json ranks = nlohmann::json::array();
@@ -35,7 +40,7 @@ std::string pipeline_report(const Config& config, bool json) {
 
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
   const trainer::RunConfig& run = config.run;
-  if (run.ici_pipeline_parallelism > 1) return pipeline_report(config, json);
+  if (run.ici_pipeline_parallelism > 1) return pipeline_report(config, json, timeline);
   nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
   model.mesh = trainer::mesh_of(run, 0);
   const int64_t devices = model.mesh.ranks(), fsdp = model.mesh.size("fsdp");

@@ -226,8 +226,9 @@ Tensor gathered(Tensor shard, int64_t dim, int64_t shards, std::optional<DType> 
 
 // FSDP: a layer's whole weights from its shards, the kernels cast to the compute dtype before the gather
 // (under mp_cast=upfront they already are), the norm scales as they are. Gathered where the layer starts:
-// under a scan one layer's are live at a time, and being weight-derived they are recomputed by the
-// backward, never saved.
+// under a scan (or a remat region) one layer's are live at a time, and being weight-derived they are
+// recomputed by the backward, never saved. Unrolled layers without remat keep every layer's gathered weights
+// until its backward, as plain autodiff keeps any residual: FSDP wants scan_layers or a remat policy.
 LayerWeights gather_layer(Builder& b, const ModelConfig& c, LayerWeights w) {
   auto s = b.scope("fsdp_gather");
   const std::vector<ParamSpec> specs = param_specs(c);
@@ -607,7 +608,7 @@ std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
 }
 
 std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec::Array> unfused_params) {
-  CHECK(c.mesh.ranks() == 1, "fuse_params: takes one device's whole parameters, not FSDP shards");
+  CHECK(c.mesh.size("fsdp") == 1, "fuse_params: takes whole parameters, not FSDP shards");
   const std::vector<ParamSpec> from = param_specs(unfused(c)), to = param_specs(c);
   CHECK(unfused_params.size() == from.size(), "fuse_params: {} arrays for {} unfused parameters", unfused_params.size(),
         from.size());

@@ -59,9 +59,10 @@ void check_pipeline(ScheduleKind kind, const PipelineShape& s, int64_t layers, i
   if (kind == ScheduleKind::interleaved_1f1b)
     CHECK(v >= 2, "pipeline_schedule=interleaved_1f1b needs num_pipeline_repeats >= 2 chunks per rank, got {}: "
                   "halve num_layers_per_pipeline_stage, or use pipeline_schedule=1f1b", v);
+  const int64_t below = m / p * p, above = below + p;
   CHECK(v == 1 || m % p == 0,
         "{} chunks per rank need num_pipeline_microbatches ({}) to be a multiple of ici_pipeline_parallelism ({}): "
-        "{} or {} would do", v, m, p, std::max<int64_t>(p, m / p * p), (m / p + 1) * p);
+        "{} would do", v, m, p, below == 0 ? fmt::format("{}", above) : fmt::format("{} or {}", below, above));
 }
 
 namespace {

@@ -32,16 +32,17 @@ LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::spa
 
 // The means of loss and gradient sums over k microbatches on each rank of the model's mesh (every rank takes
 // its own part of the batch). The loss sums are all-reduced over the mesh (in rank order from zero); so are
-// the gradients under data parallelism alone, while FSDP's gradients arrive summed over every rank already
-// (the transpose of each parameter's all_gather is a reduce_scatter over the whole mesh).
+// the gradients of whole parameters, while FSDP shards' gradients arrive summed over every rank already (the
+// transpose of each parameter's all_gather is a reduce_scatter over the whole mesh).
 LossAndGrads mean_over(Builder& b, const nn::ModelConfig& model, LossAndGrads sums, int64_t k) {
   const nn::Mesh& mesh = model.mesh;
   const int64_t ranks = mesh.ranks();
   if (ranks > 1) {
     auto s = b.scope("data_parallel");
     sums.loss = all_reduce(sums.loss, mesh.group(), ranks);
-    if (mesh.size("fsdp") == 1)
-      for (Tensor& g : sums.grads) g = all_reduce(g, mesh.group(), ranks);
+    const std::vector<nn::ParamSpec> specs = nn::param_specs(model);
+    for (size_t i = 0; i < sums.grads.size(); ++i)  // whole parameters: summed here; shards: already
+      if (specs[i].shards == 1) sums.grads[i] = all_reduce(sums.grads[i], mesh.group(), ranks);
   }
   if (k * ranks == 1) return sums;
   const double inv = 1.0 / static_cast<double>(k * ranks);
@@ -137,7 +138,8 @@ Tensor sum_all(Tensor x) {
 // order either way), the shards' partial sums gathered, then summed.
 Tensor squared_sum(Tensor grad, const nn::ParamSpec& spec, int64_t fsdp) {
   const auto embed = std::find(spec.axes.begin(), spec.axes.end(), "embed");
-  ASSERT(embed != spec.axes.end());
+  ASSERT(spec.shards == 1 || embed != spec.axes.end());
+  if (embed == spec.axes.end()) return sum_all(square(grad));
   const int64_t e = embed - spec.axes.begin();
   IntList others;
   for (int64_t d = 0; d < grad.rank(); ++d)

@@ -182,6 +182,13 @@ std::vector<std::string> state_files(const fs::path& dir) {
   return files;
 }
 
+// Whether a state file is one of a checkpoint of this mesh's FSDP degree.
+bool of_mesh(const std::string& file, const nn::Mesh& mesh) {
+  const int64_t fsdp = mesh.size("fsdp");
+  if (fsdp == 1) return file == "state.safetensors";
+  return file.rfind("state.fsdp", 0) == 0 && file.ends_with(fmt::format("-of-{}.safetensors", fsdp));
+}
+
 // Whether a step folder holds every file of a checkpoint of this mesh.
 bool complete(const fs::path& dir, const nn::Mesh& mesh) {
   const int64_t fsdp = mesh.size("fsdp");
@@ -212,6 +219,10 @@ void save_checkpoint(const RunConfig& c, const exec::Mesh& ranks, Runner& step, 
   }
   ranks.all(true);  // every shard written
   if (ranks.rank() != 0) return;
+  CHECK(complete(dir, c.model.mesh),
+        "checkpoint {} lacks shard files after every rank wrote its own: the ranks do not share base_output_directory "
+        "({}); FSDP checkpoints need a filesystem all ranks share",
+        dir.string(), c.run_dir);
   // Keep the newest complete ones; a folder without all its files is a write that never finished.
   int64_t kept = 0;
   for (int64_t s : checkpoint_steps(c)) {
@@ -248,8 +259,11 @@ void restore(const RunConfig& c, Runner& step, const train::SafeTensors& s, cons
 Progress resume(const RunConfig& c, const exec::Mesh& ranks, Runner& step, Batcher& batcher) {
   for (int64_t s : checkpoint_steps(c)) {
     const fs::path dir = checkpoints_of(c) / std::to_string(s), file = dir / state_file(c.model.mesh, ranks);
+    // Decided from the folder's listing, the same on every rank: files of this mesh, even some missing (a
+    // write that never finished), are this run's; only files of another mesh are refused.
     const std::vector<std::string> files = state_files(dir);
-    CHECK(files.empty() || fs::exists(file),
+    CHECK(files.empty() || std::any_of(files.begin(), files.end(),
+                                       [&](const std::string& f) { return of_mesh(f, c.model.mesh); }),
           "checkpoint {} was written by another mesh ({}), this run's rank {} needs {}: resume with the "
           "ici/dcn_fsdp_parallelism it was saved with (a checkpoint is not resharded), or start a new run_name",
           dir.string(), fmt::join(files, ", "), ranks.rank(), file.filename().string());
@@ -317,13 +331,15 @@ const std::vector<exec::Array>& run_step(const RunConfig& c, const exec::Mesh& m
   const Progress from = start_state(c, mesh, step, replay);
   for (int64_t s = from.step; s + 1 < done; ++s) run_step(c, mesh, step, replay, s);
   prepare_step(c, mesh, step, replay, done - 1);
-  std::string first = "no op gave a non-finite value when the step ran again";
+  // Under MPI each rank checks its own ops (its shards): the message says which rank found what.
+  const std::string where = mesh.size() > 1 ? fmt::format(" on rank {}", mesh.rank()) : "";
+  std::string first = fmt::format("no op gave a non-finite value{} when the step ran again", where);
   try {
     compile::Compiled checked = compile_program(c, compile::Kind::train_step, c.shape, true);
     exec::Executable debug(std::move(checked.program), std::move(checked.plan), {.mesh = &mesh});
     debug.run(step.args);
   } catch (const Error& e) {
-    first = fmt::format("the first non-finite value: {}", e.what());
+    first = fmt::format("the first non-finite value{}: {}", where, e.what());
   }
   CHECK(false, "{}; {}.{} Lower learning_rate (now {})", what, first,
         c.enable_checkpointing ? fmt::format(" The last checkpoint (step {}) is kept.", from.step) : "",

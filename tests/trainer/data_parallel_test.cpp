@@ -92,7 +92,8 @@ INSTANTIATE_TEST_SUITE_P(
 // Rank 0 writes the (replicated) state, or under FSDP the first rank of each shard's replicas writes that
 // shard's file; a run stopped after 12 of 20 steps and started again under mpirun resumes on every rank
 // from that checkpoint and ends bit-identical to one never stopped. An FSDP checkpoint is refused by a run
-// of another FSDP degree, naming the files it found.
+// of another FSDP degree, naming the files it found; one missing a shard is torn: the run resumes from the
+// checkpoint before it.
 class Checkpoints : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Checkpoints, TwoRanksResumeBitIdentically) {
@@ -125,6 +126,13 @@ TEST_P(Checkpoints, TwoRanksResumeBitIdentically) {
                             "this run's rank 0 needs state.safetensors"),
             std::string::npos)
       << other.text;
+  // A shard that never reached the disk: that checkpoint is torn, and every rank resumes from the one before.
+  const auto before = metrics(dir.path / "runs" / "whole");
+  fs::remove(dir.path / "runs" / "whole" / "checkpoints" / "20" / "state.fsdp1-of-2.safetensors");
+  const testing_support::Output again = train(dir.path, mpirun(2), checkpoints + " run_name=whole");
+  ASSERT_EQ(again.status, 0) << again.text;
+  EXPECT_NE(again.text.find("(step 16)"), std::string::npos) << again.text;
+  EXPECT_EQ(training(metrics(dir.path / "runs" / "whole")), training(before));
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, Checkpoints, ::testing::Values("", "ici_fsdp_parallelism=2"),
