@@ -5,7 +5,7 @@
 // and the action; a small grid is checked against one worked out by hand.
 #include "parallel/parallel.h"
 
-#include "base/check.h"
+#include "support/error_of.h"
 
 #include <gtest/gtest.h>
 
@@ -14,14 +14,7 @@
 namespace remat::parallel {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing_support::error_of;
 
 struct Case {
   ScheduleKind kind;

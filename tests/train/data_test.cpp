@@ -2,6 +2,7 @@
 #include "train/data.h"
 
 #include "base/check.h"
+#include "support/error_of.h"
 #include "support/temp_dir.h"
 
 #include <gtest/gtest.h>
@@ -17,14 +18,7 @@ namespace fs = std::filesystem;
 
 using testing_support::TempDir;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing_support::error_of;
 
 TEST(Data, SplitsEachFileAndBatchesDeterministically) {
   TempDir d;
