@@ -56,6 +56,15 @@ class RematDecider {
 std::vector<ir::ValueId> grad(ir::Graph& g, ir::ValueId loss, std::span<const ir::ValueId> wrt,
                               RematDecider* decider = nullptr, std::span<const ir::ValueId> weights = {});
 
+// The vector-Jacobian product: appends the cotangents of `wrt` (params of g or outputs of its nodes) given
+// `seeds`, pairs (value, its cotangent) already in g, summed into the backward as a loss's seed is. The
+// backward of one pipeline stage: seeded with the gradient its next stage sent, with respect to the
+// activation its previous stage sent (a recv's output) and its weights. A wrt value the seeds do not reach
+// gets a zero cotangent. `decider` and `weights` as for grad.
+std::vector<ir::ValueId> vjp(ir::Graph& g, std::span<const std::pair<ir::ValueId, ir::ValueId>> seeds,
+                             std::span<const ir::ValueId> wrt, RematDecider* decider = nullptr,
+                             std::span<const ir::ValueId> weights = {});
+
 // A new graph whose results are f's results followed by the gradient of f's first result (a scalar)
 // with respect to f's params at `wrt_params` (indices into f.params). `weight_params` as grad's weights.
 // Dead code is removed.

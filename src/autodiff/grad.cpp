@@ -27,27 +27,34 @@ std::vector<bool> parameter_derived(const Graph& g, size_t num_forward, const st
       for (size_t k = 0; k < n.outputs.size(); ++k) d[static_cast<size_t>(n.outputs[k])] = d[static_cast<size_t>(n.inputs[k])];
       continue;
     }
-    bool all = true;  // a node without inputs (full, iota) is a constant
+    bool all = !ir::is_effectful(n.op);  // a node without inputs (full, iota) is a constant; a recv is not
     for (ValueId v : n.inputs) all = all && d[static_cast<size_t>(v)];
     for (ValueId v : n.outputs) d[static_cast<size_t>(v)] = all;
   }
   return d;
 }
 
-std::vector<bool> differentiable(const Graph& g, size_t num_forward, const std::vector<bool>& param_flags) {
+std::vector<bool> differentiable(const Graph& g, size_t num_forward, std::span<const ValueId> wrt) {
   std::vector<bool> d(g.types.size(), false);
-  for (size_t i = 0; i < g.params.size() && i < param_flags.size(); ++i)
-    d[static_cast<size_t>(g.params[i])] = param_flags[i] && is_float(g.type(g.params[i]).dtype);
+  for (ValueId v : wrt) d[static_cast<size_t>(v)] = is_float(g.type(v).dtype);
   for (size_t i = 0; i < num_forward; ++i) {
     const Node& n = g.nodes[i];
     bool any = false;
     for (ValueId v : n.inputs) any = any || d[static_cast<size_t>(v)];
     for (size_t k = 0; k < n.outputs.size(); ++k) {
       const bool from = n.op == Op::convert_group ? d[static_cast<size_t>(n.inputs[k])] : any;  // pairwise
-      d[static_cast<size_t>(n.outputs[k])] = from && is_float(g.type(n.outputs[k]).dtype);
+      const size_t out = static_cast<size_t>(n.outputs[k]);
+      d[out] = d[out] || (from && is_float(g.type(n.outputs[k]).dtype));  // a node's output may itself be wrt
     }
   }
   return d;
+}
+
+std::vector<bool> differentiable(const Graph& g, size_t num_forward, const std::vector<bool>& param_flags) {
+  std::vector<ValueId> wrt;
+  for (size_t i = 0; i < g.params.size() && i < param_flags.size(); ++i)
+    if (param_flags[i]) wrt.push_back(g.params[i]);
+  return differentiable(g, num_forward, std::span<const ValueId>(wrt));
 }
 
 std::vector<bool> live_backward(const Graph& g, size_t num_forward, std::vector<ValueId> needed) {
@@ -99,34 +106,46 @@ std::vector<Cot> backprop(Builder& b, size_t num_forward, std::span<const std::p
   return result;
 }
 
-std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt, RematDecider* decider,
-                          std::span<const ValueId> weights) {
-  const Type& lt = g.type(loss);
-  CHECK(lt.rank() == 0 && is_float(lt.dtype), "grad: the loss must be a floating-point scalar, got {}", type_str(lt));
-  for (ValueId v : wrt)
+std::vector<ValueId> vjp(Graph& g, std::span<const std::pair<ValueId, ValueId>> seeds, std::span<const ValueId> wrt,
+                         RematDecider* decider, std::span<const ValueId> weights) {
+  const size_t num_forward = g.nodes.size();
+  std::vector<bool> defined(g.types.size(), false);  // params and node outputs so far
+  for (ValueId v : g.params) defined[static_cast<size_t>(v)] = true;
+  for (const Node& n : g.nodes)
+    for (ValueId v : n.outputs) defined[static_cast<size_t>(v)] = true;
+  for (ValueId v : wrt) {
+    CHECK(v >= 0 && static_cast<size_t>(v) < g.types.size() && defined[static_cast<size_t>(v)],
+          "vjp: value id {} is not a value of @{}", v, g.name);
     CHECK(is_float(g.type(v).dtype), "grad: cannot differentiate with respect to non-float value of type {}",
           type_str(g.type(v)));
-  size_t num_forward = g.nodes.size();
+  }
+  for (const auto& [v, c] : seeds)
+    CHECK(g.type(v) == g.type(c), "vjp: the cotangent of a {} value is a {}", type_str(g.type(v)), type_str(g.type(c)));
   Builder b(g);
-  Tensor one = full(b, lt, 1.0);
-  std::pair<ValueId, ValueId> seed{loss, one.id};
   Context ctx{decider, {}, 1, {}};
   std::vector<bool> flags(g.params.size(), false);
   for (ValueId v : weights)
     for (size_t i = 0; i < g.params.size(); ++i)
       if (g.params[i] == v) flags[i] = true;
   ctx.parameter_derived = parameter_derived(g, num_forward, flags);
+  ctx.differentiable = differentiable(g, num_forward, wrt);
+  std::vector<Cot> cots = backprop(b, num_forward, seeds, wrt, ctx);
+  std::vector<ValueId> out;
+  for (size_t i = 0; i < wrt.size(); ++i) out.push_back(cots[i] ? cots[i]->id : zeros_like(b.wrap(wrt[i])).id);
+  return out;
+}
+
+std::vector<ValueId> grad(Graph& g, ValueId loss, std::span<const ValueId> wrt, RematDecider* decider,
+                          std::span<const ValueId> weights) {
+  const Type& lt = g.type(loss);
+  CHECK(lt.rank() == 0 && is_float(lt.dtype), "grad: the loss must be a floating-point scalar, got {}", type_str(lt));
   for (ValueId v : wrt)
     CHECK(std::find(g.params.begin(), g.params.end(), v) != g.params.end(),
           "grad: differentiate with respect to graph params (value id {} of @{} is not one)", v, g.name);
-  std::vector<bool> wrt_flags(g.params.size(), false);
-  for (ValueId v : wrt)
-    for (size_t i = 0; i < g.params.size(); ++i)
-      if (g.params[i] == v) wrt_flags[i] = true;
-  ctx.differentiable = differentiable(g, num_forward, wrt_flags);
-  std::vector<Cot> cots = backprop(b, num_forward, std::span(&seed, 1), wrt, ctx);
-  std::vector<ValueId> out;
-  for (size_t i = 0; i < wrt.size(); ++i) out.push_back(cots[i] ? cots[i]->id : zeros_like(b.wrap(wrt[i])).id);
+  Builder b(g);
+  // The seed is added after the forward, so vjp's backward starts past it: a constant 1 the scheduler places.
+  const std::pair<ValueId, ValueId> seed{loss, full(b, lt, 1.0).id};
+  std::vector<ValueId> out = vjp(g, std::span(&seed, 1), wrt, decider, weights);
   return out;
 }
 

@@ -60,7 +60,7 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
     return flags;
   };
   const std::vector<bool> flags = carry_fixed_point(ctx.parameter_derived, parameter_derived, true);
-  const std::vector<bool> diff_flags = carry_fixed_point(ctx.differentiable, differentiable, false);
+  const std::vector<bool> diff_flags = carry_fixed_point(ctx.differentiable, [](const ir::Graph& g, size_t n, const std::vector<bool>& f) { return differentiable(g, n, f); }, false);
   Context inner{ctx.decider, parameter_derived(joint, num_forward, flags), ctx.trip_count * length,
                 differentiable(joint, num_forward, diff_flags)};
   std::vector<Cot> cots = backprop(jb, num_forward, seeds, body.params, inner);

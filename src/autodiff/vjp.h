@@ -35,6 +35,8 @@ std::vector<bool> parameter_derived(const ir::Graph& g, size_t num_forward, cons
 
 // Marks which values of g's forward nodes depend on a param flagged in `param_flags`.
 std::vector<bool> differentiable(const ir::Graph& g, size_t num_forward, const std::vector<bool>& param_flags);
+// The same for the values `wrt` (params of g or outputs of its forward nodes).
+std::vector<bool> differentiable(const ir::Graph& g, size_t num_forward, std::span<const ir::ValueId> wrt);
 
 // The nodes of g past `num_forward` (the backward part) that contribute to `needed`.
 std::vector<bool> live_backward(const ir::Graph& g, size_t num_forward, std::vector<ir::ValueId> needed);

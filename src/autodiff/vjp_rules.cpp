@@ -270,6 +270,14 @@ std::vector<Cot> vjp_reduce_scatter(Builder& b, size_t, const Node& n, Cots c, C
                      in(b, n, 0).dtype())};
 }
 
+// Messages carry no cotangent back: a pipeline sends the gradient itself, as a message of its own.
+std::vector<Cot> vjp_send(Builder&, size_t, const Node& n, Cots, Context&) {
+  CHECK(false, "cannot differentiate through send (scope '{}'): a stage's backward sends gradients explicitly", n.scope);
+  return {};
+}
+std::vector<Cot> vjp_send_done(Builder& b, size_t i, const Node& n, Cots c, Context& ctx) { return vjp_send(b, i, n, c, ctx); }
+std::vector<Cot> vjp_recv(Builder&, size_t, const Node&, Cots, Context&) { return {}; }  // no operands
+
 }  // namespace
 
 VjpRule vjp_rule(Op op) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <algorithm>
 #include <bit>
+#include <climits>
 #include <cstdint>
 #include <numeric>
 
@@ -95,6 +96,30 @@ bool Mesh::all(bool ok) const {
   int mine = ok ? 1 : 0, every = 0;
   MPI_Allreduce(&mine, &every, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
   return every != 0;
+}
+
+void Mesh::start_send(const MeshAxis& axis, int peer, int tag, const std::byte* data, int64_t bytes) const {
+  CHECK(bytes <= INT_MAX, "send of {} bytes is too large for one MPI message", bytes);
+  auto [it, fresh] = sends_.emplace(data, MPI_REQUEST_NULL);
+  ASSERT(fresh);  // a buffer is sent again only after its send_done
+  MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, axis.comm, &it->second);
+}
+
+void Mesh::finish_send(const std::byte* data) const {
+  auto it = sends_.find(data);
+  ASSERT(it != sends_.end());
+  MPI_Wait(&it->second, MPI_STATUS_IGNORE);
+  sends_.erase(it);
+}
+
+void Mesh::receive(const MeshAxis& axis, int peer, int tag, std::byte* data, int64_t bytes) const {
+  CHECK(bytes <= INT_MAX, "receive of {} bytes is too large for one MPI message", bytes);
+  MPI_Status status;
+  MPI_Recv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, axis.comm, &status);
+  int got = 0;
+  MPI_Get_count(&status, MPI_BYTE, &got);
+  CHECK(got == bytes, "received {} bytes from rank {} of mesh axis '{}' where {} were expected: the ranks run "
+        "different programs (compiled from different configs?)", got, peer, axis.name, bytes);
 }
 
 const MeshAxis& Mesh::axis(std::string_view name) const {

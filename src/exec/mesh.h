@@ -14,6 +14,9 @@
 
 #include <mpi.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -47,6 +50,14 @@ class Mesh {
   bool all(bool ok) const;
   const std::vector<MeshAxis>& axes() const { return axes_; }
 
+  // Point to point (the send, send_done and recv kernels): starts sending `bytes` at `data` to coordinate `peer`
+  // of `axis` as a message of kind `tag` (MPI_Isend); waits until the send from `data` completed; receives the
+  // next message of kind `tag` from `peer` into `data`, CHECKing its size. A send in flight is known by its
+  // buffer, which its program keeps live until the wait.
+  void start_send(const MeshAxis& axis, int peer, int tag, const std::byte* data, int64_t bytes) const;
+  void finish_send(const std::byte* data) const;
+  void receive(const MeshAxis& axis, int peer, int tag, std::byte* data, int64_t bytes) const;
+
   // The number of processes mpirun started for this launch (1 when not launched by mpirun); MPI is
   // initialised on first use when there are several.
   static int launched_ranks();
@@ -57,6 +68,7 @@ class Mesh {
  private:
   std::vector<MeshAxis> axes_;
   std::vector<MeshAxis> groups_;  // every set of two or more axes
+  mutable std::map<const std::byte*, MPI_Request> sends_;  // in flight, by buffer (kernels see a const Mesh)
   int rank_ = 0, size_ = 1;
 };
 

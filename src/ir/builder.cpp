@@ -154,6 +154,17 @@ Tensor check_finite(Tensor x) { return x.b->emit1(Op::check_finite, std::array{x
 Tensor all_reduce(Tensor x, const std::string& axis, int64_t ranks) {
   return x.b->emit1(Op::all_reduce, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks));
 }
+Tensor send(Tensor x, const std::string& axis, int64_t ranks, int64_t peer, int64_t tag) {
+  return x.b->emit1(Op::send, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks).set("peer", peer).set("tag", tag));
+}
+Tensor send_done(Tensor sent) {
+  return sent.b->emit1(Op::send_done, std::array{sent});
+}
+Tensor recv(Builder& b, const Type& t, const std::string& axis, int64_t ranks, int64_t peer, int64_t tag) {
+  return b.emit1(Op::recv, {},
+                 Attrs().set("axis", axis).set("ranks", ranks).set("peer", peer).set("tag", tag).set("dtype", t.dtype).set("shape", t.shape));
+}
+
 namespace {
 // all_gather and reduce_scatter's attributes: `parts` and `dtype` only where they differ from the defaults.
 Attrs sharding_attrs(Tensor x, const std::string& axis, int64_t ranks, int64_t dim, int64_t parts, std::optional<DType> to) {

@@ -126,6 +126,11 @@ Tensor all_gather(Tensor x, const std::string& axis, int64_t ranks, int64_t dim,
 // and returned in this dtype (each rank's x sent as it is, converted as it is added).
 Tensor reduce_scatter(Tensor x, const std::string& axis, int64_t ranks, int64_t dim, int64_t parts = 0,
                       std::optional<DType> to = std::nullopt);
+// Point to point along mesh axis `axis` (of `ranks` ranks) with the rank at coordinate `peer`, messages of kind
+// `tag` (ops.h): send returns x (its buffer must live until send_done of that result), recv the next message.
+Tensor send(Tensor x, const std::string& axis, int64_t ranks, int64_t peer, int64_t tag);
+Tensor send_done(Tensor sent);
+Tensor recv(Builder& b, const Type& t, const std::string& axis, int64_t ranks, int64_t peer, int64_t tag);
 
 // lax.scan. `body(b, consts, carries, x_slices)` returns carries' next values followed by the y slices.
 // Returns the final carries followed by the stacked ys ([length, ...]).

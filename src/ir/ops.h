@@ -18,6 +18,11 @@
 // ("data,fsdp"); all_gather and reduce_scatter then have `parts` blocks, those of the group's last axis, and
 // either may carry `dtype`, converting before it communicates (all_gather: FSDP's cast before the gather) or
 // summing in it (reduce_scatter). Collectives are effectful, so every rank issues them in the same order.
+// Point to point along a mesh axis (the pipeline's `stage`): `send` starts sending its operand to the rank at
+// coordinate `peer` with message kind `tag` and returns it (a view: the buffer stays untouched); `send_done`
+// (of a send's result) waits until that send completed, so the buffer lives until then. `recv` waits for the
+// next message of kind `tag` from `peer` (of its `dtype` and `shape`): messages of one kind between two ranks
+// arrive in the order they were sent. All three are effectful, so they run in the order traced.
 //
 // Each row answers, for every stage that reads it: X(op, arity, class, effects, cost)
 //   class   what the op is: elementwise (element i of the result from element i of each operand),
@@ -78,6 +83,9 @@ namespace remat::ir {
   X(all_reduce, 1, collective, effectful, per_input)                          \
   X(all_gather, 1, collective, effectful, none)                               \
   X(reduce_scatter, 1, collective, effectful, per_input)                      \
+  X(send, 1, view, effectful, none)                                           \
+  X(send_done, 1, view, effectful, none)                                      \
+  X(recv, 0, constant, effectful, none)                                       \
   X(scan, -1, region, pure, body)                                             \
   X(remat, -1, region, pure, body)
 

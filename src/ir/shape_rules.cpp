@@ -328,6 +328,24 @@ std::vector<Type> rule_all_reduce(const Ctx& c) {
   return same_as_input(c);
 }
 std::vector<Type> rule_reload(const Ctx& c) { return same_as_input(c); }
+// send and recv: a mesh axis, its ranks, the peer's coordinate along it and the message kind.
+void check_peer(const Ctx& c, const char* op) {
+  const int64_t ranks = c.attrs.integer("ranks"), peer = c.attrs.integer("peer");
+  CHECK(!c.attrs.str("axis").empty() && ranks >= 1, "{}: {} needs a mesh axis name and its number of ranks (>= 1)",
+        c.where, op);
+  CHECK(peer >= 0 && peer < ranks, "{}: {} peer {} is not one of the {} ranks of axis '{}'", c.where, op, peer, ranks,
+        c.attrs.str("axis"));
+  CHECK(c.attrs.integer("tag") >= 0, "{}: {} needs a message kind (tag >= 0)", c.where, op);
+}
+std::vector<Type> rule_send(const Ctx& c) {
+  check_peer(c, "send");
+  return same_as_input(c);
+}
+std::vector<Type> rule_send_done(const Ctx& c) { return same_as_input(c); }
+std::vector<Type> rule_recv(const Ctx& c) {
+  check_peer(c, "recv");
+  return {Type{c.attrs.dtype("dtype"), c.attrs.ints("shape")}};
+}
 
 std::vector<Type> rule_remat(const Ctx& c) {
   CHECK(c.body != nullptr, "{}: remat needs a body graph", c.where);

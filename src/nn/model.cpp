@@ -358,39 +358,65 @@ Tensor decoder_layers(Builder& b, const ModelConfig& c, Tensor x, std::span<cons
   return x;
 }
 
-Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Tensor inputs) {
-  ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
+// The parts of the model a stage may hold, each traced from its parameters (gathered where sharded).
+Tensor whole_param(Tensor p, const ParamSpec& spec, std::optional<DType> to) {
+  return gathered(p, spec.shard_dim, spec.shards, to);
+}
+
+Tensor embed(Builder& b, Tensor table, const ParamSpec& spec, Tensor inputs) {
   CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32, "model inputs must be i32[batch, seq], got {}",
         type_str(inputs.type()));
-  const std::vector<ParamSpec> specs = param_specs(c);
-  auto whole = [&](size_t i, std::optional<DType> to) { return gathered(p[i], specs[i].shard_dim, specs[i].shards, to); };
-  Tensor x;
-  {
-    auto s = b.scope("token_embedder");
-    // The table in its own dtype (sharded, gathered so): the rows' gradient accumulates in it, as unsharded.
-    x = convert(gather(whole(0, std::nullopt), inputs), compute_dtype());
-  }
-  LayerConsts k = layer_consts(b, c, inputs.dim(1));
-  // params: the embedding, the stacked layer weights, the final norm scale, the output kernel (if untied).
-  const size_t nw = layer_params(c).size(), final_norm = 1 + nw;
-  std::vector<Tensor> stacked(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(final_norm));
+  auto s = b.scope("token_embedder");
+  // The table in its own dtype (sharded, gathered so): the rows' gradient accumulates in it, as unsharded.
+  return convert(gather(whole_param(table, spec, std::nullopt), inputs), compute_dtype());
+}
+
+// `c.num_decoder_layers` layers over the stacked weights.
+Tensor layers(Builder& b, const ModelConfig& c, Tensor x, std::vector<Tensor> stacked) {
+  LayerConsts k = layer_consts(b, c, x.dim(1));
   if (c.cast_upfront) {  // every layer's kernels in the compute dtype before the layer loop (all L live)
     auto s = b.scope("decoder/cast_upfront");
     LayerWeights all = layer_weights(c, stacked);
     for (Tensor* w : kernels(all)) *w = convert(*w, compute_dtype());
     stacked = layer_tensors(c, all);
   }
-  x = decoder_layers(b, c, x, stacked, k);
+  return decoder_layers(b, c, x, stacked, k);
+}
+
+// Final norm and output projection: logits in f32 for the loss, the matmul in the compute dtype (or f32 with
+// logits_dot_in_fp32), cast up. `out` is the output kernel, or the embedding when tied.
+Tensor head(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
+            const ParamSpec& out_spec) {
   {
     auto s = b.scope("decoder/decoder_norm");
-    x = rms_norm(x, whole(final_norm, std::nullopt), c.rms_eps);
+    x = rms_norm(x, whole_param(norm, norm_spec, std::nullopt), c.rms_eps);
   }
   auto s = b.scope("decoder/logits_dense");
-  // Logits in f32 for the loss: the matmul in the compute dtype (or f32 with logits_dot_in_fp32), cast up.
   const DType dot = c.logits_dot_in_fp32 ? kF32 : compute_dtype();
   if (c.logits_via_embedding)
-    return convert(dot_general(convert(x, dot), whole(0, dot), DotDims{{2}, {1}, {}, {}}), kF32);
-  return convert(project(x, whole(final_norm + 1, dot), dot), kF32);
+    return convert(dot_general(convert(x, dot), whole_param(out, out_spec, dot), DotDims{{2}, {1}, {}, {}}), kF32);
+  return convert(project(x, whole_param(out, out_spec, dot), dot), kF32);
+}
+
+Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Tensor inputs) {
+  ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
+  const std::vector<ParamSpec> specs = param_specs(c);
+  // params: the embedding, the stacked layer weights, the final norm scale, the output kernel (if untied).
+  const size_t final_norm = 1 + layer_params(c).size(), out = c.logits_via_embedding ? 0 : final_norm + 1;
+  Tensor x = embed(b, p[0], specs[0], inputs);
+  x = layers(b, c, x, std::vector<Tensor>(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(final_norm)));
+  return head(b, c, x, p[final_norm], specs[final_norm], p[out], specs[out]);
+}
+
+// Mean cross-entropy in f32: -log_softmax(logits)[target], picked with a one-hot mask.
+Tensor cross_entropy(Builder& b, Tensor logits, Tensor targets) {
+  auto s = b.scope("loss");
+  Tensor logp = log_softmax(logits, 2);
+  Tensor vocab = iota(b, DType::i32, logits.shape(), 2);
+  Tensor hot = compare(vocab, broadcast_in_dim(targets, logits.shape(), {0, 1}), "eq");
+  Tensor zero = zeros_like(logp);
+  Tensor picked = reduce_sum(select(hot, logp, zero), {2});
+  return neg(mean(picked, {0, 1}));
 }
 
 }  // namespace
@@ -567,37 +593,76 @@ void copy_shard(const exec::Array& whole, const ParamSpec& spec, int64_t index, 
   for (int64_t o = 0; o < outer; ++o)
     std::memcpy(into.bytes() + o * part, whole.bytes() + o * s[d] * inner + index * part, static_cast<size_t>(part));
 }
-}  // namespace
 
-void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into, int64_t shard_index) {
+// Draws every parameter of `c` in order, each into `target(i)` when it is kept whole (an array of its type), or
+// else whole into a temporary, and hands the value (this rank's FSDP shard `shard_index`) to `keep(i, value)`.
+// The unfused draws, in their order: fused and unfused, sharded and whole runs start alike. A parameter's
+// draws are consecutive (a fused kernel's parts one after another); each part of a fused kernel is drawn into a
+// temporary of its own size and stacked into place.
+void draw_params(const ModelConfig& c, uint64_t seed, int64_t shard_index, const std::function<exec::Array*(size_t)>& target,
+                 const std::function<void(size_t, const exec::Array&)>& keep) {
   const std::vector<ParamSpec> specs = param_specs(c), whole = param_specs(on_one_device(c)),
                                draws = param_specs(unfused(on_one_device(c)));
-  CHECK(into.size() == specs.size(), "init_params: {} arrays for {} parameters", into.size(), specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    CHECK(into[i].type() == specs[i].type, "init_params: {} is {}, the model has {}", specs[i].path,
-          ir::type_str(into[i].type()), ir::type_str(specs[i].type));
-    CHECK(shard_index >= 0 && shard_index < specs[i].shards, "init_params: shard {} of {} parts", shard_index,
-          specs[i].shards);
-  }
-  // The unfused draws, in their order: fused and unfused, sharded and whole runs start alike. A parameter's
-  // draws are consecutive (a fused kernel's parts one after another); each part of a fused kernel is drawn
-  // into a temporary of its own size and stacked into place, and a sharded parameter is made whole in a
-  // temporary (one parameter at a time) and its shard kept.
   std::mt19937_64 rng(seed);
   size_t next = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
-    exec::Array target = specs[i].shards > 1 ? exec::Array(whole[i].type) : into[i];
+    CHECK(shard_index >= 0 && shard_index < specs[i].shards, "init_params: shard {} of {} parts", shard_index,
+          specs[i].shards);
+    exec::Array* direct = specs[i].shards > 1 ? nullptr : target(i);
+    exec::Array value = direct ? *direct : exec::Array(whole[i].type);
     for (; next < draws.size() && place_of(whole, draws, draws[next].path).index == i; ++next) {
       const ParamSpec& d = draws[next];
       const Place place = place_of(whole, draws, d.path);
-      exec::Array drawn = place.row_offset < 0 ? target : exec::Array(d.type);
+      exec::Array drawn = place.row_offset < 0 ? value : exec::Array(d.type);
       std::normal_distribution<float> dist(0.0f, static_cast<float>(d.std));
       for (int64_t k = 0; k < drawn.size(); ++k) drawn.set(k, d.init == Init::ones ? 1.0 : dist(rng));
-      if (place.row_offset >= 0) put(drawn, place, target);
+      if (place.row_offset >= 0) put(drawn, place, value);
     }
-    if (specs[i].shards > 1) copy_shard(target, specs[i], shard_index, into[i]);
+    if (specs[i].shards > 1) {
+      exec::Array part(specs[i].type);
+      copy_shard(value, specs[i], shard_index, part);
+      value = part;
+    }
+    if (!direct) keep(i, value);
   }
   ASSERT(next == draws.size());
+}
+
+void check_arrays(std::span<exec::Array> into, const std::vector<ParamSpec>& specs) {
+  CHECK(into.size() == specs.size(), "init_params: {} arrays for {} parameters", into.size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i)
+    CHECK(into[i].type() == specs[i].type, "init_params: {} is {}, the model has {}", specs[i].path,
+          ir::type_str(into[i].type()), ir::type_str(specs[i].type));
+}
+}  // namespace
+
+void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into, int64_t shard_index) {
+  check_arrays(into, param_specs(c));
+  draw_params(c, seed, shard_index, [&](size_t i) { return &into[i]; },
+              [&](size_t i, const exec::Array& value) {
+                std::memcpy(into[i].bytes(), value.bytes(), static_cast<size_t>(value.type().bytes()));
+              });
+}
+
+void init_stage_params(const ModelConfig& c, uint64_t seed, std::span<const StagePart> parts, std::span<exec::Array> into,
+                       int64_t shard_index) {
+  std::vector<ParamSpec> specs;
+  for (const StagePart& part : parts)
+    for (ParamSpec& s : stage_param_specs(c, part)) specs.push_back(std::move(s));
+  check_arrays(into, specs);
+  const std::vector<ParamSpec> model = param_specs(c);
+  // Each stage parameter takes its rows (all of them, for those without a layers axis) of the drawn value.
+  draw_params(c, seed, shard_index, [](size_t) -> exec::Array* { return nullptr; }, [&](size_t i, const exec::Array& value) {
+    size_t at = 0;
+    for (const StagePart& part : parts)
+      for (const ParamSpec& s : stage_param_specs(c, part)) {
+        exec::Array& to = into[at++];
+        if (s.path != model[i].path) continue;
+        const bool stacked = !s.axes.empty() && s.axes[0] == "layers";
+        const int64_t row = stacked ? value.type().bytes() / value.type().shape[0] : 0;
+        std::memcpy(to.bytes(), value.bytes() + (stacked ? part.first_layer * row : 0), static_cast<size_t>(to.type().bytes()));
+      }
+  });
 }
 
 std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
@@ -627,14 +692,44 @@ Tensor trace_loss(Builder& b, const ModelConfig& c, std::span<const Tensor> para
                   Tensor* logits_out) {
   Tensor logits = trace_logits(b, c, params, inputs);
   if (logits_out) *logits_out = logits;
-  auto s = b.scope("loss");
-  // Mean cross-entropy in f32: -log_softmax(logits)[target], picked with a one-hot mask.
-  Tensor logp = log_softmax(logits, 2);
-  Tensor vocab = iota(b, DType::i32, logits.shape(), 2);
-  Tensor hot = compare(vocab, broadcast_in_dim(targets, logits.shape(), {0, 1}), "eq");
-  Tensor zero = zeros_like(logp);
-  Tensor picked = reduce_sum(select(hot, logp, zero), {2});
-  return neg(mean(picked, {0, 1}));
+  return cross_entropy(b, logits, targets);
+}
+
+std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& part) {
+  CHECK(part.num_layers >= 1 && part.first_layer >= 0 && part.first_layer + part.num_layers <= c.num_decoder_layers,
+        "a stage of layers [{}, {}) does not fit a model of {} layers", part.first_layer,
+        part.first_layer + part.num_layers, c.num_decoder_layers);
+  CHECK(!c.logits_via_embedding || (part.embedding == part.head),
+        "logits_via_embedding=true ties the output projection to the embedding, which pipeline stages would hold on "
+        "two ranks: set logits_via_embedding=false to train with a pipeline");
+  const std::vector<ParamSpec> specs = param_specs(c);
+  const size_t final_norm = 1 + layer_params(c).size();
+  std::vector<ParamSpec> out;
+  if (part.embedding) out.push_back(specs[0]);
+  for (size_t i = 1; i < final_norm; ++i) {
+    ParamSpec s = specs[i];
+    s.type.shape[0] = part.num_layers;
+    out.push_back(s);
+  }
+  if (part.head)
+    for (size_t i = final_norm; i < specs.size(); ++i) out.push_back(specs[i]);
+  return out;
+}
+
+Tensor trace_stage(Builder& b, const ModelConfig& c, const StagePart& part, std::span<const Tensor> params, Tensor in,
+                   std::optional<Tensor> targets) {
+  ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
+  const std::vector<ParamSpec> specs = stage_param_specs(c, part);
+  ASSERT(params.size() == specs.size() && targets.has_value() == part.head);
+  const size_t nw = layer_params(c).size(), first = part.embedding ? 1 : 0;
+  Tensor x = part.embedding ? embed(b, params[0], specs[0], in) : in;
+  ModelConfig stage = c;
+  stage.num_decoder_layers = part.num_layers;
+  x = layers(b, stage, x, std::vector<Tensor>(params.begin() + static_cast<std::ptrdiff_t>(first),
+                                              params.begin() + static_cast<std::ptrdiff_t>(first + nw)));
+  if (!part.head) return x;
+  const size_t norm = first + nw, out = c.logits_via_embedding ? 0 : norm + 1;
+  return cross_entropy(b, head(b, c, x, params[norm], specs[norm], params[out], specs[out]), *targets);
 }
 
 namespace {

@@ -24,6 +24,7 @@
 #include "ir/ir.h"
 #include "nn/precision.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,15 @@ struct ParamSpec {
   ir::Type whole_type() const;    // the whole parameter's
 };
 
+// One pipeline stage's part of the model: decoder layers [first_layer, first_layer + num_layers), after the
+// token embedding (`embedding`: the first stage) and before the final norm, output projection and loss
+// (`head`: the last stage). A stage traces the same ops as the whole model does for its part.
+struct StagePart {
+  int64_t first_layer = 0, num_layers = 0;
+  bool embedding = false, head = false;
+  bool operator==(const StagePart&) const = default;
+};
+
 // The parameter tree in a fixed order: the order of the graphs' leading params and of init_params(). Under
 // FSDP each is this device's shard; a dimension that the mesh axis does not divide is refused (naming the
 // parameter, the config keys and the sizes that would divide it).
@@ -94,6 +104,11 @@ std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed);
 // parameter is drawn whole into a temporary, one at a time, and its shard kept.
 void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into, int64_t shard = 0);
 
+// The parameters of pipeline stages `parts` (stage_param_specs of each, one after another): the same values as
+// the rows of init_params(c, seed, .., shard) they hold (each parameter drawn whole into a temporary, one at a time).
+void init_stage_params(const ModelConfig& c, uint64_t seed, std::span<const StagePart> parts, std::span<exec::Array> into,
+                       int64_t shard = 0);
+
 // The parameters of `c` (with its fusions) from those of the same model unfused: qkv_proj = [query | key |
 // value] along the head axis, wi = [wi_0, wi_1] along a new axis 2; the rest as they are.
 std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec::Array> unfused);
@@ -104,6 +119,16 @@ ir::Graph loss_graph(const ModelConfig& c, int64_t batch, int64_t seq, bool with
 // Traces the loss into `b` from existing tensors (used inside larger step graphs).
 ir::Tensor trace_loss(ir::Builder& b, const ModelConfig& c, std::span<const ir::Tensor> params, ir::Tensor inputs,
                       ir::Tensor targets, ir::Tensor* logits_out = nullptr);
+
+// The stage's parameters, in param_specs order: the embedding (if), every layer parameter with its rows
+// [first_layer, first_layer + num_layers) only, the final norm and the output kernel (if). A tied output
+// projection (logits_via_embedding) on a stage without the embedding is refused.
+std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& part);
+
+// Traces the stage: from inputs i32[B,T] (with the embedding) or the activation [B,T,D] the previous stage
+// sent, to the activation the next stage takes, or (with the head, given targets) the mean loss.
+ir::Tensor trace_stage(ir::Builder& b, const ModelConfig& c, const StagePart& part, std::span<const ir::Tensor> params,
+                       ir::Tensor in, std::optional<ir::Tensor> targets);
 
 // (params..., inputs i32[B,T]) -> logits f32[B,T,V], for sampling.
 ir::Graph logits_graph(const ModelConfig& c, int64_t batch, int64_t seq);

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "support/error_of.h"
+
 #include <cmath>
 #include <functional>
 #include <random>
@@ -225,9 +227,42 @@ INSTANTIATE_TEST_SUITE_P(AllOps, VjpFiniteDifference, testing::ValuesIn(cases())
 TEST(VjpFiniteDifference, EveryOpHasACase) {
   std::set<Op> covered;
   for (const Case& c : cases()) collect_ops(build(c).f, covered);
+  // Messages carry no cotangent (a pipeline stage sends its gradient as a message of its own): see below.
+  for (const Op op : {Op::send, Op::send_done, Op::recv}) covered.insert(op);
   for (int i = 0; i < kNumOps; ++i)
     EXPECT_TRUE(covered.count(static_cast<Op>(i))) << "op " << op_name(static_cast<Op>(i))
                                                    << " has no finite-difference case";
+}
+
+TEST(VjpMessages, DifferentiatingThroughASendIsAnErrorNamingItsScope) {
+  Graph g;
+  Builder b(g);
+  Tensor x = b.param("x", {DType::f32, {2}});
+  Tensor sent;
+  {
+    auto s = b.scope("stage0/out");
+    sent = send(x * 2.0, "stage", 2, 1, 0);
+  }
+  Tensor loss = reduce_sum(sent, {0});
+  const std::string error = testing_support::error_of([&] { autodiff::grad(g, loss.id, std::array{x.id}); });
+  EXPECT_NE(error.find("cannot differentiate through send (scope 'stage0/out')"), std::string::npos) << error;
+}
+
+TEST(VjpMessages, AReceivedValueIsDifferentiatedLikeAParam) {
+  // d/dr sum(r * w) = w for r = recv(..): the backward of a pipeline stage with respect to its received input.
+  Graph g;
+  Builder b(g);
+  Tensor w = b.param("w", {DType::f32, {3}});
+  Tensor r = recv(b, {DType::f32, {3}}, "stage", 2, 0, 0);
+  Tensor y = r * w;
+  Tensor dy = full(b, y.type(), 1.0);
+  const std::pair<ValueId, ValueId> seed{y.id, dy.id};
+  std::vector<ValueId> d = autodiff::vjp(g, std::span(&seed, 1), std::array{r.id, w.id});
+  g.results = {d[0], d[1]};
+  const std::string text = print(g);
+  // dr = dy * w and dw = dy * r: both read the seed, neither is a zero fill.
+  EXPECT_EQ(g.nodes[g.nodes.size() - 1].op, Op::mul) << text;
+  EXPECT_EQ(g.nodes[g.nodes.size() - 2].op, Op::mul) << text;
 }
 
 }  // namespace

@@ -80,10 +80,10 @@ TEST(OpTable, ColumnsAgreeWithTheStages) {
   EXPECT_TRUE(is_elementwise(Op::select) && is_elementwise(Op::convert_element_type) && !is_elementwise(Op::reduce_sum));
   EXPECT_TRUE(has_body(Op::scan) && has_body(Op::remat) && !has_body(Op::convert_group));
   EXPECT_TRUE(is_effectful(Op::check_finite));
-  for (int i = 0; i < kNumOps; ++i) {  // the effectful ops today: a check that can fail, the collectives
+  for (int i = 0; i < kNumOps; ++i) {  // the effectful ops today: a check that can fail, the collectives, messages
     const Op op = static_cast<Op>(i);
     EXPECT_EQ(is_effectful(op), op == Op::check_finite || op == Op::all_reduce || op == Op::all_gather ||
-                                    op == Op::reduce_scatter)
+                                    op == Op::reduce_scatter || op == Op::send || op == Op::send_done || op == Op::recv)
         << op_name(op);
   }
   // A view's output shares its operand's storage in the plan (no buffer of its own).
