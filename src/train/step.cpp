@@ -2,6 +2,8 @@
 
 #include "autodiff/autodiff.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -34,13 +36,13 @@ LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::spa
 // its own part of the batch). The loss sums are all-reduced over the mesh (in rank order from zero); so are
 // the gradients of whole parameters, while FSDP shards' gradients arrive summed over every rank already (the
 // transpose of each parameter's all_gather is a reduce_scatter over the whole mesh).
-LossAndGrads mean_over(Builder& b, const nn::ModelConfig& model, LossAndGrads sums, int64_t k) {
+LossAndGrads mean_over(Builder& b, const nn::ModelConfig& model, const std::vector<nn::ParamSpec>& specs, LossAndGrads sums,
+                       int64_t k) {
   const nn::Mesh& mesh = model.mesh;
   const int64_t ranks = mesh.ranks();
   if (ranks > 1) {
     auto s = b.scope("data_parallel");
     sums.loss = all_reduce(sums.loss, mesh.group(), ranks);
-    const std::vector<nn::ParamSpec> specs = nn::param_specs(model);
     for (size_t i = 0; i < sums.grads.size(); ++i)  // whole parameters: summed here; shards: already
       if (specs[i].shards == 1) sums.grads[i] = all_reduce(sums.grads[i], mesh.group(), ranks);
   }
@@ -60,7 +62,8 @@ LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::sp
   const int64_t k = inputs.dim(0);
   const Shape mb = {inputs.dim(1), inputs.dim(2)};
   if (k == 1)
-    return mean_over(b, model, trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider, scale), 1);
+    return mean_over(b, model, nn::param_specs(model),
+                     trace_microbatch(b, model, params, reshape(inputs, mb), reshape(targets, mb), decider, scale), 1);
   std::vector<Tensor> consts(params.begin(), params.end());
   if (scale) consts.push_back(*scale);
   auto body = [&](Builder& bb, std::span<const Tensor> c, std::span<const Tensor> sums, std::span<const Tensor> xs) {
@@ -75,19 +78,28 @@ LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::sp
   for (Tensor p : params) init.push_back(zeros_like(p));
   auto s = b.scope("accumulate");
   std::vector<Tensor> sums = scan(b, k, consts, init, std::array{inputs, targets}, body, "microbatch");
-  return mean_over(b, model, {sums[0], {sums.begin() + 1, sums.end()}}, k);
+  return mean_over(b, model, nn::param_specs(model), {sums[0], {sums.begin() + 1, sums.end()}}, k);
 }
 
 struct StepInputs {
-  std::vector<std::string> paths;  // the parameters' names (moments are opt_m/<path>, opt_v/<path>)
+  std::vector<std::string> paths;  // the parameters' argument names (moments are opt_m/<path>, opt_v/<path>)
   std::vector<Tensor> params;
+  std::vector<Tensor> m, v;        // with the optimizer
+  Tensor step;                     // with the optimizer
   Tensor inputs, targets;
   Tensor loss_scale, loss_scale_count;  // with loss scaling
 };
 
-// Declares the step's arguments as graph params, each with its role in `sig`.
-StepInputs declare(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const StepShape& shape,
-                   std::vector<Tensor>* m, std::vector<Tensor>* v, Tensor* step, bool loss_scaling = false) {
+struct Declared {
+  std::string name;  // the argument's name
+  ir::Type type;
+};
+
+// Declares the step's arguments as graph params, each with its role in `sig`: `params` (and with `optimizer`
+// their moments and the step), the loss scale with `loss_scaling`, and each batch argument (inputs, targets)
+// that is asked for.
+StepInputs declare(Builder& b, ir::Signature& sig, const std::vector<Declared>& params, const StepShape& shape,
+                   bool optimizer, bool loss_scaling = false, bool inputs = true, bool targets = true) {
   CHECK(shape.batch > 0 && shape.seq > 0 && shape.accumulation > 0,
         "per_device_batch_size ({}), max_target_length ({}) and gradient_accumulation_steps ({}) must be positive",
         shape.batch, shape.seq, shape.accumulation);
@@ -96,24 +108,29 @@ StepInputs declare(Builder& b, ir::Signature& sig, const nn::ModelConfig& model,
     return b.param(name, type);
   };
   StepInputs in;
-  std::vector<nn::ParamSpec> specs = nn::param_specs(model);
-  for (const auto& s : specs) {
-    in.paths.push_back(s.path);
-    in.params.push_back(param(s.path, s.type, ir::Role::parameter));
+  for (const Declared& p : params) {
+    in.paths.push_back(p.name);
+    in.params.push_back(param(p.name, p.type, ir::Role::parameter));
   }
-  if (m)
-    for (const auto& s : specs) m->push_back(param("opt_m/" + s.path, s.type, ir::Role::optimizer_state));
-  if (v)
-    for (const auto& s : specs) v->push_back(param("opt_v/" + s.path, s.type, ir::Role::optimizer_state));
-  if (step) *step = param("step", {DType::i32, {}}, ir::Role::step);
+  if (optimizer) {
+    for (const Declared& p : params) in.m.push_back(param("opt_m/" + p.name, p.type, ir::Role::optimizer_state));
+    for (const Declared& p : params) in.v.push_back(param("opt_v/" + p.name, p.type, ir::Role::optimizer_state));
+    in.step = param("step", {DType::i32, {}}, ir::Role::step);
+  }
   if (loss_scaling) {
     in.loss_scale = param("loss_scale", {DType::f32, {}}, ir::Role::loss_scale);
     in.loss_scale_count = param("loss_scale_count", {DType::i32, {}}, ir::Role::loss_scale);
   }
   Type tokens{DType::i32, {shape.accumulation, shape.batch, shape.seq}};
-  in.inputs = param("inputs", tokens, ir::Role::batch);
-  in.targets = param("targets", tokens, ir::Role::batch);
+  if (inputs) in.inputs = param("inputs", tokens, ir::Role::batch);
+  if (targets) in.targets = param("targets", tokens, ir::Role::batch);
   return in;
+}
+
+std::vector<Declared> model_params(const nn::ModelConfig& model) {
+  std::vector<Declared> out;
+  for (const nn::ParamSpec& s : nn::param_specs(model)) out.push_back({s.path, s.type});
+  return out;
 }
 
 // Adds a result: a named metric or output, or (`updates`) the new value of that argument, in its role.
@@ -133,23 +150,64 @@ Tensor sum_all(Tensor x) {
   return axes.empty() ? x : reduce_sum(x, axes);
 }
 
-// The sum of a gradient's squares, the same bits whether it is whole or sharded over `fsdp` ranks: summed
-// over every dimension but the embed one first (each of those sums reads the same elements in the same
-// order either way), the shards' partial sums gathered, then summed.
-Tensor squared_sum(Tensor grad, const nn::ParamSpec& spec, int64_t fsdp) {
-  const auto embed = std::find(spec.axes.begin(), spec.axes.end(), "embed");
-  ASSERT(spec.shards == 1 || embed != spec.axes.end());
-  if (embed == spec.axes.end()) return sum_all(square(grad));
-  const int64_t e = embed - spec.axes.begin();
-  IntList others;
-  for (int64_t d = 0; d < grad.rank(); ++d)
-    if (d != e) others.push_back(d);
-  Tensor partial = reduce_sum(square(grad), others);  // [embed]
-  if (spec.shards > 1) {
-    ASSERT(spec.shard_dim == e && spec.shards == fsdp);
-    partial = all_gather(partial, "fsdp", fsdp, 0);
+// A gradient and where its parameter lies in the whole model: index `param` of nn::param_specs, and for a stacked
+// layer parameter the layer of its first row (a pipeline stage holds a block of the layers).
+struct GradPart {
+  Tensor grad;
+  size_t param;
+  int64_t first_layer = 0;
+};
+
+// The sum of every gradient's squares, the same bits however the parameters are split — FSDP shards along
+// embed, pipeline stages along layers: each parameter's squares summed over every dimension but those two
+// (each of those sums reads the same elements in the same order either way), the FSDP shards' partial sums
+// gathered, a stage's rows put in their place among zeros and the places summed over the `stage` axis (one
+// rank holds each row, and adding zero to a sum of squares is exact), then summed; parameter by parameter in
+// the model's order. `parts` are this rank's gradients.
+Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const GradPart> parts, int64_t stages) {
+  const std::vector<nn::ParamSpec> specs = nn::param_specs(model);
+  const int64_t fsdp = model.mesh.size("fsdp");
+  Tensor sq = scalar(b, DType::f32, 0.0);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const nn::ParamSpec& spec = specs[i];
+    IntList others;
+    Shape whole;  // of the partial sums: the layers and embed dimensions of the whole parameter
+    int64_t embed = -1;
+    for (size_t d = 0; d < spec.axes.size(); ++d) {
+      if (spec.axes[d] != "layers" && spec.axes[d] != "embed") {
+        others.push_back(static_cast<int64_t>(d));
+        continue;
+      }
+      if (spec.axes[d] == "embed") embed = static_cast<int64_t>(whole.size());
+      whole.push_back(spec.whole_type().shape[d]);
+    }
+    ASSERT(spec.shards == 1 || embed >= 0);
+    const bool stacked = !spec.axes.empty() && spec.axes[0] == "layers";
+    std::optional<Tensor> total;
+    for (const GradPart& part : parts) {
+      if (part.param != i) continue;
+      Tensor partial = others.empty() ? square(part.grad) : reduce_sum(square(part.grad), others);
+      if (spec.shards > 1) {
+        ASSERT(spec.shards == fsdp);
+        partial = all_gather(partial, "fsdp", fsdp, embed);
+      }
+      if (stacked && partial.dim(0) != whole[0]) {  // a block of the layers: zeros around it
+        Shape before = whole, after = whole;
+        before[0] = part.first_layer;
+        after[0] = whole[0] - part.first_layer - partial.dim(0);
+        std::vector<Tensor> rows;
+        if (before[0] > 0) rows.push_back(full(b, {spec.type.dtype, before}, 0.0));
+        rows.push_back(partial);
+        if (after[0] > 0) rows.push_back(full(b, {spec.type.dtype, after}, 0.0));
+        partial = concatenate(rows, 0);
+      }
+      total = total ? *total + partial : partial;
+    }
+    if (!total) total = full(b, {spec.type.dtype, whole}, 0.0);
+    if (stages > 1) total = all_reduce(*total, "stage", stages);
+    sq = sq + sum_all(*total);
   }
-  return reduce_sum(partial, {0});
+  return sq;
 }
 
 // lr(step): linear warmup over warmup_steps, then cosine decay to final_lr_fraction * peak.
@@ -182,7 +240,7 @@ Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rema
   Graph& g = prog.graph;
   g.name = "grads";
   Builder b(g);
-  StepInputs in = declare(b, prog.signature, model, shape, nullptr, nullptr, nullptr);
+  StepInputs in = declare(b, prog.signature, model_params(model), shape, false);
   LossAndGrads r =
       trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
   result(b, prog.signature, r.loss, "loss", ir::Role::metric);
@@ -192,26 +250,18 @@ Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rema
   return prog;
 }
 
-Program step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
-                     rematerialize::Decider* decider) {
-  rematerialize::Decider local(nn::vocabulary(model));
-  ASSERT(decider == nullptr || decider->names() == nn::vocabulary(model));
-  Program prog;
-  Graph& g = prog.graph;
-  ir::Signature& sig = prog.signature;
-  g.name = "train_step";
-  Builder b(g);
-  std::vector<Tensor> m, v;
-  Tensor step;
-  StepInputs in = declare(b, sig, model, shape, &m, &v, &step, o.loss_scale.enabled);
-  const std::vector<nn::ParamSpec> specs = nn::param_specs(model);
+namespace {
+
+// The rest of the step from the mean loss and gradients of this rank's parameters (`parts`: where each lies
+// in the model; `stages` ranks along the pipeline): loss-scale check, global-norm clipping, AdamW, the
+// results. Every rank decides alike: the bad-gradient count and the norm are reduced over the mesh.
+void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const OptimizerConfig& o, const StepInputs& in,
+            LossAndGrads r, std::span<const GradPart> parts, int64_t stages) {
   const int64_t fsdp = model.mesh.size("fsdp");
-  std::optional<Tensor> loss_scale;
-  if (o.loss_scale.enabled) loss_scale = in.loss_scale;
-  LossAndGrads r =
-      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local, loss_scale);
   auto s = b.scope("optimizer");
   std::optional<Tensor> finite;
+  std::optional<Tensor> loss_scale;
+  if (o.loss_scale.enabled) loss_scale = in.loss_scale;
   if (loss_scale) {  // unscale; the update is applied only if every gradient is finite
     auto ls = b.scope("loss_scale");
     Tensor bad = scalar(b, DType::f32, 0.0);
@@ -221,32 +271,34 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
       Tensor nonfinite = compare(grad * 0.0, zeros_like(grad), "ne");
       bad = bad + sum_all(convert(nonfinite, DType::f32));
     }
-    if (fsdp > 1) bad = all_reduce(bad, "fsdp", fsdp);  // each rank checked its shards: every rank decides alike
+    // Each rank checked its own shards and stages: every rank decides alike (the counts are exact).
+    if (fsdp > 1) bad = all_reduce(bad, "fsdp", fsdp);
+    if (stages > 1) bad = all_reduce(bad, "stage", stages);
     finite = compare(bad, scalar(b, DType::f32, 0.0), "eq");
   }
-  Tensor sq = scalar(b, DType::f32, 0.0);
-  for (size_t i = 0; i < r.grads.size(); ++i) sq = sq + squared_sum(r.grads[i], specs[i], fsdp);
-  Tensor norm = sqrt(sq);
+  std::vector<GradPart> unscaled(parts.begin(), parts.end());
+  for (size_t i = 0; i < unscaled.size(); ++i) unscaled[i].grad = r.grads[i];
+  Tensor norm = sqrt(squared_norm(b, model, unscaled, stages));
   Tensor scale = o.clip_norm > 0 ? min(scalar(b, DType::f32, 1.0), scalar(b, DType::f32, o.clip_norm) / (norm + 1e-6))
                                  : scalar(b, DType::f32, 1.0);
-  Tensor lr = schedule(b, o, step);
-  Tensor t = convert(step, DType::f32) + 1.0;
+  Tensor lr = schedule(b, o, in.step);
+  Tensor t = convert(in.step, DType::f32) + 1.0;
   Tensor bias1 = 1.0 - pow(scalar(b, DType::f32, o.b1), t);
   Tensor bias2 = 1.0 - pow(scalar(b, DType::f32, o.b2), t);
   std::vector<Tensor> new_p, new_m, new_v;
   for (size_t i = 0; i < in.params.size(); ++i) {
     Tensor p = in.params[i];
     Tensor grad = r.grads[i] * scale;
-    Tensor m2 = m[i] * o.b1 + grad * (1.0 - o.b1);
-    Tensor v2 = v[i] * o.b2 + square(grad) * (1.0 - o.b2);
+    Tensor m2 = in.m[i] * o.b1 + grad * (1.0 - o.b1);
+    Tensor v2 = in.v[i] * o.b2 + square(grad) * (1.0 - o.b2);
     Tensor decayed = p - p * (lr * o.weight_decay);
     Tensor update = (m2 / bias1) / (sqrt(v2 / bias2) + o.eps);
     Tensor p2 = decayed - update * lr;
     if (finite) {  // a skipped step keeps the parameter and its moments
       Tensor keep = broadcast_to(*finite, p.shape());
       p2 = select(keep, p2, p);
-      m2 = select(keep, m2, m[i]);
-      v2 = select(keep, v2, v[i]);
+      m2 = select(keep, m2, in.m[i]);
+      v2 = select(keep, v2, in.v[i]);
     }
     new_p.push_back(p2);
     new_m.push_back(m2);
@@ -270,6 +322,172 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
     result_updating(b, sig, select(*finite, select(grow, zero, count), zero), "loss_scale_count");
     result(b, sig, convert(*finite, DType::f32), "finite", ir::Role::metric);
   }
+}
+
+}  // namespace
+
+Program step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
+                     rematerialize::Decider* decider) {
+  rematerialize::Decider local(nn::vocabulary(model));
+  ASSERT(decider == nullptr || decider->names() == nn::vocabulary(model));
+  Program prog;
+  Graph& g = prog.graph;
+  g.name = "train_step";
+  Builder b(g);
+  StepInputs in = declare(b, prog.signature, model_params(model), shape, true, o.loss_scale.enabled);
+  std::optional<Tensor> loss_scale;
+  if (o.loss_scale.enabled) loss_scale = in.loss_scale;
+  LossAndGrads r =
+      trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local, loss_scale);
+  std::vector<GradPart> parts;
+  for (size_t i = 0; i < r.grads.size(); ++i) parts.push_back({r.grads[i], i});
+  update(b, prog.signature, model, o, in, r, parts, 1);
+  sink_converts_into_scans(g);
+  dce(g);
+  return prog;
+}
+
+std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank) {
+  const int64_t p = shape.stages, K = shape.virtual_stages();
+  CHECK(model.num_decoder_layers % K == 0, "{} decoder layers do not split into {} pipeline stages of equal size",
+        model.num_decoder_layers, K);
+  const int64_t per = model.num_decoder_layers / K;
+  std::vector<nn::StagePart> parts;
+  for (int64_t j = 0; j < shape.chunks; ++j) {
+    const int64_t k = j * p + rank;
+    parts.push_back({k * per, per, k == 0, k == K - 1});
+  }
+  return parts;
+}
+
+std::string pipeline_arg_name(const nn::ParamSpec& spec, const nn::StagePart& part) {
+  if (spec.axes.empty() || spec.axes[0] != "layers") return spec.path;
+  return fmt::format("{}[{}:{}]", spec.path, part.first_layer, part.first_layer + part.num_layers);
+}
+
+namespace {
+
+// What one chunk of a pipeline rank holds while the step's actions are traced.
+struct Chunk {
+  nn::StagePart part;
+  std::vector<nn::ParamSpec> specs;
+  size_t first_param = 0;                  // its parameters' place among the rank's
+  std::vector<Tensor> in, out, dout, din;  // per microbatch: input (received or embedded), output, their gradients
+  std::vector<Tensor> loss;                // per microbatch, on the last stage: the loss (times the loss scale)
+  std::vector<Tensor> grad_sums;           // over the microbatches done, in order
+};
+
+}  // namespace
+
+Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
+                              const parallel::Schedule& schedule, int64_t rank, rematerialize::Decider* decider) {
+  const parallel::PipelineShape& ps = schedule.shape;
+  const int64_t p = ps.stages, m = ps.microbatches;
+  CHECK(shape.accumulation == m, "pipeline step: {} microbatches in the batch for a schedule of {}", shape.accumulation, m);
+  ASSERT(rank >= 0 && rank < p);
+  rematerialize::Decider local(nn::vocabulary(model));
+  ASSERT(decider == nullptr || decider->names() == nn::vocabulary(model));
+  Program prog;
+  Graph& g = prog.graph;
+  g.name = fmt::format("pipeline_step_stage{}", rank);
+  Builder b(g);
+  std::vector<Chunk> chunks;
+  std::vector<Declared> declared;
+  for (const nn::StagePart& part : pipeline_parts(model, ps, rank)) {
+    Chunk c{part, nn::stage_param_specs(model, part), declared.size(), {}, {}, {}, {}, {}, {}};
+    for (const nn::ParamSpec& s : c.specs) declared.push_back({pipeline_arg_name(s, part), s.type});
+    c.in.resize(static_cast<size_t>(m)), c.out = c.dout = c.din = c.loss = c.in;
+    chunks.push_back(std::move(c));
+  }
+  const bool first = chunks.front().part.embedding, last = chunks.back().part.head;
+  StepInputs in = declare(b, prog.signature, declared, shape, true, o.loss_scale.enabled, first, last);
+  const Type activation{model.precision.compute, {shape.batch, shape.seq, model.emb_dim}};
+  auto microbatch = [&](Tensor tokens, int64_t c) {
+    return reshape(slice(tokens, {c, 0, 0}, {c + 1, shape.batch, shape.seq}), {shape.batch, shape.seq});
+  };
+  auto params_of = [&](const Chunk& c) {
+    return std::span<const Tensor>(in.params).subspan(c.first_param, c.specs.size());
+  };
+  std::vector<Tensor> sent;  // waited for at the end of the schedule
+  Tensor loss_sum = scalar(b, DType::f32, 0.0);
+  enum Tag : int64_t { activation_tag = 0, gradient_tag = 1 };
+  for (const parallel::Action& a : schedule.ranks[static_cast<size_t>(rank)]) {
+    Chunk& c = chunks[static_cast<size_t>(a.chunk)];
+    const size_t mb = static_cast<size_t>(a.microbatch);
+    auto scope = b.scope(fmt::format("pipeline/chunk{}/microbatch{}", a.chunk, a.microbatch));
+    switch (a.step) {
+      case parallel::Step::forward: {
+        const Tensor x = c.part.embedding ? microbatch(in.inputs, a.microbatch) : c.in[mb];
+        ASSERT(x.b != nullptr);
+        c.in[mb] = x;
+        std::optional<Tensor> targets;
+        if (c.part.head) targets = microbatch(in.targets, a.microbatch);
+        Tensor y = nn::trace_stage(b, model, c.part, params_of(c), x, targets);
+        if (c.part.head) {
+          loss_sum = loss_sum + y;
+          c.loss[mb] = o.loss_scale.enabled ? y * in.loss_scale : y;
+        } else {
+          c.out[mb] = y;
+        }
+        break;
+      }
+      case parallel::Step::backward: {
+        // The seed: 1 on the (scaled) loss, as grad seeds it, or the gradient the next stage sent.
+        const Tensor y = c.part.head ? c.loss[mb] : c.out[mb];
+        const Tensor dy = c.part.head ? full(b, y.type(), 1.0) : c.dout[mb];
+        const std::pair<ValueId, ValueId> seed{y.id, dy.id};
+        std::vector<ValueId> wrt;
+        if (!c.part.embedding) wrt.push_back(c.in[mb].id);
+        for (Tensor t : params_of(c)) wrt.push_back(t.id);
+        std::vector<ValueId> weights;
+        for (Tensor t : in.params) weights.push_back(t.id);
+        // The explanation records each chunk's first microbatch (every microbatch decides alike).
+        rematerialize::Decider& d = a.microbatch == 0 && decider ? *decider : local;
+        std::vector<ValueId> grads = autodiff::vjp(g, std::span(&seed, 1), wrt, &d, weights);
+        const size_t skip = c.part.embedding ? 0 : 1;
+        if (!c.part.embedding) c.din[mb] = b.wrap(grads[0]);
+        for (size_t i = 0; i < c.specs.size(); ++i) {
+          Tensor gi = b.wrap(grads[skip + i]);
+          if (c.grad_sums.size() <= i) c.grad_sums.push_back(m == 1 ? gi : zeros_like(gi) + gi);  // as the scan: 0 + g
+          else c.grad_sums[i] = c.grad_sums[i] + gi;
+        }
+        break;
+      }
+      case parallel::Step::send_activation:
+        sent.push_back(send(c.out[mb], "stage", p, a.peer, activation_tag));
+        break;
+      case parallel::Step::send_gradient:
+        sent.push_back(send(c.din[mb], "stage", p, a.peer, gradient_tag));
+        break;
+      case parallel::Step::recv_activation:
+        c.in[mb] = recv(b, activation, "stage", p, a.peer, activation_tag);
+        break;
+      case parallel::Step::recv_gradient:
+        c.dout[mb] = recv(b, activation, "stage", p, a.peer, gradient_tag);
+        break;
+    }
+  }
+  for (Tensor t : sent) send_done(t);
+  LossAndGrads sums{loss_sum, {}};
+  std::vector<nn::ParamSpec> specs;
+  std::vector<GradPart> parts;
+  const std::vector<nn::ParamSpec> whole = nn::param_specs(model);
+  for (const Chunk& c : chunks)
+    for (size_t i = 0; i < c.specs.size(); ++i) {
+      sums.grads.push_back(c.grad_sums[i]);
+      specs.push_back(c.specs[i]);
+      const size_t index = static_cast<size_t>(
+          std::find_if(whole.begin(), whole.end(), [&](const nn::ParamSpec& w) { return w.path == c.specs[i].path; }) -
+          whole.begin());
+      parts.push_back({c.grad_sums[i], index, c.part.first_layer});
+    }
+  // The loss is the last stage's: the others add zero (exact) in the all-reduce that gives it to every rank.
+  if (p > 1) {
+    auto s = b.scope("pipeline");
+    sums.loss = all_reduce(sums.loss, "stage", p);
+  }
+  LossAndGrads r = mean_over(b, model, specs, sums, m);
+  update(b, prog.signature, model, o, in, r, parts, p);
   sink_converts_into_scans(g);
   dce(g);
   return prog;

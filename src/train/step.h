@@ -4,6 +4,7 @@
 #pragma once
 
 #include "nn/nn.h"
+#include "parallel/parallel.h"
 #include "remat/remat.h"
 
 namespace remat::train {
@@ -62,6 +63,24 @@ Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rema
 // is a result named as the argument it updates (Signature::updates()).
 Program step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& opt,
                      rematerialize::Decider* decider = nullptr);
+
+// Pipeline parallelism: the step of rank `rank` of the `stage` axis — its chunks' parameters (stage_param_specs
+// of pipeline_parts, each named by pipeline_arg_name), their moments, `step` (and the loss scale), `inputs`
+// [m,B,T] if it holds the first stage and `targets` [m,B,T] if it holds the last — running its actions of
+// `schedule` in order: forward and backward of one microbatch through one chunk (the stage traced as the
+// whole model traces those layers: the remat policy once, on each layer's region, names kept), sends and
+// receives of activations and their gradients, the gradients summed over the microbatches in order. Then
+// the loss (the last stage's, all-reduced over the stage axis), the mean over the data-parallel ranks and
+// the update as step_program's, the gradient norm over every stage's rows. With the same microbatches, the
+// ranks' results are bit-identical to step_program's with gradient_accumulation_steps = m. `decider` records
+// the first microbatch of each chunk. Results as step_program's (for its own parameters).
+Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& opt,
+                              const parallel::Schedule& schedule, int64_t rank, rematerialize::Decider* decider = nullptr);
+// The model's parts on pipeline rank `rank`: chunk j is virtual stage j·p + rank (circular placement).
+std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank);
+// A stage parameter's argument name: its path, with the layers it holds for stacked layer parameters
+// ("decoder/layers/mlp/wo/kernel[4:8]").
+std::string pipeline_arg_name(const nn::ParamSpec& spec, const nn::StagePart& part);
 
 // Evaluation: (params P..., inputs i32[B,T], targets i32[B,T]) -> the metric `loss`.
 Program loss_program(const nn::ModelConfig& model, int64_t batch, int64_t seq);
