@@ -11,14 +11,18 @@ Compiled compile(const Request& r) {
     c.warnings = rematerialize::lint(forward, {.allow_unmatched = r.allow_unmatched, .names = names});
     rematerialize::Decider own(names);
     rematerialize::Decider& decider = r.decider != nullptr ? *r.decider : own;
-    CHECK(r.pipeline == nullptr || r.kind == Kind::train_step, "compile: a pipeline compiles train steps only");
+    CHECK(r.pipeline == nullptr || r.kind == Kind::train_step, "compile: under a pipeline, gradients come with the train step");
     traced = r.pipeline ? train::pipeline_step_program(r.model, r.shape, r.optimizer, *r.pipeline, r.stage, &decider)
              : r.kind == Kind::train_step ? train::step_program(r.model, r.shape, r.optimizer, &decider)
                                           : train::grads_program(r.model, r.shape, &decider);
     c.explanation = rematerialize::explain(decider.records(), forward, traced.graph);
   } else {  // forward only: a remat region is a call of its body
-    traced = r.kind == Kind::loss ? train::loss_program(r.model, r.shape.batch, r.shape.seq)
-                                  : train::logits_program(r.model, r.shape.batch, r.shape.seq);
+    if (r.pipeline)
+      traced = train::pipeline_forward_program(r.model, r.shape.batch, r.shape.seq, r.pipeline->shape, r.stage,
+                                               r.kind == Kind::logits);
+    else
+      traced = r.kind == Kind::loss ? train::loss_program(r.model, r.shape.batch, r.shape.seq)
+                                    : train::logits_program(r.model, r.shape.batch, r.shape.seq);
   }
   ir::inline_remat_regions(traced.graph);
   if (r.check_finite) ir::insert_finite_checks(traced.graph);

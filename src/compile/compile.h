@@ -41,8 +41,8 @@ struct Request {
   // The debugging form: a finite check after every floating-point op (ir::insert_finite_checks), so a run
   // fails at the first op whose output is a NaN or an infinity, naming it. It updates nothing in place.
   bool check_finite = false;
-  // Pipeline parallelism (train_step only): the program of rank `stage` of this schedule
-  // (train::pipeline_step_program); null: the whole model on every rank.
+  // Pipeline parallelism: the program of rank `stage` of this schedule (train::pipeline_step_program;
+  // pipeline_forward_program for loss and logits); null: the whole model on every rank.
   const parallel::Schedule* pipeline = nullptr;
   int64_t stage = 0;
 };

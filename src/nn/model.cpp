@@ -720,7 +720,7 @@ Tensor trace_stage(Builder& b, const ModelConfig& c, const StagePart& part, std:
                    std::optional<Tensor> targets) {
   ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
   const std::vector<ParamSpec> specs = stage_param_specs(c, part);
-  ASSERT(params.size() == specs.size() && targets.has_value() == part.head);
+  ASSERT(params.size() == specs.size() && (part.head || !targets));
   const size_t nw = layer_params(c).size(), first = part.embedding ? 1 : 0;
   Tensor x = part.embedding ? embed(b, params[0], specs[0], in) : in;
   ModelConfig stage = c;
@@ -729,7 +729,8 @@ Tensor trace_stage(Builder& b, const ModelConfig& c, const StagePart& part, std:
                                               params.begin() + static_cast<std::ptrdiff_t>(first + nw)));
   if (!part.head) return x;
   const size_t norm = first + nw, out = c.logits_via_embedding ? 0 : norm + 1;
-  return cross_entropy(b, head(b, c, x, params[norm], specs[norm], params[out], specs[out]), *targets);
+  Tensor logits = head(b, c, x, params[norm], specs[norm], params[out], specs[out]);
+  return targets ? cross_entropy(b, logits, *targets) : logits;
 }
 
 namespace {

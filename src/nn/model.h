@@ -126,7 +126,7 @@ ir::Tensor trace_loss(ir::Builder& b, const ModelConfig& c, std::span<const ir::
 std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& part);
 
 // Traces the stage: from inputs i32[B,T] (with the embedding) or the activation [B,T,D] the previous stage
-// sent, to the activation the next stage takes, or (with the head, given targets) the mean loss.
+// sent, to the activation the next stage takes, or (with the head) the mean loss given targets, else the logits.
 ir::Tensor trace_stage(ir::Builder& b, const ModelConfig& c, const StagePart& part, std::span<const ir::Tensor> params,
                        ir::Tensor in, std::optional<ir::Tensor> targets);
 

@@ -493,6 +493,51 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   return prog;
 }
 
+Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, int64_t seq,
+                                 const parallel::PipelineShape& shape, int64_t rank, bool logits) {
+  const int64_t p = shape.stages, K = shape.virtual_stages();
+  Program prog;
+  Graph& g = prog.graph;
+  g.name = fmt::format("pipeline_{}_stage{}", logits ? "logits" : "loss", rank);
+  Builder b(g);
+  std::vector<nn::StagePart> parts = pipeline_parts(model, shape, rank);
+  std::vector<Declared> declared;
+  for (const nn::StagePart& part : parts)
+    for (const nn::ParamSpec& s : nn::stage_param_specs(model, part)) declared.push_back({pipeline_arg_name(s, part), s.type});
+  const bool first = parts.front().embedding, last = parts.back().head;
+  StepInputs in = declare(b, prog.signature, declared, {batch, seq, 1}, false, false, first, last && !logits);
+  const Type activation{model.precision.compute, {batch, seq, model.emb_dim}};
+  // The virtual stages one after another: this rank's run when they come, receiving from the one before and
+  // sending to the one after (a chain: no rank waits for one that waits for it).
+  Tensor x, out;
+  std::vector<Tensor> sent;
+  size_t next_param = 0;
+  for (int64_t k = rank, j = 0; k < K; k += p, ++j) {
+    const nn::StagePart& part = parts[static_cast<size_t>(j)];
+    const size_t n = nn::stage_param_specs(model, part).size();
+    auto scope = b.scope(fmt::format("pipeline/chunk{}", j));
+    x = part.embedding ? reshape(in.inputs, {batch, seq}) : recv(b, activation, "stage", p, (k - 1) % p, 0);
+    std::span<const Tensor> ps = std::span<const Tensor>(in.params).subspan(next_param, n);
+    next_param += n;
+    if (part.head && logits) {
+      out = nn::trace_stage(b, model, part, ps, x, std::nullopt);
+    } else if (part.head) {
+      out = nn::trace_stage(b, model, part, ps, x, reshape(in.targets, {batch, seq}));
+    } else {
+      sent.push_back(send(nn::trace_stage(b, model, part, ps, x, std::nullopt), "stage", p, (k + 1) % p, 0));
+    }
+  }
+  for (Tensor t : sent) send_done(t);
+  // The last stage's result, given to every rank: the others add zeros (exact) in the all-reduce.
+  const Type result_type = logits ? Type{DType::f32, {batch, seq, model.vocab_size}} : Type{DType::f32, {}};
+  if (!last) out = full(b, result_type, 0.0);
+  if (p > 1) out = all_reduce(out, "stage", p);
+  b.result(out);
+  prog.signature.results.push_back({logits ? "logits" : "loss", logits ? ir::Role::output : ir::Role::metric});
+  dce(g);
+  return prog;
+}
+
 namespace {
 // nn's forward graphs take the model's parameters (by their paths), then batch inputs; one result.
 ir::Signature forward_signature(const nn::ModelConfig& model, const Graph& g, const std::string& result, ir::Role role) {

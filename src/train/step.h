@@ -76,6 +76,12 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
 // the first microbatch of each chunk. Results as step_program's (for its own parameters).
 Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& opt,
                               const parallel::Schedule& schedule, int64_t rank, rematerialize::Decider* decider = nullptr);
+// Evaluation and sampling under a pipeline: rank `rank`'s part of the forward of one batch — (its chunks'
+// parameters, `inputs` i32[1,B,T] on the first stage's rank, `targets` i32[1,B,T] on the last's for the loss)
+// -> the metric `loss` or the output `logits` f32[B,T,V], the last stage's, all-reduced over the stage axis so
+// that every rank has it (bit-identical to loss_program's / logits_program's).
+Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, int64_t seq,
+                                 const parallel::PipelineShape& shape, int64_t rank, bool logits);
 // The model's parts on pipeline rank `rank`: chunk j is virtual stage j·p + rank (circular placement).
 std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank);
 // A stage parameter's argument name: its path, with the layers it holds for stacked layer parameters

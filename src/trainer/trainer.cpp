@@ -35,10 +35,27 @@ int64_t resident_bytes(const char* field) {
   return 0;
 }
 
-compile::Compiled compile_program(const RunConfig& c, compile::Kind kind, train::StepShape shape,
+// This rank's coordinate along the pipeline (0 without one).
+int64_t stage_of(const RunConfig& c, const exec::Mesh& mesh) {
+  return c.ici_pipeline_parallelism > 1 ? mesh.axis("stage").rank : 0;
+}
+
+// A program of the run; under a pipeline, this rank's (`stage`).
+compile::Compiled compile_program(const RunConfig& c, compile::Kind kind, train::StepShape shape, int64_t stage,
                                   bool check_finite = false) {
+  std::optional<parallel::Schedule> schedule;
+  if (c.ici_pipeline_parallelism > 1) schedule = pipeline_schedule(c);
   return compile::compile({.model = c.model, .shape = shape, .optimizer = c.optimizer, .kind = kind,
-                           .allow_unmatched = c.remat_allow_unmatched, .check_finite = check_finite});
+                           .allow_unmatched = c.remat_allow_unmatched, .check_finite = check_finite,
+                           .pipeline = schedule ? &*schedule : nullptr, .stage = stage});
+}
+
+// The argument of that name, or null where the program has none (under a pipeline only the first stage's
+// rank takes inputs and only the last's takes targets).
+exec::Array* arg_if(const ir::Signature& sig, std::vector<exec::Array>& args, std::string_view name) {
+  for (size_t i = 0; i < sig.args.size(); ++i)
+    if (sig.args[i].name == name) return &args[i];
+  return nullptr;
 }
 
 // A compiled program with its executable. Its arguments are its own buffers, except the parameters when
@@ -71,20 +88,21 @@ struct Runner {
 // Mean loss over a fixed set of validation batches (same batches every evaluation).
 class Evaluator {
  public:
-  Evaluator(const RunConfig& c, const train::Dataset& d, const Runner& step)
-      : program_(compile_program(c, compile::Kind::loss, {c.shape.batch, c.shape.seq, 1}), &step) {
+  Evaluator(const RunConfig& c, const train::Dataset& d, const Runner& step, int64_t batch, int64_t stage)
+      : program_(compile_program(c, compile::Kind::loss, {batch, c.shape.seq, 1}, stage), &step) {
     Batcher batcher(d.validation, c.shape.seq, c.data_seed + 1, "validation");
-    const size_t tokens = static_cast<size_t>(c.shape.batch * c.shape.seq);
-    batches_.assign(static_cast<size_t>(c.eval_steps), std::vector<int32_t>(2 * tokens));
-    for (std::vector<int32_t>& b : batches_) batcher.next(c.shape.batch, b.data(), b.data() + tokens);
+    tokens_ = static_cast<size_t>(batch * c.shape.seq);
+    batches_.assign(static_cast<size_t>(c.eval_steps), std::vector<int32_t>(2 * tokens_));
+    for (std::vector<int32_t>& b : batches_) batcher.next(batch, b.data(), b.data() + tokens_);
   }
   double loss() {
     double sum = 0;
-    exec::Array &inputs = program_.arg("inputs"), &targets = program_.arg("targets");
-    const size_t tokens = static_cast<size_t>(inputs.size());
+    exec::Array* inputs = arg_if(program_.signature, program_.args, "inputs");
+    exec::Array* targets = arg_if(program_.signature, program_.args, "targets");
+    const auto tokens = static_cast<std::ptrdiff_t>(tokens_);
     for (const std::vector<int32_t>& b : batches_) {
-      std::copy(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(tokens), inputs.data<int32_t>());
-      std::copy(b.begin() + static_cast<std::ptrdiff_t>(tokens), b.end(), targets.data<int32_t>());
+      if (inputs) std::copy(b.begin(), b.begin() + tokens, inputs->data<int32_t>());
+      if (targets) std::copy(b.begin() + tokens, b.end(), targets->data<int32_t>());
       sum += program_.executable.run()[static_cast<size_t>(program_.signature.result("loss"))].get(0);
     }
     return sum / static_cast<double>(batches_.size());
@@ -93,6 +111,7 @@ class Evaluator {
 
  private:
   Runner program_;
+  size_t tokens_;
   std::vector<std::vector<int32_t>> batches_;  // inputs then targets, per batch
 };
 
@@ -113,7 +132,9 @@ std::string sample(const RunConfig& c, Runner& logits_program) {
   const int64_t seq = c.shape.seq;
   std::string text = c.sample_prompt.empty() ? "\n" : c.sample_prompt;
   std::mt19937_64 rng(c.data_seed + 7);
-  int32_t* window = logits_program.arg("inputs").data<int32_t>();
+  std::vector<int32_t> none(static_cast<size_t>(seq));  // a pipeline rank without the embedding: not read
+  exec::Array* inputs = arg_if(logits_program.signature, logits_program.args, "inputs");
+  int32_t* window = inputs ? inputs->data<int32_t>() : none.data();
   const size_t logits_result = static_cast<size_t>(logits_program.signature.result("logits"));
   std::vector<double> w(static_cast<size_t>(c.model.vocab_size));
   for (int64_t n = 0; n < c.sample_length; ++n) {
@@ -163,11 +184,23 @@ std::vector<int64_t> checkpoint_steps(const RunConfig& c) {
   return steps;
 }
 
-// This rank's checkpoint file in a step folder: the whole state, or under FSDP its shard, one file per fsdp
-// coordinate (the data-parallel replicas of a shard hold the same bits).
-std::string state_file(const nn::Mesh& mesh, const exec::Mesh& ranks) {
-  const int64_t fsdp = mesh.size("fsdp");
-  return fsdp == 1 ? "state.safetensors" : fmt::format("state.fsdp{}-of-{}.safetensors", ranks.axis("fsdp").rank, fsdp);
+// The state files of a checkpoint of this run's mesh: one per pipeline stage and FSDP shard ("state.safetensors"
+// for one of each; "state.stage1-of-4.fsdp0-of-2.safetensors"), in the order of the ranks holding them. The
+// data-parallel replicas of a file's state hold the same bits.
+std::vector<std::string> checkpoint_files(const RunConfig& c) {
+  const int64_t stages = c.ici_pipeline_parallelism, fsdp = c.model.mesh.size("fsdp");
+  std::vector<std::string> files;
+  for (int64_t s = 0; s < stages; ++s)
+    for (int64_t f = 0; f < fsdp; ++f)
+      files.push_back(fmt::format("state{}{}.safetensors", stages == 1 ? "" : fmt::format(".stage{}-of-{}", s, stages),
+                                  fsdp == 1 ? "" : fmt::format(".fsdp{}-of-{}", f, fsdp)));
+  return files;
+}
+
+// This rank's checkpoint file in a step folder.
+std::string state_file(const RunConfig& c, const exec::Mesh& ranks) {
+  const int64_t fsdp = c.model.mesh.size("fsdp");
+  return checkpoint_files(c)[static_cast<size_t>(stage_of(c, ranks) * fsdp + (fsdp == 1 ? 0 : ranks.axis("fsdp").rank))];
 }
 
 // The state files in a step folder, whatever mesh wrote them.
@@ -182,19 +215,16 @@ std::vector<std::string> state_files(const fs::path& dir) {
   return files;
 }
 
-// Whether a state file is one of a checkpoint of this mesh's FSDP degree.
-bool of_mesh(const std::string& file, const nn::Mesh& mesh) {
-  const int64_t fsdp = mesh.size("fsdp");
-  if (fsdp == 1) return file == "state.safetensors";
-  return file.rfind("state.fsdp", 0) == 0 && file.ends_with(fmt::format("-of-{}.safetensors", fsdp));
+// Whether a state file is one of a checkpoint of this run's mesh.
+bool of_mesh(const std::string& file, const RunConfig& c) {
+  const std::vector<std::string> mine = checkpoint_files(c);
+  return std::find(mine.begin(), mine.end(), file) != mine.end();
 }
 
 // Whether a step folder holds every file of a checkpoint of this mesh.
-bool complete(const fs::path& dir, const nn::Mesh& mesh) {
-  const int64_t fsdp = mesh.size("fsdp");
-  if (fsdp == 1) return fs::is_regular_file(dir / "state.safetensors");
-  for (int64_t f = 0; f < fsdp; ++f)
-    if (!fs::is_regular_file(dir / fmt::format("state.fsdp{}-of-{}.safetensors", f, fsdp))) return false;
+bool complete(const fs::path& dir, const RunConfig& c) {
+  for (const std::string& f : checkpoint_files(c))
+    if (!fs::is_regular_file(dir / f)) return false;
   return true;
 }
 
@@ -211,7 +241,7 @@ void save_checkpoint(const RunConfig& c, const exec::Mesh& ranks, Runner& step, 
     std::vector<train::NamedArray> tensors;
     for (size_t i = 0; i < step.signature.args.size(); ++i)
       if (saved(step.signature.args[i].role)) tensors.push_back({step.signature.args[i].name, step.args[i]});
-    train::write_safetensors(dir / state_file(c.model.mesh, ranks), tensors,
+    train::write_safetensors(dir / state_file(c, ranks), tensors,
                              {{"step", std::to_string(p.step)},
                               {"skipped_steps", std::to_string(p.skipped)},
                               {"train_sampler", batcher.state()},
@@ -219,15 +249,15 @@ void save_checkpoint(const RunConfig& c, const exec::Mesh& ranks, Runner& step, 
   }
   ranks.all(true);  // every shard written
   if (ranks.rank() != 0) return;
-  CHECK(complete(dir, c.model.mesh),
+  CHECK(complete(dir, c),
         "checkpoint {} lacks shard files after every rank wrote its own: the ranks do not share base_output_directory "
-        "({}); FSDP checkpoints need a filesystem all ranks share",
+        "({}); FSDP and pipeline checkpoints need a filesystem all ranks share",
         dir.string(), c.run_dir);
   // Keep the newest complete ones; a folder without all its files is a write that never finished.
   int64_t kept = 0;
   for (int64_t s : checkpoint_steps(c)) {
     const fs::path d = checkpoints_of(c) / std::to_string(s);
-    if (complete(d, c.model.mesh) && (c.max_checkpoints <= 0 || kept < c.max_checkpoints)) ++kept;
+    if (complete(d, c) && (c.max_checkpoints <= 0 || kept < c.max_checkpoints)) ++kept;
     else if (s < p.step) fs::remove_all(d);
   }
 }
@@ -258,17 +288,18 @@ void restore(const RunConfig& c, Runner& step, const train::SafeTensors& s, cons
 // the previous one used. Returns the progress it holds (step 0 when there is none).
 Progress resume(const RunConfig& c, const exec::Mesh& ranks, Runner& step, Batcher& batcher) {
   for (int64_t s : checkpoint_steps(c)) {
-    const fs::path dir = checkpoints_of(c) / std::to_string(s), file = dir / state_file(c.model.mesh, ranks);
+    const fs::path dir = checkpoints_of(c) / std::to_string(s), file = dir / state_file(c, ranks);
     // Decided from the folder's listing, the same on every rank: files of this mesh, even some missing (a
     // write that never finished), are this run's; only files of another mesh are refused.
     const std::vector<std::string> files = state_files(dir);
     CHECK(files.empty() || std::any_of(files.begin(), files.end(),
-                                       [&](const std::string& f) { return of_mesh(f, c.model.mesh); }),
+                                       [&](const std::string& f) { return of_mesh(f, c); }),
           "checkpoint {} was written by another mesh ({}), this run's rank {} needs {}: resume with the "
-          "ici/dcn_fsdp_parallelism it was saved with (a checkpoint is not resharded), or start a new run_name",
+          "ici/dcn_fsdp_parallelism and pipeline keys it was saved with (a checkpoint is not resharded), or start a new "
+          "run_name",
           dir.string(), fmt::join(files, ", "), ranks.rank(), file.filename().string());
     train::SafeTensors saved_state;
-    bool ok = complete(dir, c.model.mesh);  // else never finished
+    bool ok = complete(dir, c);  // else never finished
     if (ok) {
       try {
         saved_state = train::read_safetensors(file);
@@ -294,11 +325,16 @@ Progress start_state(const RunConfig& c, const exec::Mesh& ranks, Runner& step, 
   std::vector<exec::Array> params;  // views of the step's parameter buffers, in the model's order
   for (size_t i = 0; i < step.signature.args.size(); ++i)
     if (step.signature.args[i].role == ir::Role::parameter) params.push_back(step.args[i]);
-  nn::init_params(c.model, c.init_seed, params, ranks.axis("fsdp").rank);
+  const int64_t shard = ranks.axis("fsdp").rank;
+  if (c.ici_pipeline_parallelism > 1)
+    nn::init_stage_params(c.model, c.init_seed, train::pipeline_parts(c.model, pipeline_schedule(c).shape, stage_of(c, ranks)),
+                          params, shard);
+  else
+    nn::init_params(c.model, c.init_seed, params, shard);
   if (c.optimizer.loss_scale.enabled) step.arg("loss_scale").set(0, c.optimizer.loss_scale.initial);
   if (!c.load_parameters_path.empty()) {  // saved parameters, a fresh optimizer
     fs::path file = c.load_parameters_path;
-    if (fs::is_directory(file)) file /= state_file(c.model.mesh, ranks);
+    if (fs::is_directory(file)) file /= state_file(c, ranks);
     restore(c, step, train::read_safetensors(file), file, true);
   }
   return c.enable_checkpointing ? resume(c, ranks, step, batcher) : Progress{};
@@ -307,8 +343,17 @@ Progress start_state(const RunConfig& c, const exec::Mesh& ranks, Runner& step, 
 // Sets the step's arguments for update `s`: its batch (this data-parallel rank's part of the sampler's next
 // draw) and the step counter.
 void prepare_step(const RunConfig& c, const exec::Mesh& mesh, Runner& step, Batcher& batcher, int64_t s) {
-  batcher.next(c.shape.accumulation * c.shape.batch, step.arg("inputs").data<int32_t>(),
-               step.arg("targets").data<int32_t>(), mesh.rank(), mesh.size());
+  // The replicas are the data and fsdp ranks (the stages of one replica take the same part); under a pipeline
+  // the ranks without the first stage or the last draw their part of the batch as well, into a scratch.
+  const nn::Mesh& replicas = c.model.mesh;
+  const int64_t part = replicas.ranks() == 1 ? 0 : mesh.axis(replicas.group()).rank;
+  const size_t tokens = static_cast<size_t>(c.shape.accumulation * c.shape.batch * c.shape.seq);
+  std::vector<int32_t> scratch;
+  exec::Array* inputs = arg_if(step.signature, step.args, "inputs");
+  exec::Array* targets = arg_if(step.signature, step.args, "targets");
+  if (!inputs || !targets) scratch.resize(tokens);
+  batcher.next(c.shape.accumulation * c.shape.batch, inputs ? inputs->data<int32_t>() : scratch.data(),
+               targets ? targets->data<int32_t>() : scratch.data(), part, replicas.ranks());
   step.arg("step").set(0, static_cast<double>(s));
 }
 
@@ -335,7 +380,7 @@ const std::vector<exec::Array>& run_step(const RunConfig& c, const exec::Mesh& m
   const std::string where = mesh.size() > 1 ? fmt::format(" on rank {}", mesh.rank()) : "";
   std::string first = fmt::format("no op gave a non-finite value{} when the step ran again", where);
   try {
-    compile::Compiled checked = compile_program(c, compile::Kind::train_step, c.shape, true);
+    compile::Compiled checked = compile_program(c, compile::Kind::train_step, c.shape, stage_of(c, mesh), true);
     exec::Executable debug(std::move(checked.program), std::move(checked.plan), {.mesh = &mesh});
     debug.run(step.args);
   } catch (const Error& e) {
@@ -409,14 +454,35 @@ parallel::Schedule pipeline_schedule(const RunConfig& c) {
 
 RunResult run(const RunConfig& config) {
   RunConfig c = config;
-  CHECK(c.ici_pipeline_parallelism == 1,
-        "ici_pipeline_parallelism={}: pipeline training is not built yet; `remat plan` shows the schedule ({}) and "
-        "its bubble. Train with ici_pipeline_parallelism=1",
-        c.ici_pipeline_parallelism, c.pipeline_schedule);
-  c.model.mesh = mesh_of(config, exec::Mesh::launched_ranks());
+  // A pipeline's stages are the outer mesh axis; the data and fsdp axes (the replicas) fill the ranks left.
+  const int64_t stages = c.ici_pipeline_parallelism, launched = exec::Mesh::launched_ranks();
+  std::optional<parallel::Schedule> schedule;
+  if (stages > 1) {
+    schedule = pipeline_schedule(c);
+    CHECK(launched % stages == 0, "ici_pipeline_parallelism={} needs a multiple of {} ranks, but {} were launched",
+          stages, stages, launched);
+    CHECK(c.shape.accumulation == 1,
+          "gradient_accumulation_steps={} with a pipeline: the pipeline's microbatches accumulate the gradients; set "
+          "num_pipeline_microbatches instead (now {}) and gradient_accumulation_steps=1",
+          c.shape.accumulation, schedule->shape.microbatches);
+  }
+  c.model.mesh = mesh_of(config, launched / stages);
   std::vector<std::pair<std::string, int>> axes;
+  if (stages > 1) axes.emplace_back("stage", static_cast<int>(stages));
   for (const auto& [name, size] : c.model.mesh.axes) axes.emplace_back(name, static_cast<int>(size));
   const exec::Mesh mesh(axes);
+  const int64_t stage = stage_of(c, mesh);
+  // MaxText's batch: per_device_batch_size on every device, stages included; a replica's batch (its stages'
+  // share) is cut into the pipeline's microbatches.
+  if (schedule) {
+    const int64_t m = schedule->shape.microbatches, replica_batch = c.shape.batch * stages;
+    CHECK(replica_batch % m == 0,
+          "per_device_batch_size={} x ici_pipeline_parallelism={} = {} sequences per pipeline do not split into "
+          "num_pipeline_microbatches={} equal microbatches: make the product a multiple of {}",
+          c.shape.batch, stages, replica_batch, m, m);
+    c.shape = {replica_batch / m, c.shape.seq, m};
+  }
+  const int64_t eval_batch = c.shape.batch;  // evaluation runs microbatches
   // Rank 0 alone speaks and writes files (metrics, checkpoints); the others' errors still reach stderr.
   const bool lead = mesh.rank() == 0;
   if (!lead) CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "rank {}: cannot silence its output", mesh.rank());
@@ -433,7 +499,7 @@ RunResult run(const RunConfig& config) {
   Batcher batcher(data.train, c.shape.seq, c.data_seed, "train");
 
   const int64_t k = c.shape.accumulation, B = c.shape.batch, T = c.shape.seq;
-  compile::Compiled compiled = compile_program(c, compile::Kind::train_step, c.shape);
+  compile::Compiled compiled = compile_program(c, compile::Kind::train_step, c.shape, stage);
   for (const std::string& w : compiled.warnings) fmt::print("warning: {}\n", w);
   fmt::print("remat: policy {}; {}\n", c.model.remat_policy, compiled.explanation.step_summary());
   fmt::print("plan: arena {} device (lower bound {}), {} host; parameters, moments updated in place\n",
@@ -442,8 +508,8 @@ RunResult run(const RunConfig& config) {
              plan::bytes_str(static_cast<double>(compiled.plan.arena[1])));
   Runner step(std::move(compiled), nullptr, &mesh);
   const ir::Signature& sig = step.signature;
-  Evaluator evaluator(c, data, step);
-  Runner generator(compile_program(c, compile::Kind::logits, {1, T, 1}), &step);
+  Evaluator evaluator(c, data, step, eval_batch, stage);
+  Runner generator(compile_program(c, compile::Kind::logits, {1, T, 1}, stage), &step);
   fmt::print("model: {:.3f}M parameters; {} layers (scan_layers={}), d={}, heads={}/{} kv, mlp={}\n",
              static_cast<double>(nn::param_count(c.model)) / 1e6, c.model.num_decoder_layers, c.model.scan_layers,
              c.model.emb_dim, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim);
@@ -453,6 +519,10 @@ RunResult run(const RunConfig& config) {
              : fsdp == 1 ? fmt::format("{} data-parallel ranks x ", dp)
                          : fmt::format("{} ranks ({} data-parallel x {} FSDP) x ", dp, dp / fsdp, fsdp),
              k, B, T, dp * k * B * T);
+  if (schedule)
+    fmt::print("pipeline: {} stages ({} chunk(s) each), {} schedule, {} microbatches; this is stage {}\n", stages,
+               schedule->shape.chunks, parallel::schedule_name(schedule->kind),
+               schedule->shape.microbatches, stage);
 
   RunResult result;
   const train::LossScaleConfig& ls = c.optimizer.loss_scale;
@@ -516,8 +586,9 @@ RunResult run(const RunConfig& config) {
   fmt::print("done in {}; metrics in {}; measured peak {} device (planned {})\n", duration_str(seconds_since(start)),
              metrics_path, plan::bytes_str(static_cast<double>(step.executable.measured_peak(plan::Space::device))),
              plan::bytes_str(static_cast<double>(step.executable.plan().lower_bound[0])));
-  // Under FSDP sampling gathers the weights, so every rank samples (the same bytes); otherwise rank 0 alone.
-  const std::string text = lead || fsdp > 1 ? sample(c, generator) : "";
+  // Under FSDP sampling gathers the weights and under a pipeline it passes the stages, so every rank samples (the
+  // same bytes); otherwise rank 0 alone.
+  const std::string text = lead || fsdp > 1 || schedule ? sample(c, generator) : "";
   const int64_t planned = step.bytes() + evaluator.program().bytes() + generator.bytes();
   const int64_t peak = resident_bytes("VmHWM");
   // Everything the process holds beyond its baseline should be planned: the "unplanned" rest is what the
