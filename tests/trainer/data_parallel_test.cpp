@@ -89,6 +89,61 @@ INSTANTIATE_TEST_SUITE_P(
                       Launch{"fsdp2_bf16", 2, "ici_fsdp_parallelism=2 dtype=bfloat16", "2 ranks (1 data-parallel x 2 FSDP)"}),
     [](const ::testing::TestParamInfo<Launch>& i) { return std::string(i.param.name); });
 
+// Pipelines: 4 stages x 8 microbatches (8 layers: 2 per stage, or 1 per chunk interleaved) train 10 steps
+// bit-identically to one process accumulating the same 8 microbatches — losses, gradient norms, validation
+// losses; 2 stages x 2 data-parallel ranks bit-identically to 2 data-parallel ranks without a pipeline, each
+// accumulating its 2 microbatches. Rank 0's arena peak is its plan's.
+struct PipelineLaunch {
+  const char* name;
+  int ranks;
+  const char* args;       // the pipeline and mesh keys
+  const char* reference;  // the run it equals: launcher ranks (1: one process) and keys
+  int reference_ranks;
+};
+
+void PrintTo(const PipelineLaunch& l, std::ostream* os) { *os << l.name; }
+
+class Pipelines : public ::testing::TestWithParam<PipelineLaunch> {};
+
+TEST_P(Pipelines, StagesAreBitIdenticalToTheirReference) {
+  ASSERT_TRUE(testing_support::mpirun_installed()) << "mpirun is not installed (scripts/setup.sh installs it)";
+  const PipelineLaunch& l = GetParam();
+  const std::string model = "base_num_decoder_layers=8 steps=10 eval_interval=5 logits_via_embedding=false";
+  testing_support::TempDir dir;
+  const testing_support::Output want_run = train(dir.path, l.reference_ranks == 1 ? "" : mpirun(l.reference_ranks),
+                                                 fmt::format("{} run_name=want {}", model, l.reference));
+  ASSERT_EQ(want_run.status, 0) << want_run.text;
+  const testing_support::Output got_run = train(dir.path, mpirun(l.ranks), fmt::format("{} run_name=got {}", model, l.args));
+  ASSERT_EQ(got_run.status, 0) << got_run.text;
+  EXPECT_NE(got_run.text.find("pipeline: "), std::string::npos) << got_run.text;
+  const auto want = metrics(dir.path / "runs" / "want"), got = metrics(dir.path / "runs" / "got");
+  ASSERT_EQ(want.size(), 10u);
+  EXPECT_EQ(got, want);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(got_run.text, m, std::regex(R"(measured peak (.+) device \(planned (.+)\))")))
+      << got_run.text;
+  EXPECT_EQ(m[1].str(), m[2].str()) << "rank 0's arena peak is its plan's";
+  EXPECT_EQ(got_run.text.substr(got_run.text.rfind("sample (")), want_run.text.substr(want_run.text.rfind("sample (")))
+      << "sampling passes the stages";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, Pipelines,
+    ::testing::Values(
+        PipelineLaunch{"gpipe4", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
+                                    "num_layers_per_pipeline_stage=2 pipeline_schedule=gpipe",
+                       "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
+        PipelineLaunch{"one_f_one_b4", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
+                                          "num_layers_per_pipeline_stage=2 pipeline_schedule=1f1b",
+                       "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
+        PipelineLaunch{"interleaved4", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
+                                          "num_layers_per_pipeline_stage=1 pipeline_schedule=interleaved_1f1b",
+                       "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
+        PipelineLaunch{"one_f_one_b2_data2", 4, "per_device_batch_size=1 ici_pipeline_parallelism=2 num_pipeline_microbatches=2 "
+                                                "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b ici_data_parallelism=2",
+                       "per_device_batch_size=1 gradient_accumulation_steps=2 ici_data_parallelism=2", 2}),
+    [](const ::testing::TestParamInfo<PipelineLaunch>& i) { return std::string(i.param.name); });
+
 // Rank 0 writes the (replicated) state, or under FSDP the first rank of each shard's replicas writes that
 // shard's file; a run stopped after 12 of 20 steps and started again under mpirun resumes on every rank
 // from that checkpoint and ends bit-identical to one never stopped. An FSDP checkpoint is refused by a run
