@@ -77,6 +77,10 @@ struct RankTimeline {
 
 struct Simulation {
   std::vector<RankTimeline> ranks;
+  // Per rank and action: for a send, the index of the rank's action after which the rank knows the message was
+  // received (a message from the receiver, or through others, sent after that receive reached it), so that
+  // waiting for the send then returns at once; the list's size where it only knows at the end. -1 for others.
+  std::vector<std::vector<int64_t>> send_known_received;
   double makespan = 0;
   double bubble(size_t rank) const { return 1 - ranks[rank].busy / makespan; }  // idle / wall time
 };

@@ -48,6 +48,8 @@ void check_counts(const Schedule& s) {
 struct Message {
   int64_t microbatch, chunk;  // as the receiver names them: its chunk
   double time;
+  size_t send;                       // the send's index in its rank's list
+  std::vector<int64_t> clock;        // the sender's vector clock after the send
 };
 
 }  // namespace
@@ -62,6 +64,12 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
   std::vector<size_t> next(s.ranks.size(), 0);
   std::vector<double> clock(s.ranks.size(), 0);
   std::vector<int64_t> in_flight(s.ranks.size(), 0);
+  // Vector clocks: clock_of[r][q] = how many of rank q's actions rank r knows are done (its own, and others' as
+  // messages tell). Kept after each action, with where each send was received, to find when a sender knows.
+  const size_t n = s.ranks.size();
+  std::vector<std::vector<int64_t>> known(n, std::vector<int64_t>(n, 0));
+  std::vector<std::vector<std::vector<int64_t>>> known_after(n);
+  std::vector<std::map<size_t, std::pair<size_t, size_t>>> received_at(n);  // send index -> (rank, recv index)
   for (bool progress = true; progress;) {
     progress = false;
     for (size_t r = 0; r < s.ranks.size(); ++r) {
@@ -72,7 +80,8 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
           const bool gradient = a.step == Step::send_gradient;
           // The receiver's chunk: the next virtual stage (activation) or the previous one (gradient).
           const int64_t k = a.chunk * p + me + (gradient ? -1 : 1);
-          channels[{me, a.peer, gradient}].push_back({a.microbatch, k / p, clock[r]});
+          known[r][r] = static_cast<int64_t>(next[r]) + 1;
+          channels[{me, a.peer, gradient}].push_back({a.microbatch, k / p, clock[r], next[r], known[r]});
         } else if (a.step == Step::recv_activation || a.step == Step::recv_gradient) {
           std::deque<Message>& q = channels[{a.peer, me, a.step == Step::recv_gradient}];
           if (q.empty()) break;  // waits for the send
@@ -82,6 +91,8 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
                 "schedule: rank {} runs {} but the next message from rank {} is for microbatch {} (chunk {})", r,
                 action_str(a), a.peer, m.microbatch, m.chunk);
           clock[r] = std::max(clock[r], m.time);
+          for (size_t q = 0; q < n; ++q) known[r][q] = std::max(known[r][q], m.clock[q]);
+          received_at[static_cast<size_t>(a.peer)][m.send] = {r, next[r]};
         } else {
           const double d = a.step == Step::forward ? costs.forward : costs.backward;
           RankTimeline& t = sim.ranks[r];
@@ -92,6 +103,8 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
           t.in_flight.push_back(in_flight[r]);
           t.peak_in_flight = std::max(t.peak_in_flight, in_flight[r]);
         }
+        known[r][r] = static_cast<int64_t>(next[r]) + 1;
+        known_after[r].push_back(known[r]);
         progress = true;
       }
     }
@@ -105,6 +118,21 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
   for (const auto& [channel, q] : channels)
     CHECK(q.empty(), "schedule: {} message(s) from rank {} to rank {} are never received", q.size(), std::get<0>(channel),
           std::get<1>(channel));
+  // A send is known received after the sender's first action whose clock covers the matching receive.
+  sim.send_known_received.resize(n);
+  for (size_t r = 0; r < n; ++r) {
+    sim.send_known_received[r].assign(s.ranks[r].size(), -1);
+    for (const auto& [send, at] : received_at[r]) {
+      const auto [q, recv] = at;
+      int64_t& done = sim.send_known_received[r][send];
+      done = static_cast<int64_t>(s.ranks[r].size());
+      for (size_t k = send + 1; k < s.ranks[r].size(); ++k)
+        if (known_after[r][k][q] > static_cast<int64_t>(recv)) {
+          done = static_cast<int64_t>(k);
+          break;
+        }
+    }
+  }
   return sim;
 }
 

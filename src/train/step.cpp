@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <optional>
 #include <numbers>
@@ -408,10 +409,14 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   auto params_of = [&](const Chunk& c) {
     return std::span<const Tensor>(in.params).subspan(c.first_param, c.specs.size());
   };
-  std::vector<Tensor> sent;  // waited for at the end of the schedule
+  // Each send is waited for once this rank knows it was received (then at once), its buffer live until then.
+  const std::vector<parallel::Action>& actions = schedule.ranks[static_cast<size_t>(rank)];
+  const std::vector<int64_t> received = parallel::simulate(schedule, {}).send_known_received[static_cast<size_t>(rank)];
+  std::map<int64_t, std::vector<Tensor>> waits;  // after action k: the sends known received by then
   Tensor loss_sum = scalar(b, DType::f32, 0.0);
   enum Tag : int64_t { activation_tag = 0, gradient_tag = 1 };
-  for (const parallel::Action& a : schedule.ranks[static_cast<size_t>(rank)]) {
+  for (size_t k = 0; k < actions.size(); ++k) {
+    const parallel::Action& a = actions[k];
     Chunk& c = chunks[static_cast<size_t>(a.chunk)];
     const size_t mb = static_cast<size_t>(a.microbatch);
     auto scope = b.scope(fmt::format("pipeline/chunk{}/microbatch{}", a.chunk, a.microbatch));
@@ -446,18 +451,21 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
         std::vector<ValueId> grads = autodiff::vjp(g, std::span(&seed, 1), wrt, &d, weights);
         const size_t skip = c.part.embedding ? 0 : 1;
         if (!c.part.embedding) c.din[mb] = b.wrap(grads[0]);
+        const std::string action_scope = b.current_scope();
+        b.set_scope(fmt::format("pipeline/chunk{}/gradient_sums", a.chunk));  // they outlive the microbatch
         for (size_t i = 0; i < c.specs.size(); ++i) {
           Tensor gi = b.wrap(grads[skip + i]);
           if (c.grad_sums.size() <= i) c.grad_sums.push_back(m == 1 ? gi : zeros_like(gi) + gi);  // as the scan: 0 + g
           else c.grad_sums[i] = c.grad_sums[i] + gi;
         }
+        b.set_scope(action_scope);
         break;
       }
       case parallel::Step::send_activation:
-        sent.push_back(send(c.out[mb], "stage", p, a.peer, activation_tag));
+        waits[received[k]].push_back(send(c.out[mb], "stage", p, a.peer, activation_tag));
         break;
       case parallel::Step::send_gradient:
-        sent.push_back(send(c.din[mb], "stage", p, a.peer, gradient_tag));
+        waits[received[k]].push_back(send(c.din[mb], "stage", p, a.peer, gradient_tag));
         break;
       case parallel::Step::recv_activation:
         c.in[mb] = recv(b, activation, "stage", p, a.peer, activation_tag);
@@ -466,8 +474,9 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
         c.dout[mb] = recv(b, activation, "stage", p, a.peer, gradient_tag);
         break;
     }
+    for (Tensor t : waits[static_cast<int64_t>(k)]) send_done(t);
   }
-  for (Tensor t : sent) send_done(t);
+  for (Tensor t : waits[static_cast<int64_t>(actions.size())]) send_done(t);
   LossAndGrads sums{loss_sum, {}};
   std::vector<nn::ParamSpec> specs;
   std::vector<GradPart> parts;
