@@ -6,41 +6,111 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <map>
+#include <set>
 
 namespace remat::cli {
 
 namespace {
-// `remat plan` under a pipeline: the schedule of every rank from shapes alone (equal-cost layers: a chunk's
-// forward takes 1/v, its backward 2/v), its microbatches in flight and bubble; `timeline` gets the schedule's
-// SVG. Per-rank memory plans of the stage programs are not built yet (nor checked against hbm_limit).
-std::string pipeline_report(const Config& config, bool json, const std::string& timeline) {
-  const parallel::Schedule s = trainer::pipeline_schedule(config.run);
-  const double v = static_cast<double>(s.shape.chunks);
-  const parallel::Simulation t = parallel::simulate(s, {1 / v, 2 / v});
+
+// The most microbatch-chunks whose stashed activations the plan holds at once: a microbatch holds from the
+// first buffer its forward computes to the last its backward frees (the scopes the pipeline step gives each
+// action, "pipeline/chunk1/microbatch3/..."). Messages — received and not yet computed on, or sent and not yet
+// known received — are buffers in flight, not stashed activations: they do not count.
+int64_t most_stashed(const plan::Plan& p, const ir::Graph& g) {
+  std::set<ir::ValueId> sent;
+  for (const ir::Node& n : g.nodes)
+    if (n.op == ir::Op::send) sent.insert(p.root[static_cast<size_t>(n.inputs[0])]);
+  std::map<std::pair<int, int>, std::pair<int, int>> held;  // (chunk, microbatch) -> first and last position
+  for (const plan::Buffer& b : p.buffers) {
+    if (b.space != plan::Space::device || b.node < 0 || sent.count(b.value)) continue;
+    const ir::Node& n = g.nodes[static_cast<size_t>(b.node)];
+    int chunk = 0, microbatch = 0;
+    if (n.op == ir::Op::recv ||
+        std::sscanf(n.scope.c_str(), "pipeline/chunk%d/microbatch%d", &chunk, &microbatch) != 2)
+      continue;
+    auto [it, fresh] = held.try_emplace({chunk, microbatch}, b.start, b.end);
+    it->second = {std::min(it->second.first, b.start), std::max(it->second.second, b.end)};
+  }
+  std::map<int, int> change;  // position -> microbatches starting minus ending there
+  for (const auto& [mb, span] : held) ++change[span.first], --change[span.second + 1];
+  int64_t now = 0, most = 0;
+  for (const auto& [position, d] : change) most = std::max(most, now += d);
+  return most;
+}
+
+// `remat plan` under a pipeline: the schedule of every rank (chunk costs from the programs' FLOPs: a chunk's
+// forward and backward, recomputes included), its bubble; then each rank's own program planned, from shapes
+// alone: total, arguments, arena, and the most microbatches whose activations it stashes at once. `timeline` gets the schedule's
+// SVG. Every rank must fit hbm_limit.
+std::string pipeline_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
+  const trainer::RunConfig& run = config.run;
+  const parallel::Schedule s = trainer::pipeline_schedule(run);
+  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
+  model.mesh = trainer::mesh_of(run, 0);
+  const train::StepShape shape = trainer::pipeline_step_shape(run, s);
+  const parallel::Costs costs = train::chunk_costs(model, s.shape, shape.batch, shape.seq);
+  const parallel::Simulation t = parallel::simulate(s, costs);
   if (!timeline.empty()) {
     std::ofstream out(timeline);
     CHECK(out.good(), "cannot write the schedule's timeline to '{}'", timeline);
     out << parallel::svg(s, t);
   }
-  if (!json)
-    return parallel::grid(s, t) + "per-rank memory plans of the pipeline stages are not built yet (the schedule is)\n";
+  const int64_t limit = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit");
   nlohmann::json ranks = nlohmann::json::array();
-  for (size_t r = 0; r < t.ranks.size(); ++r)
-    ranks.push_back({{"rank", r}, {"peak_in_flight", t.ranks[r].peak_in_flight}, {"bubble", t.bubble(r)}});
-  nlohmann::json out = {{"pipeline",
-                         {{"schedule", parallel::schedule_name(s.kind)},
-                          {"stages", s.shape.stages},
-                          {"microbatches", s.shape.microbatches},
-                          {"chunks", s.shape.chunks},
-                          {"ranks", ranks}}}};
-  return out.dump(2) + "\n";
+  std::string table = fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>9}  {}\n", "rank", "total", "parameters",
+                                  "optimizer", "arena", "live peak", "bubble", "most microbatches stashed at once");
+  if (fits) *fits = true;
+  for (int64_t r = 0; r < s.shape.stages; ++r) {
+    const compile::Compiled step = compile::compile({.model = model, .shape = shape, .optimizer = run.optimizer,
+                                                     .allow_unmatched = run.remat_allow_unmatched, .pipeline = &s,
+                                                     .stage = r});
+    plan::ReportOptions o;
+    o.title = fmt::format("pipeline rank {}", r);
+    o.limit = limit;
+    const plan::Report rep = plan::report(step.plan, step.program, step.signature, o);
+    if (fits) *fits = *fits && rep.fits();
+    const int64_t stashed = most_stashed(step.plan, step.program);
+    const size_t rank = static_cast<size_t>(r);
+    auto str = [](int64_t b) { return plan::bytes_str(static_cast<double>(b)); };
+    table += fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>8.1f}%  {}\n", r, str(rep.total),
+                         str(rep.parameters), str(rep.optimizer_state), str(rep.temporaries), str(rep.lower_bound),
+                         100 * t.bubble(rank), stashed);
+    nlohmann::json j = rep.json();
+    j["rank"] = r;
+    j["bubble"] = t.bubble(rank);
+    j["peak_in_flight"] = t.ranks[rank].peak_in_flight;
+    j["most_stashed"] = stashed;
+    ranks.push_back(j);
+  }
+  if (json) {
+    nlohmann::json out = {{"pipeline",
+                           {{"schedule", parallel::schedule_name(s.kind)},
+                            {"stages", s.shape.stages},
+                            {"microbatches", s.shape.microbatches},
+                            {"chunks", s.shape.chunks},
+                            {"costs", {{"forward", costs.forward}, {"backward", costs.backward}}},
+                            {"ranks", ranks}}}};
+    return out.dump(2) + "\n";
+  }
+  const double params = static_cast<double>(nn::param_count(run.model));
+  return fmt::format("model {} ({:.2f}B parameters), {} stages x {} microbatches of {} x {} tokens{}, remat_policy {}\n",
+                     config.model, params / 1e9, s.shape.stages, s.shape.microbatches, shape.batch, shape.seq,
+                     model.mesh.ranks() > 1 ? fmt::format(" per replica; {} replicas (data x fsdp) of each stage", model.mesh.ranks()) : "",
+                     run.model.remat_policy) +
+         parallel::grid(s, t) + "\nEach rank's plan (its own program: the stage's parameters and moments, the arena of its actions in order):\n" +
+         table + (limit > 0 ? fmt::format("hbm_limit {} per device: {}\n", plan::bytes_str(static_cast<double>(limit)),
+                                         fits && !*fits ? "some rank does not fit" : "every rank fits")
+                            : "");
 }
 }  // namespace
 
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
   const trainer::RunConfig& run = config.run;
-  if (run.ici_pipeline_parallelism > 1) return pipeline_report(config, json, timeline);
+  if (run.ici_pipeline_parallelism > 1) return pipeline_report(config, json, timeline, fits);
   nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
   model.mesh = trainer::mesh_of(run, 0);
   const int64_t devices = model.mesh.ranks(), fsdp = model.mesh.size("fsdp");

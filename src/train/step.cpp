@@ -429,7 +429,10 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
         if (c.part.head) targets = microbatch(in.targets, a.microbatch);
         Tensor y = nn::trace_stage(b, model, c.part, params_of(c), x, targets);
         if (c.part.head) {
+          const std::string action_scope = b.current_scope();
+          b.set_scope("pipeline/loss_sum");  // it outlives the microbatch
           loss_sum = loss_sum + y;
+          b.set_scope(action_scope);
           c.loss[mb] = o.loss_scale.enabled ? y * in.loss_scale : y;
         } else {
           c.out[mb] = y;
@@ -500,6 +503,30 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   sink_converts_into_scans(g);
   dce(g);
   return prog;
+}
+
+parallel::Costs chunk_costs(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t batch,
+                            int64_t seq) {
+  nn::StagePart part = pipeline_parts(model, shape, 0).front();
+  part.embedding = part.head = false;
+  Graph g;
+  Builder b(g);
+  std::vector<Tensor> params;
+  std::vector<ValueId> wrt;
+  for (const nn::ParamSpec& s : nn::stage_param_specs(model, part)) params.push_back(b.param(s.path, s.type));
+  Tensor x = b.param("x", {model.precision.compute, {batch, seq, model.emb_dim}});
+  wrt.push_back(x.id);
+  for (Tensor t : params) wrt.push_back(t.id);
+  Tensor y = nn::trace_stage(b, model, part, params, x, std::nullopt);
+  const size_t forward_nodes = g.nodes.size();
+  Tensor dy = b.param("dy", y.type());
+  const std::pair<ValueId, ValueId> seed{y.id, dy.id};
+  rematerialize::Decider decider(nn::vocabulary(model));
+  std::vector<ValueId> weights(wrt.begin() + 1, wrt.end());
+  for (ValueId d : autodiff::vjp(g, std::span(&seed, 1), wrt, &decider, weights)) g.results.push_back(d);
+  parallel::Costs c{0, 0};
+  for (size_t i = 0; i < g.nodes.size(); ++i) (i < forward_nodes ? c.forward : c.backward) += ir::flops(g, g.nodes[i]);
+  return c;
 }
 
 Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, int64_t seq,

@@ -82,6 +82,9 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
 // that every rank has it (bit-identical to loss_program's / logits_program's).
 Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, int64_t seq,
                                  const parallel::PipelineShape& shape, int64_t rank, bool logits);
+// FLOPs of one chunk's forward and backward (recomputes included) of one microbatch [batch, seq], for a chunk of
+// layers only: the simulator's costs (parallel::simulate).
+parallel::Costs chunk_costs(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t batch, int64_t seq);
 // The model's parts on pipeline rank `rank`: chunk j is virtual stage j·p + rank (circular placement).
 std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank);
 // A stage parameter's argument name: its path, with the layers it holds for stacked layer parameters

@@ -452,6 +452,19 @@ parallel::Schedule pipeline_schedule(const RunConfig& c) {
   return parallel::make_schedule(kind, shape);
 }
 
+train::StepShape pipeline_step_shape(const RunConfig& c, const parallel::Schedule& schedule) {
+  const int64_t stages = schedule.shape.stages, m = schedule.shape.microbatches, replica_batch = c.shape.batch * stages;
+  CHECK(c.shape.accumulation == 1,
+        "gradient_accumulation_steps={} with a pipeline: the pipeline's microbatches accumulate the gradients; set "
+        "num_pipeline_microbatches instead (now {}) and gradient_accumulation_steps=1",
+        c.shape.accumulation, m);
+  CHECK(replica_batch % m == 0,
+        "per_device_batch_size={} x ici_pipeline_parallelism={} = {} sequences per pipeline do not split into "
+        "num_pipeline_microbatches={} equal microbatches: make the product a multiple of {}",
+        c.shape.batch, stages, replica_batch, m, m);
+  return {replica_batch / m, c.shape.seq, m};
+}
+
 RunResult run(const RunConfig& config) {
   RunConfig c = config;
   // A pipeline's stages are the outer mesh axis; the data and fsdp axes (the replicas) fill the ranks left.
@@ -461,10 +474,6 @@ RunResult run(const RunConfig& config) {
     schedule = pipeline_schedule(c);
     CHECK(launched % stages == 0, "ici_pipeline_parallelism={} needs a multiple of {} ranks, but {} were launched",
           stages, stages, launched);
-    CHECK(c.shape.accumulation == 1,
-          "gradient_accumulation_steps={} with a pipeline: the pipeline's microbatches accumulate the gradients; set "
-          "num_pipeline_microbatches instead (now {}) and gradient_accumulation_steps=1",
-          c.shape.accumulation, schedule->shape.microbatches);
   }
   c.model.mesh = mesh_of(config, launched / stages);
   std::vector<std::pair<std::string, int>> axes;
@@ -474,14 +483,7 @@ RunResult run(const RunConfig& config) {
   const int64_t stage = stage_of(c, mesh);
   // MaxText's batch: per_device_batch_size on every device, stages included; a replica's batch (its stages'
   // share) is cut into the pipeline's microbatches.
-  if (schedule) {
-    const int64_t m = schedule->shape.microbatches, replica_batch = c.shape.batch * stages;
-    CHECK(replica_batch % m == 0,
-          "per_device_batch_size={} x ici_pipeline_parallelism={} = {} sequences per pipeline do not split into "
-          "num_pipeline_microbatches={} equal microbatches: make the product a multiple of {}",
-          c.shape.batch, stages, replica_batch, m, m);
-    c.shape = {replica_batch / m, c.shape.seq, m};
-  }
+  if (schedule) c.shape = pipeline_step_shape(c, *schedule);
   const int64_t eval_batch = c.shape.batch;  // evaluation runs microbatches
   // Rank 0 alone speaks and writes files (metrics, checkpoints); the others' errors still reach stderr.
   const bool lead = mesh.rank() == 0;

@@ -50,6 +50,11 @@ struct RunConfig {
 // num_layers_per_pipeline_stage, num_pipeline_repeats, pipeline_schedule), CHECKed to fit the model.
 parallel::Schedule pipeline_schedule(const RunConfig& config);
 
+// The step's shape under a pipeline (MaxText's batch): per_device_batch_size on every device, stages included;
+// a replica's sequences (its stages' share) cut into the schedule's microbatches. CHECKs that they divide and
+// that gradient_accumulation_steps is 1 (the microbatches accumulate).
+train::StepShape pipeline_step_shape(const RunConfig& config, const parallel::Schedule& schedule);
+
 // The mesh of `ranks` processes (0 where none are launched, as for `remat plan`: a -1 is then 1): data =
 // ici x dcn data parallelism, fsdp = ici x dcn fsdp parallelism (the last axis, varying fastest over the
 // ranks), the one -1 among the four keys filled so that the product is `ranks`. CHECKs that it divides.
