@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
@@ -257,27 +259,52 @@ TEST(Cli, UnknownKeyExitsTwoNamingIt) {
   EXPECT_NE(o.text.find("no_such_key"), std::string::npos) << o.text;
 }
 
-// Under a pipeline `remat plan` shows every rank's schedule from shapes alone: 1F1B over 4 stages and 8
-// microbatches holds 4, 3, 2, 1 microbatches on ranks 0..3 and idles (p-1)/(m+p-1) = 3/11 of the time;
-// training refuses the key until pipeline runs are built, saying so.
-TEST(Cli, PlanShowsThePipelineScheduleOfEveryRank) {
-  testing_support::Output o = testing_support::run_command(fmt::format(
-      "'{}' plan ici_pipeline_parallelism=4 pipeline_schedule=1f1b num_pipeline_microbatches=8 --json 2>&1", REMAT_BINARY));
-  ASSERT_EQ(o.status, 0) << o.text;
-  const nlohmann::json ranks = nlohmann::json::parse(o.text).at("pipeline").at("ranks");
-  ASSERT_EQ(ranks.size(), 4u);
-  for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(ranks[static_cast<size_t>(r)].at("peak_in_flight").get<int>(), 4 - r);
-    EXPECT_NEAR(ranks[static_cast<size_t>(r)].at("bubble").get<double>(), 3.0 / 11.0, 1e-12);
+// Under a pipeline `remat plan` plans every rank's own program from shapes alone. The most microbatches each
+// stashes at once, read from its plan (the buffers of each microbatch's actions), follow the schedules' known
+// counts — GPipe m on every rank, 1F1B min(p - s, m) on rank s, Megatron's interleaved 1F1B
+// min((p - s - 1)·2 + (v - 1)·p + 1, v·m) — as the schedule simulation's own count does; the bubble is
+// (p-1)/(m+p-1) of the time for equal stages.
+TEST(Cli, PlanShowsEveryPipelineRanksPlan) {
+  struct Case {
+    const char* keys;
+    std::function<int(int)> stashed;  // by rank
+  };
+  const int p = 4, m = 8, v = 2;
+  const std::vector<Case> cases = {
+      {"pipeline_schedule=1f1b num_layers_per_pipeline_stage=2", [&](int s) { return std::min(p - s, m); }},
+      {"pipeline_schedule=gpipe num_layers_per_pipeline_stage=2", [&](int) { return m; }},
+      {"pipeline_schedule=interleaved_1f1b num_layers_per_pipeline_stage=1",
+       [&](int s) { return std::min((p - s - 1) * 2 + (v - 1) * p + 1, v * m); }}};
+  for (const Case& c : cases) {
+    testing_support::Output o = testing_support::run_command(
+        fmt::format("'{}' plan base_num_decoder_layers=8 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 {} --json 2>&1",
+                    REMAT_BINARY, c.keys));
+    ASSERT_EQ(o.status, 0) << o.text;
+    const nlohmann::json ranks = nlohmann::json::parse(o.text).at("pipeline").at("ranks");
+    ASSERT_EQ(ranks.size(), 4u);
+    for (int r = 0; r < 4; ++r) {
+      const nlohmann::json& rank = ranks[static_cast<size_t>(r)];
+      EXPECT_EQ(rank.at("most_stashed").get<int>(), c.stashed(r)) << c.keys << " rank " << r;
+      EXPECT_EQ(rank.at("peak_in_flight").get<int>(), c.stashed(r)) << c.keys << " rank " << r;
+      if (std::string(c.keys).find("interleaved") == std::string::npos) {
+        EXPECT_NEAR(rank.at("bubble").get<double>(), 3.0 / 11.0, 1e-12) << c.keys;
+      }
+      EXPECT_GT(rank.at("total").get<double>(), rank.at("arguments").at("parameters").get<double>()) << rank.dump();
+    }
   }
   testing_support::Output text = testing_support::run_command(
       fmt::format("'{}' plan ici_pipeline_parallelism=2 pipeline_schedule=gpipe num_pipeline_microbatches=2 "
                   "base_num_decoder_layers=2 2>&1", REMAT_BINARY));
-  EXPECT_NE(text.text.find("rank  0 | F0 F1 .  .  .  B0 B0 B1 B1\n"), std::string::npos) << text.text;
-  testing_support::Output train = testing_support::run_command(
-      fmt::format("'{}' train ici_pipeline_parallelism=2 2>&1", REMAT_BINARY));
-  EXPECT_EQ(train.status, 2) << train.text;
-  EXPECT_NE(train.text.find("pipeline training is not built yet"), std::string::npos) << train.text;
+  EXPECT_NE(text.text.find("rank  0 | F0 F1 "), std::string::npos) << text.text;
+  EXPECT_NE(text.text.find("Each rank's plan"), std::string::npos) << text.text;
+  testing_support::Output split = testing_support::run_command(fmt::format(
+      "'{}' plan ici_pipeline_parallelism=2 per_device_batch_size=1 num_pipeline_microbatches=4 base_num_decoder_layers=2 2>&1",
+      REMAT_BINARY));
+  EXPECT_EQ(split.status, 2) << split.text;
+  EXPECT_NE(split.text.find("per_device_batch_size=1 x ici_pipeline_parallelism=2 = 2 sequences per pipeline do not "
+                            "split into num_pipeline_microbatches=4 equal microbatches"),
+            std::string::npos)
+      << split.text;
 }
 
 }  // namespace
