@@ -3,13 +3,20 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 namespace remat::cli {
 
 std::string explain_report(const Config& config, bool json) {
   const trainer::RunConfig& run = config.run;
-  compile::Compiled grads = compile::compile({.model = run.model, .shape = run.shape, .optimizer = run.optimizer,
-                                              .kind = compile::Kind::grads,
-                                              .allow_unmatched = run.remat_allow_unmatched});
+  // Under a pipeline: stage 0's program (its first microbatch of each chunk); the layers of every stage decide
+  // alike, per layer as without a pipeline.
+  std::optional<parallel::Schedule> pipeline;
+  if (run.ici_pipeline_parallelism > 1) pipeline = trainer::pipeline_schedule(run);
+  compile::Compiled grads = compile::compile(
+      {.model = run.model, .shape = pipeline ? trainer::pipeline_step_shape(run, *pipeline) : run.shape,
+       .optimizer = run.optimizer, .kind = pipeline ? compile::Kind::train_step : compile::Kind::grads,
+       .allow_unmatched = run.remat_allow_unmatched, .pipeline = pipeline ? &*pipeline : nullptr});
   const std::vector<std::string>& warnings = grads.warnings;
   const rematerialize::Explanation& e = grads.explanation;
   if (json) {
@@ -21,6 +28,10 @@ std::string explain_report(const Config& config, bool json) {
   }
   std::string text;
   for (const std::string& w : warnings) text += fmt::format("warning: {}\n", w);
+  if (pipeline)
+    text += fmt::format("pipeline stage 0 of {} ({} schedule): its layers' regions for the first microbatch of each "
+                        "chunk (runs/step: per microbatch)\n",
+                        pipeline->shape.stages, parallel::schedule_name(pipeline->kind));
   text += fmt::format("model {}: {} layers{}, batch {} x {} tokens, remat_policy {}\n", config.model,
              run.model.num_decoder_layers,
              !run.model.scan_layers           ? " (unrolled)"
@@ -28,7 +39,8 @@ std::string explain_report(const Config& config, bool json) {
                                                             run.model.num_decoder_layers / run.model.layers_per_group,
                                                             run.model.layers_per_group)
                                               : " (scanned)",
-             run.shape.batch, run.shape.seq, run.model.remat_policy);
+             pipeline ? trainer::pipeline_step_shape(run, *pipeline).batch : run.shape.batch, run.shape.seq,
+             run.model.remat_policy);
   if (e.residuals.empty()) text += "no remat regions (remat_policy none): the backward keeps every residual\n";
   return text + e.text();
 }
