@@ -85,7 +85,8 @@ TEST_P(FsdpPlan, CommunicationIsZero3s) {
     scatter.count += layer ? L : 1;
     scatter.bytes += (layer ? L : 1) * local * static_cast<double>(n) * wire;  // the gradient, whole, in its dtype
     scatter.sent += (layer ? L : 1) * local * wire * static_cast<double>(n - 1);
-    const double partials = static_cast<double>(m.emb_dim / n);  // the global norm's f32 partial sums
+    // The global norm's f32 partial sums: per embed row (and layer, for a layer's parameter).
+    const double partials = static_cast<double>(m.emb_dim / n) * static_cast<double>(layer ? L : 1);
     gather.count += 1;
     gather.bytes += 4 * partials;
     gather.sent += 4 * partials * static_cast<double>(n - 1);
