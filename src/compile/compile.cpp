@@ -33,6 +33,7 @@ Compiled compile(const Request& r) {
     ASSERT(c.plan.donated_param[static_cast<size_t>(result)] == arg);
   c.program = std::move(traced.graph);
   c.signature = std::move(traced.signature);
+  c.actions = std::move(traced.actions);
   return c;
 }
 

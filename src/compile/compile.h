@@ -53,6 +53,7 @@ struct Compiled {
   plan::Plan plan;                           // schedule, buffers, arenas (kernel workspace included)
   rematerialize::Explanation explanation;    // every residual's decision (train_step and grads; else empty)
   std::vector<std::string> warnings;         // from linting the policy (train_step and grads)
+  std::vector<train::ActionSpan> actions;    // a pipeline step's actions (train::Program::actions)
 };
 
 Compiled compile(const Request& request);

@@ -24,6 +24,14 @@ struct Profile {
   std::map<std::string, int64_t> calls;
   std::map<uint64_t, int64_t> runs_by_origin;  // kernel calls per traced op (Node::origin), clones included
   std::string table() const;  // ops by time, descending
+
+  // With `record`: every kernel call in order (a timeline), times in seconds of the steady clock.
+  struct Call {
+    const ir::Node* node;  // the program's node (valid while its executable lives)
+    double start, end;
+  };
+  bool record = false;
+  std::vector<Call> timeline;
 };
 
 #ifdef __SANITIZE_ADDRESS__

@@ -282,8 +282,13 @@ void Executable::call_kernel(const Node& n, std::span<const Array> in, std::span
   const auto t0 = std::chrono::steady_clock::now();
   kernel(n, in, out, ctx);
   backend_.synchronize();
+  const auto t1 = std::chrono::steady_clock::now();
   const std::string key(ir::op_name(n.op));
-  options_.profile->seconds[key] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  options_.profile->seconds[key] += std::chrono::duration<double>(t1 - t0).count();
+  if (options_.profile->record) {
+    auto since = [](auto t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); };
+    options_.profile->timeline.push_back({&n, since(t0), since(t1)});
+  }
   options_.profile->calls[key] += 1;
   options_.profile->runs_by_origin[n.origin] += 1;
 }

@@ -43,6 +43,8 @@ class Executable {
   const ir::Graph& graph() const { return graph_; }
   const plan::Plan& plan() const { return plan_; }
   const Options& options() const { return options_; }
+  // Times the kernel calls of the runs that follow into `profile` (null: stops).
+  void set_profile(Profile* profile) { options_.profile = profile; }
   // Peak of the live arena bytes observed while running (a buffer is live from the step that first writes
   // it to the step that last reads it; results to the end), per memory space. Meant to equal the plan's
   // lower_bound: the check that liveness was planned right.

@@ -417,6 +417,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   enum Tag : int64_t { activation_tag = 0, gradient_tag = 1 };
   for (size_t k = 0; k < actions.size(); ++k) {
     const parallel::Action& a = actions[k];
+    prog.actions.push_back({a, ir::next_origin(), 0});
     Chunk& c = chunks[static_cast<size_t>(a.chunk)];
     const size_t mb = static_cast<size_t>(a.microbatch);
     auto scope = b.scope(fmt::format("pipeline/chunk{}/microbatch{}", a.chunk, a.microbatch));
@@ -478,6 +479,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
         break;
     }
     for (Tensor t : waits[static_cast<int64_t>(k)]) send_done(t);
+    prog.actions.back().end = ir::next_origin();
   }
   for (Tensor t : waits[static_cast<int64_t>(actions.size())]) send_done(t);
   LossAndGrads sums{loss_sum, {}};
@@ -593,13 +595,13 @@ ir::Signature forward_signature(const nn::ModelConfig& model, const Graph& g, co
 Program loss_program(const nn::ModelConfig& model, int64_t batch, int64_t seq) {
   Graph g = nn::loss_graph(model, batch, seq);
   ir::Signature sig = forward_signature(model, g, "loss", ir::Role::metric);
-  return {std::move(g), std::move(sig)};
+  return {std::move(g), std::move(sig), {}};
 }
 
 Program logits_program(const nn::ModelConfig& model, int64_t batch, int64_t seq) {
   Graph g = nn::logits_graph(model, batch, seq);
   ir::Signature sig = forward_signature(model, g, "logits", ir::Role::output);
-  return {std::move(g), std::move(sig)};
+  return {std::move(g), std::move(sig), {}};
 }
 
 }  // namespace remat::train

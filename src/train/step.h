@@ -42,10 +42,19 @@ struct StepShape {
   // the global batch; the loss and gradient sums are reduced over them, in rank order, before the mean.
 };
 
+// Under a pipeline, an action of the rank's schedule and the origins (ir::Node::origin) of the ops it traced,
+// [first, end): a program's node comes from the action whose span holds its origin — a recomputed one from the
+// backward of that microbatch and chunk. How a profile's kernel calls are told apart by action (the trace).
+struct ActionSpan {
+  parallel::Action action;
+  uint64_t first = 0, end = 0;
+};
+
 // A program and its typed signature (ir/signature.h): every argument and result named, with its role.
 struct Program {
   ir::Graph graph;
   ir::Signature signature;
+  std::vector<ActionSpan> actions;  // pipeline steps only
 };
 
 // (params P..., inputs i32[k,B,T], targets i32[k,B,T]) -> (loss, grads P...): the mean loss and its

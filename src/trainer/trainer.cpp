@@ -4,6 +4,7 @@
 #include "exec/mesh.h"
 #include "plan/report.h"
 #include "train/checkpoint.h"
+#include "trainer/trace.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -392,6 +393,30 @@ const std::vector<exec::Array>& run_step(const RunConfig& c, const exec::Mesh& m
   __builtin_unreachable();
 }
 
+// Writes this rank's trace of step `done`; rank 0 merges every rank's into trace.json (a shared filesystem, as
+// for checkpoints) and prints where it is and each rank's bubble.
+void write_trace(const RunConfig& c, const exec::Mesh& mesh, const RankTrace& mine, int64_t done) {
+  const fs::path dir = c.run_dir, part = dir / fmt::format("trace.rank{}.json", mesh.rank());
+  fs::create_directories(dir);
+  std::ofstream(part) << to_json(mine).dump();
+  mesh.all(true);  // every part written
+  if (mesh.rank() != 0) return;
+  std::vector<RankTrace> ranks;
+  for (int r = 0; r < mesh.size(); ++r) {
+    const fs::path f = dir / fmt::format("trace.rank{}.json", r);
+    std::ifstream in(f);
+    CHECK(in.good(), "trace part {} is missing: the ranks do not share base_output_directory ({})", f.string(), c.run_dir);
+    ranks.push_back(rank_trace_from(nlohmann::json::parse(in)));
+    fs::remove(f);
+  }
+  std::vector<std::string> idle;
+  for (double b : bubbles(ranks)) idle.push_back(fmt::format("{:.1f}%", 100 * b));
+  const fs::path trace = dir / "trace.json";
+  std::ofstream(trace) << chrome_trace(ranks).dump();
+  fmt::print("trace of step {}: {} (chrome://tracing or ui.perfetto.dev); idle per rank{}: {}\n", done, trace.string(),
+             c.ici_pipeline_parallelism > 1 ? " (the pipeline's bubble)" : "", fmt::join(idle, " "));
+}
+
 // metrics.jsonl keeps the rows of the steps before `step` (a resumed run writes the rest again).
 void truncate_metrics(const std::string& path, int64_t step) {
   std::ifstream in(path);
@@ -508,6 +533,7 @@ RunResult run(const RunConfig& config) {
              plan::bytes_str(static_cast<double>(compiled.plan.arena[0])),
              plan::bytes_str(static_cast<double>(compiled.plan.lower_bound[0])),
              plan::bytes_str(static_cast<double>(compiled.plan.arena[1])));
+  const std::vector<train::ActionSpan> actions = compiled.actions;  // for the trace
   Runner step(std::move(compiled), nullptr, &mesh);
   const ir::Signature& sig = step.signature;
   Evaluator evaluator(c, data, step, eval_batch, stage);
@@ -545,8 +571,23 @@ RunResult run(const RunConfig& config) {
   const auto start = Clock::now();
   auto window_start = start;
   int64_t window_steps = 0;
+  const int64_t traced = c.enable_profiler ? std::min(c.skip_first_n_steps_for_profiler, c.steps - 1) : -1;
   for (int64_t s = resumed.step; s < c.steps; ++s) {
-    const std::vector<exec::Array>& out = run_step(c, mesh, step, batcher, s);
+    exec::Profile profile;
+    profile.record = true;
+    double traced_from = 0;
+    if (s == traced) {  // the ranks start it together
+      prepare_step(c, mesh, step, batcher, s);
+      mesh.all(true);
+      traced_from = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+      step.executable.set_profile(&profile);
+    }
+    const std::vector<exec::Array>& out = s == traced ? step.executable.run() : run_step(c, mesh, step, batcher, s);
+    if (s == traced) {
+      step.executable.set_profile(nullptr);
+      const double until = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+      write_trace(c, mesh, rank_trace(profile, actions, mesh.rank(), traced_from, until), s + 1);
+    }
     const double loss = out[loss_at].get(0), norm = out[norm_at].get(0), lr = out[lr_at].get(0);
     const bool skip = ls.enabled && out[result_of("finite")].get(0) == 0;  // loss scaling: backed off
     skipped += skip;

@@ -195,6 +195,8 @@ const Bound kBounds[] = {
     {"run_name", "", "", "any name"},
     {"base_output_directory", "", "", "/any/where"},
     {"hbm_limit", "", "", "16GiB"},
+    {"enable_profiler", "yes please", "true or false", "true"},
+    {"skip_first_n_steps_for_profiler", "-1", "an integer >= 0", "0"},
     {"enable_checkpointing", "often", "true or false", "true"},
     {"checkpoint_period", "0", "an integer >= 1", "1"},
     {"max_num_checkpoints_to_keep", "-1", "an integer >= 0", "0"},
