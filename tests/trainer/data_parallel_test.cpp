@@ -13,7 +13,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <set>
 
 namespace remat {
 namespace {
@@ -143,6 +145,63 @@ INSTANTIATE_TEST_SUITE_P(
                                                 "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b ici_data_parallelism=2",
                        "per_device_batch_size=1 gradient_accumulation_steps=2 ici_data_parallelism=2", 2}),
     [](const ::testing::TestParamInfo<PipelineLaunch>& i) { return std::string(i.param.name); });
+
+// enable_profiler under a pipeline: one trace.json with a named track per rank, holding each rank's forwards
+// and backwards in its schedule's order (1F1B over 2 stages and 4 microbatches), never overlapping on a track,
+// inside the kernel calls' span; without a pipeline, one track of kernel calls. (Timings are not asserted:
+// bench/pipeline_bubble.sh measures the bubble.)
+TEST(PipelineTrace, EachRankIsATrackOfItsScheduleInOrder) {
+  ASSERT_TRUE(testing_support::mpirun_installed()) << "mpirun is not installed (scripts/setup.sh installs it)";
+  testing_support::TempDir dir;
+  const testing_support::Output o = train(
+      dir.path, mpirun(2),
+      "run_name=t steps=3 logits_via_embedding=false ici_pipeline_parallelism=2 num_pipeline_microbatches=4 "
+      "num_layers_per_pipeline_stage=1 pipeline_schedule=1f1b enable_profiler=true skip_first_n_steps_for_profiler=1");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("trace of step 2: "), std::string::npos) << o.text;
+  std::ifstream in(dir.path / "runs" / "t" / "trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<int, std::vector<std::pair<double, std::string>>> computes;  // track -> (start, name)
+  std::map<int, std::vector<std::pair<double, double>>> spans;
+  std::map<int, std::string> names;
+  int kernels = 0;
+  for (const nlohmann::json& e : trace.at("traceEvents")) {
+    const int tid = e.at("tid").get<int>();
+    if (e.at("ph") == "M") {
+      names[tid] = e.at("args").at("name").get<std::string>();
+      continue;
+    }
+    const std::string name = e.at("name").get<std::string>();
+    if (e.at("args").contains("scope")) {
+      ++kernels;
+      continue;
+    }
+    if (name[0] != 'F' && name[0] != 'B') continue;
+    const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+    computes[tid].emplace_back(ts, name);
+    spans[tid].emplace_back(ts, ts + dur);
+  }
+  ASSERT_EQ(names.size(), 2u);
+  EXPECT_EQ(names[0].rfind("rank 0 (idle ", 0), 0u) << names[0];
+  EXPECT_GT(kernels, 100);
+  const std::vector<std::vector<std::string>> order = {{"F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"},
+                                                       {"F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"}};
+  for (int r = 0; r < 2; ++r) {
+    std::sort(computes[r].begin(), computes[r].end());
+    std::vector<std::string> got;
+    for (const auto& [ts, name] : computes[r]) got.push_back(name);
+    EXPECT_EQ(got, order[static_cast<size_t>(r)]) << "rank " << r;
+    std::sort(spans[r].begin(), spans[r].end());
+    for (size_t i = 1; i < spans[r].size(); ++i) EXPECT_LE(spans[r][i - 1].second, spans[r][i].first) << "rank " << r;
+  }
+  const testing_support::Output one = train(dir.path, "", "run_name=one steps=2 enable_profiler=true");
+  ASSERT_EQ(one.status, 0) << one.text;
+  std::ifstream single(dir.path / "runs" / "one" / "trace.json");
+  const nlohmann::json t1 = nlohmann::json::parse(single);
+  std::set<int> tracks;
+  for (const nlohmann::json& e : t1.at("traceEvents")) tracks.insert(e.at("tid").get<int>());
+  EXPECT_EQ(tracks, std::set<int>{0});
+}
 
 // Rank 0 writes the (replicated) state, or under FSDP the first rank of each shard's replicas writes that
 // shard's file; a run stopped after 12 of 20 steps and started again under mpirun resumes on every rank
