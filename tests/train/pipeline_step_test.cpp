@@ -1,6 +1,6 @@
 // Pipeline steps (train::pipeline_step_program) against the whole-model step with gradient accumulation over
 // the same microbatches: every rank's loss, gradient norm and updated parameters bit-identical to one
-// process's, for GPipe, 1F1B and interleaved 1F1B. The multi-rank cases start this test binary under mpirun on
+// process's, for GPipe, 1F1B and interleaved 1F1B; every rank's measured arena peak is its plan's. The multi-rank cases start this test binary under mpirun on
 // itself; each rank runs its own program and the one-process reference, and compares.
 #include "compile/compile.h"
 #include "exec/executable.h"
@@ -23,6 +23,7 @@ constexpr uint64_t kSeed = 5;
 
 struct Result {
   std::vector<float> loss, grad_norm;
+  int64_t measured_peak = 0, planned_peak = 0;  // device arena bytes
   std::vector<exec::Array> params;  // after the steps, in the program's order
   std::vector<std::string> names;
 };
@@ -38,7 +39,7 @@ std::vector<int32_t> tokens(int64_t m, int64_t step, bool targets) {
 
 // Runs kSteps of a compiled step whose parameters start as `params`; moments zero.
 Result run_steps(const compile::Compiled& c, std::vector<exec::Array> params, int64_t m, const exec::Mesh* mesh) {
-  exec::Executable e(c.program, c.plan, {.mesh = mesh});
+  exec::Executable e(c.program, c.plan, {.mesh = mesh, .poison = true});  // a buffer read outside its planned life: NaN
   const ir::Signature& sig = c.signature;
   std::vector<exec::Array> args;
   size_t next_param = 0;
@@ -67,6 +68,8 @@ Result run_steps(const compile::Compiled& c, std::vector<exec::Array> params, in
   }
   for (size_t i = 0; i < sig.args.size(); ++i)
     if (sig.args[i].role == ir::Role::parameter) r.params.push_back(args[i]), r.names.push_back(sig.args[i].name);
+  r.measured_peak = e.measured_peak(plan::Space::device);
+  r.planned_peak = c.plan.lower_bound[0];
   return r;
 }
 
@@ -100,6 +103,7 @@ void check_rank(const Case& c, int64_t rank, const exec::Mesh* mesh) {
   nn::init_stage_params(model, kSeed, parts, params);
   const Result got = run_steps(step, params, c.shape.microbatches, mesh);
   const Result want = reference(c);
+  EXPECT_EQ(got.measured_peak, got.planned_peak) << "rank " << rank << ": the arena peak is the plan's";
   for (int64_t s = 0; s < kSteps; ++s) {
     EXPECT_EQ(got.loss[static_cast<size_t>(s)], want.loss[static_cast<size_t>(s)]) << "rank " << rank << " step " << s;
     EXPECT_EQ(got.grad_norm[static_cast<size_t>(s)], want.grad_norm[static_cast<size_t>(s)]) << "rank " << rank << " step " << s;
