@@ -93,7 +93,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Pipelines: 4 stages x 8 microbatches (8 layers: 2 per stage, or 1 per chunk interleaved) train 10 steps
 // bit-identically to one process accumulating the same 8 microbatches — losses, gradient norms, validation
-// losses; 2 stages x 2 data-parallel ranks bit-identically to 2 data-parallel ranks without a pipeline, each
+// losses; so do 2 stages in float16 (dynamic loss scaling: the bad-gradient count reduced over the stages), and
+// 2 stages x 2 data-parallel ranks bit-identically to 2 data-parallel ranks without a pipeline, each
 // accumulating its 2 microbatches. Rank 0's arena peak is its plan's.
 struct PipelineLaunch {
   const char* name;
@@ -141,6 +142,9 @@ INSTANTIATE_TEST_SUITE_P(
         PipelineLaunch{"interleaved4", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
                                           "num_layers_per_pipeline_stage=1 pipeline_schedule=interleaved_1f1b",
                        "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
+        PipelineLaunch{"one_f_one_b2_f16", 2, "per_device_batch_size=2 ici_pipeline_parallelism=2 num_pipeline_microbatches=4 "
+                                              "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b dtype=float16",
+                       "per_device_batch_size=1 gradient_accumulation_steps=4 dtype=float16", 1},
         PipelineLaunch{"one_f_one_b2_data2", 4, "per_device_batch_size=1 ici_pipeline_parallelism=2 num_pipeline_microbatches=2 "
                                                 "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b ici_data_parallelism=2",
                        "per_device_batch_size=1 gradient_accumulation_steps=2 ici_data_parallelism=2", 2}),
