@@ -120,7 +120,7 @@ TEST_P(Pipelines, StagesAreBitIdenticalToTheirReference) {
   ASSERT_EQ(got_run.status, 0) << got_run.text;
   EXPECT_NE(got_run.text.find("pipeline: "), std::string::npos) << got_run.text;
   const auto want = metrics(dir.path / "runs" / "want"), got = metrics(dir.path / "runs" / "got");
-  ASSERT_EQ(want.size(), 10u);
+  ASSERT_EQ(want.size(), std::string(l.args).find("steps=4") == std::string::npos ? 10u : 4u);
   EXPECT_EQ(got, want);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(got_run.text, m, std::regex(R"(measured peak (.+) device \(planned (.+)\))")))
@@ -143,8 +143,8 @@ INSTANTIATE_TEST_SUITE_P(
                                           "num_layers_per_pipeline_stage=1 pipeline_schedule=interleaved_1f1b",
                        "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
         PipelineLaunch{"one_f_one_b2_f16", 2, "per_device_batch_size=2 ici_pipeline_parallelism=2 num_pipeline_microbatches=4 "
-                                              "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b dtype=float16",
-                       "per_device_batch_size=1 gradient_accumulation_steps=4 dtype=float16", 1},
+                                              "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b dtype=float16 steps=4",
+                       "per_device_batch_size=1 gradient_accumulation_steps=4 dtype=float16 steps=4", 1},  // f16 is slow
         PipelineLaunch{"one_f_one_b2_data2", 4, "per_device_batch_size=1 ici_pipeline_parallelism=2 num_pipeline_microbatches=2 "
                                                 "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b ici_data_parallelism=2",
                        "per_device_batch_size=1 gradient_accumulation_steps=2 ici_data_parallelism=2", 2}),
