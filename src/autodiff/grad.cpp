@@ -27,7 +27,9 @@ std::vector<bool> parameter_derived(const Graph& g, size_t num_forward, const st
       for (size_t k = 0; k < n.outputs.size(); ++k) d[static_cast<size_t>(n.outputs[k])] = d[static_cast<size_t>(n.inputs[k])];
       continue;
     }
-    bool all = !ir::is_effectful(n.op);  // a node without inputs (full, iota) is a constant; a recv is not
+    // A node without inputs (full, iota) is a constant; one that is effectful (recv: a message) is not. An
+    // effectful op with inputs (an FSDP all_gather of weights) is weight-derived as its inputs are.
+    bool all = !(ir::is_effectful(n.op) && n.inputs.empty());
     for (ValueId v : n.inputs) all = all && d[static_cast<size_t>(v)];
     for (ValueId v : n.outputs) d[static_cast<size_t>(v)] = all;
   }
@@ -116,7 +118,7 @@ std::vector<ValueId> vjp(Graph& g, std::span<const std::pair<ValueId, ValueId>> 
   for (ValueId v : wrt) {
     CHECK(v >= 0 && static_cast<size_t>(v) < g.types.size() && defined[static_cast<size_t>(v)],
           "vjp: value id {} is not a value of @{}", v, g.name);
-    CHECK(is_float(g.type(v).dtype), "grad: cannot differentiate with respect to non-float value of type {}",
+    CHECK(is_float(g.type(v).dtype), "vjp: cannot differentiate with respect to non-float value of type {}",
           type_str(g.type(v)));
   }
   for (const auto& [v, c] : seeds)

@@ -63,7 +63,7 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
   nlohmann::json ranks = nlohmann::json::array();
   std::string table = fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>9}  {}\n", "rank", "total", "parameters",
                                   "optimizer", "arena", "live peak", "bubble", "most microbatches stashed at once");
-  if (fits) *fits = true;
+  bool every_rank_fits = true;
   for (int64_t r = 0; r < s.shape.stages; ++r) {
     const compile::Compiled step = compile::compile({.model = model, .shape = shape, .optimizer = run.optimizer,
                                                      .allow_unmatched = run.remat_allow_unmatched, .pipeline = &s,
@@ -72,7 +72,7 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
     o.title = fmt::format("pipeline rank {}", r);
     o.limit = limit;
     const plan::Report rep = plan::report(step.plan, step.program, step.signature, o);
-    if (fits) *fits = *fits && rep.fits();
+    every_rank_fits = every_rank_fits && rep.fits();
     const int64_t stashed = most_stashed(step.plan, step.program);
     const size_t rank = static_cast<size_t>(r);
     auto str = [](int64_t b) { return plan::bytes_str(static_cast<double>(b)); };
@@ -86,6 +86,7 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
     j["most_stashed"] = stashed;
     ranks.push_back(j);
   }
+  if (fits) *fits = every_rank_fits;
   if (json) {
     nlohmann::json out = {{"pipeline",
                            {{"schedule", parallel::schedule_name(s.kind)},
@@ -103,7 +104,7 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
                      run.model.remat_policy) +
          parallel::grid(s, t) + "\nEach rank's plan (its own program: the stage's parameters and moments, the arena of its actions in order):\n" +
          table + (limit > 0 ? fmt::format("hbm_limit {} per device: {}\n", plan::bytes_str(static_cast<double>(limit)),
-                                         fits && !*fits ? "some rank does not fit" : "every rank fits")
+                                         every_rank_fits ? "every rank fits" : "some rank does not fit")
                             : "");
 }
 }  // namespace

@@ -1,5 +1,7 @@
 #include "compile/compile.h"
 
+#include <algorithm>
+
 namespace remat::compile {
 
 Compiled compile(const Request& r) {
@@ -16,6 +18,15 @@ Compiled compile(const Request& r) {
              : r.kind == Kind::train_step ? train::step_program(r.model, r.shape, r.optimizer, &decider)
                                           : train::grads_program(r.model, r.shape, &decider);
     c.explanation = rematerialize::explain(decider.records(), forward, traced.graph);
+    if (r.pipeline) {  // this rank's forwards, every microbatch: the ops traced by its forward actions
+      double f = 0;
+      for (const ir::Node& n : traced.graph.nodes) {
+        auto a = std::find_if(traced.actions.begin(), traced.actions.end(),
+                              [&](const train::ActionSpan& s) { return n.origin >= s.first && n.origin < s.end; });
+        if (!n.recomputed && a != traced.actions.end() && a->action.step == parallel::Step::forward) f += ir::flops(traced.graph, n);
+      }
+      c.explanation.forward_flops = f;
+    }
   } else {  // forward only: a remat region is a call of its body
     if (r.pipeline)
       traced = train::pipeline_forward_program(r.model, r.shape.batch, r.shape.seq, r.pipeline->shape, r.stage,

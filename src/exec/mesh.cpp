@@ -115,11 +115,12 @@ void Mesh::finish_send(const std::byte* data) const {
 void Mesh::receive(const MeshAxis& axis, int peer, int tag, std::byte* data, int64_t bytes) const {
   CHECK(bytes <= INT_MAX, "receive of {} bytes is too large for one MPI message", bytes);
   MPI_Status status;
-  MPI_Recv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, axis.comm, &status);
+  MPI_Probe(peer, tag, axis.comm, &status);  // its size first: a longer message would end the launch in MPI_Recv
   int got = 0;
   MPI_Get_count(&status, MPI_BYTE, &got);
-  CHECK(got == bytes, "received {} bytes from rank {} of mesh axis '{}' where {} were expected: the ranks run "
+  CHECK(got == bytes, "a message of {} bytes from rank {} of mesh axis '{}' where {} were expected: the ranks run "
         "different programs (compiled from different configs?)", got, peer, axis.name, bytes);
+  MPI_Recv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, axis.comm, MPI_STATUS_IGNORE);
 }
 
 const MeshAxis& Mesh::axis(std::string_view name) const {

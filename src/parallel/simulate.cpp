@@ -64,7 +64,7 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
   std::vector<size_t> next(s.ranks.size(), 0);
   std::vector<double> clock(s.ranks.size(), 0);
   std::vector<int64_t> in_flight(s.ranks.size(), 0);
-  // Vector clocks: clock_of[r][q] = how many of rank q's actions rank r knows are done (its own, and others' as
+  // Vector clocks: known[r][q] = how many of rank q's actions rank r knows are done (its own, and others' as
   // messages tell). Kept after each action, with where each send was received, to find when a sender knows.
   const size_t n = s.ranks.size();
   std::vector<std::vector<int64_t>> known(n, std::vector<int64_t>(n, 0));

@@ -478,8 +478,8 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
         c.dout[mb] = recv(b, activation, "stage", p, a.peer, gradient_tag);
         break;
     }
+    prog.actions.back().end = ir::next_origin();  // the waits after it are not its work
     for (Tensor t : waits[static_cast<int64_t>(k)]) send_done(t);
-    prog.actions.back().end = ir::next_origin();
   }
   for (Tensor t : waits[static_cast<int64_t>(actions.size())]) send_done(t);
   LossAndGrads sums{loss_sum, {}};

@@ -32,7 +32,7 @@ RankTrace rank_trace(const exec::Profile& profile, const std::vector<train::Acti
                      double start, double end);
 
 // The Chrome trace file of every rank's events, on one time axis from the earliest start: {"traceEvents": [...]},
-// with a name per track ("rank 2 (bubble 27.1%)").
+// with a name per track ("rank 2 (idle 27.1%)").
 nlohmann::json chrome_trace(const std::vector<RankTrace>& ranks);
 
 // RankTrace to and from JSON (each rank writes its own; rank 0 merges them).

@@ -474,6 +474,10 @@ parallel::Schedule pipeline_schedule(const RunConfig& c) {
       p, c.num_pipeline_microbatches == -1 ? p : c.num_pipeline_microbatches,
       c.num_pipeline_repeats == -1 ? std::max<int64_t>(1, L / (p * per)) : c.num_pipeline_repeats};
   parallel::check_pipeline(kind, shape, L, per);
+  const int64_t group = c.model.layers_per_group;
+  CHECK(group == 0 || per % group == 0,
+        "layers_per_group={} does not divide num_layers_per_pipeline_stage={}: a stage's layers run as whole groups; "
+        "make the groups divide a stage's layers", group, per);
   return parallel::make_schedule(kind, shape);
 }
 
@@ -497,8 +501,9 @@ RunResult run(const RunConfig& config) {
   std::optional<parallel::Schedule> schedule;
   if (stages > 1) {
     schedule = pipeline_schedule(c);
-    CHECK(launched % stages == 0, "ici_pipeline_parallelism={} needs a multiple of {} ranks, but {} were launched",
-          stages, stages, launched);
+    CHECK(launched % stages == 0,
+          "ici_pipeline_parallelism={} needs a multiple of {} ranks, but {} {} launched: start `mpirun -np {} remat "
+          "train ...`", stages, stages, launched, launched == 1 ? "process was" : "processes were", stages);
   }
   c.model.mesh = mesh_of(config, launched / stages);
   std::vector<std::pair<std::string, int>> axes;
@@ -528,7 +533,8 @@ RunResult run(const RunConfig& config) {
   const int64_t k = c.shape.accumulation, B = c.shape.batch, T = c.shape.seq;
   compile::Compiled compiled = compile_program(c, compile::Kind::train_step, c.shape, stage);
   for (const std::string& w : compiled.warnings) fmt::print("warning: {}\n", w);
-  fmt::print("remat: policy {}; {}\n", c.model.remat_policy, compiled.explanation.step_summary());
+  fmt::print("remat: policy {}; {}{}\n", c.model.remat_policy, compiled.explanation.step_summary(),
+             schedule ? " (this stage's FLOPs; the bytes saved per microbatch)" : "");
   fmt::print("plan: arena {} device (lower bound {}), {} host; parameters, moments updated in place\n",
              plan::bytes_str(static_cast<double>(compiled.plan.arena[0])),
              plan::bytes_str(static_cast<double>(compiled.plan.lower_bound[0])),
@@ -572,9 +578,12 @@ RunResult run(const RunConfig& config) {
   auto window_start = start;
   int64_t window_steps = 0;
   const int64_t traced = c.enable_profiler ? std::min(c.skip_first_n_steps_for_profiler, c.steps - 1) : -1;
+  if (traced >= 0 && traced < resumed.step)
+    fmt::print("warning: enable_profiler traces step {}, before the step this run resumed from ({}): no trace; set "
+               "skip_first_n_steps_for_profiler to {} or more\n", traced + 1, resumed.step, resumed.step);
+  exec::Profile profile;  // the traced step's
+  profile.record = true;
   for (int64_t s = resumed.step; s < c.steps; ++s) {
-    exec::Profile profile;
-    profile.record = true;
     double traced_from = 0;
     if (s == traced) {  // the ranks start it together
       prepare_step(c, mesh, step, batcher, s);

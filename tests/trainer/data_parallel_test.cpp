@@ -94,8 +94,8 @@ INSTANTIATE_TEST_SUITE_P(
 // Pipelines: 4 stages x 8 microbatches (8 layers: 2 per stage, or 1 per chunk interleaved) train 10 steps
 // bit-identically to one process accumulating the same 8 microbatches — losses, gradient norms, validation
 // losses; so do 2 stages in float16 (dynamic loss scaling: the bad-gradient count reduced over the stages), and
-// 2 stages x 2 data-parallel ranks bit-identically to 2 data-parallel ranks without a pipeline, each
-// accumulating its 2 microbatches. Rank 0's arena peak is its plan's.
+// 2 stages x 2 data-parallel (or FSDP) ranks bit-identically to 2 data-parallel (FSDP) ranks without a pipeline,
+// each accumulating its 2 microbatches. Rank 0's arena peak is its plan's.
 struct PipelineLaunch {
   const char* name;
   int ranks;
@@ -145,6 +145,9 @@ INSTANTIATE_TEST_SUITE_P(
         PipelineLaunch{"one_f_one_b2_f16", 2, "per_device_batch_size=2 ici_pipeline_parallelism=2 num_pipeline_microbatches=4 "
                                               "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b dtype=float16 steps=4",
                        "per_device_batch_size=1 gradient_accumulation_steps=4 dtype=float16 steps=4", 1},  // f16 is slow
+        PipelineLaunch{"one_f_one_b2_fsdp2", 4, "per_device_batch_size=1 ici_pipeline_parallelism=2 num_pipeline_microbatches=2 "
+                                                "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b ici_fsdp_parallelism=2",
+                       "per_device_batch_size=1 gradient_accumulation_steps=2 ici_fsdp_parallelism=2", 2},
         PipelineLaunch{"one_f_one_b2_data2", 4, "per_device_batch_size=1 ici_pipeline_parallelism=2 num_pipeline_microbatches=2 "
                                                 "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b ici_data_parallelism=2",
                        "per_device_batch_size=1 gradient_accumulation_steps=2 ici_data_parallelism=2", 2}),
