@@ -61,8 +61,9 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
   }
   const int64_t limit = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit");
   nlohmann::json ranks = nlohmann::json::array();
-  std::string table = fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>9}  {}\n", "rank", "total", "parameters",
-                                  "optimizer", "arena", "live peak", "bubble", "most microbatches stashed at once");
+  std::string table = fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>9}  {}\n", "rank", "total",
+                                  "parameters", "optimizer", "arena", "live peak", "sent", "bubble",
+                                  "most microbatches stashed at once");
   bool every_rank_fits = true;
   for (int64_t r = 0; r < s.shape.stages; ++r) {
     const compile::Compiled step = compile::compile({.model = model, .shape = shape, .optimizer = run.optimizer,
@@ -76,8 +77,10 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
     const int64_t stashed = most_stashed(step.plan, step.program);
     const size_t rank = static_cast<size_t>(r);
     auto str = [](int64_t b) { return plan::bytes_str(static_cast<double>(b)); };
-    table += fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>8.1f}%  {}\n", r, str(rep.total),
+    const auto send = rep.communication.find(ir::Op::send);  // messages to the neighbouring stages
+    table += fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>8.1f}%  {}\n", r, str(rep.total),
                          str(rep.parameters), str(rep.optimizer_state), str(rep.temporaries), str(rep.lower_bound),
+                         str(send == rep.communication.end() ? 0 : static_cast<int64_t>(send->second.sent)),
                          100 * t.bubble(rank), stashed);
     nlohmann::json j = rep.json();
     j["rank"] = r;

@@ -24,6 +24,14 @@ namespace {
 void add_communication(const Graph& g, double trips, std::map<Op, Communication>& out) {
   for (const Node& n : g.nodes) {
     if (n.body) add_communication(*n.body, trips * (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0), out);
+    if (n.op == Op::send || n.op == Op::recv) {  // a message: its bytes, sent by the sender only
+      const double bytes = static_cast<double>(g.type(n.outputs[0]).bytes()) * trips;
+      Communication& c = out[n.op];
+      c.count += static_cast<int64_t>(trips);
+      c.bytes += bytes;
+      if (n.op == Op::send) c.sent += bytes;
+      continue;
+    }
     if (op_traits(n.op).cls != OpClass::collective) continue;
     const Type& operand = g.type(n.inputs[0]);
     const double ranks = static_cast<double>(n.attrs.integer("ranks"));

@@ -290,6 +290,14 @@ TEST(Cli, PlanShowsEveryPipelineRanksPlan) {
         EXPECT_NEAR(rank.at("bubble").get<double>(), 3.0 / 11.0, 1e-12) << c.keys;
       }
       EXPECT_GT(rank.at("total").get<double>(), rank.at("arguments").at("parameters").get<double>()) << rank.dump();
+      // Messages: one activation [B, T, D] f32 per microbatch and chunk to the next stage, its gradient back.
+      const double message = 4.0 * 8 * 128 * 128;  // base.yml: 16 x 4 stages / 8 = 8 sequences of 128 tokens, D 128
+      const nlohmann::json& comm = rank.at("communication");
+      const int sends = (r < 3 ? 8 : 0) + (r > 0 ? 8 : 0);  // one chunk per rank outside interleaving
+      if (std::string(c.keys).find("interleaved") == std::string::npos) {
+        EXPECT_EQ(comm.contains("send") ? comm.at("send").at("count").get<int>() : 0, sends) << c.keys << " rank " << r;
+        EXPECT_EQ(comm.contains("recv") ? comm.at("recv").at("bytes").get<double>() : 0, sends * message) << c.keys;
+      }
     }
   }
   testing_support::Output text = testing_support::run_command(
