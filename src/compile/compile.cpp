@@ -1,7 +1,5 @@
 #include "compile/compile.h"
 
-#include <algorithm>
-
 namespace remat::compile {
 
 Compiled compile(const Request& r) {
@@ -21,9 +19,8 @@ Compiled compile(const Request& r) {
     if (r.pipeline) {  // this rank's forwards, every microbatch: the ops traced by its forward actions
       double f = 0;
       for (const ir::Node& n : traced.graph.nodes) {
-        auto a = std::find_if(traced.actions.begin(), traced.actions.end(),
-                              [&](const train::ActionSpan& s) { return n.origin >= s.first && n.origin < s.end; });
-        if (!n.recomputed && a != traced.actions.end() && a->action.step == parallel::Step::forward) f += ir::flops(traced.graph, n);
+        const train::ActionSpan* a = train::action_of(traced.actions, n.origin);
+        if (!n.recomputed && a && a->action.step == parallel::Step::forward) f += ir::flops(traced.graph, n);
       }
       c.explanation.forward_flops = f;
     }

@@ -348,6 +348,12 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
   return prog;
 }
 
+const ActionSpan* action_of(const std::vector<ActionSpan>& actions, uint64_t origin) {
+  auto it = std::upper_bound(actions.begin(), actions.end(), origin,
+                             [](uint64_t o, const ActionSpan& a) { return o < a.first; });
+  return it == actions.begin() || origin >= std::prev(it)->end ? nullptr : &*std::prev(it);
+}
+
 std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank) {
   const int64_t p = shape.stages, K = shape.virtual_stages();
   CHECK(model.num_decoder_layers % K == 0, "{} decoder layers do not split into {} pipeline stages of equal size",

@@ -50,6 +50,10 @@ struct ActionSpan {
   uint64_t first = 0, end = 0;
 };
 
+// The action among `actions` (in tracing order: their origins increase) that traced the op of this origin; null
+// for an op traced outside every action (the update after the schedule).
+const ActionSpan* action_of(const std::vector<ActionSpan>& actions, uint64_t origin);
+
 // A program and its typed signature (ir/signature.h): every argument and result named, with its role.
 struct Program {
   ir::Graph graph;

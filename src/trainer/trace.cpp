@@ -33,12 +33,11 @@ RankTrace rank_trace(const exec::Profile& profile, const std::vector<train::Acti
   for (const train::ActionSpan& a : actions) chunks = chunks || a.action.chunk > 0;
   // The action of each kernel call: the span holding its op's origin (spans are in tracing order, so their
   // origins increase); a recompute belongs to the backward of the same microbatch and chunk.
-  auto action_of = [&](const ir::Node& n) -> int {
-    auto it = std::upper_bound(actions.begin(), actions.end(), n.origin,
-                               [](uint64_t o, const train::ActionSpan& a) { return o < a.first; });
-    if (it == actions.begin() || n.origin >= std::prev(it)->end) return -1;
-    const parallel::Action& a = std::prev(it)->action;
-    if (!n.recomputed || a.step != parallel::Step::forward) return static_cast<int>(std::prev(it) - actions.begin());
+  auto index_of = [&](const ir::Node& n) -> int {
+    const train::ActionSpan* span = train::action_of(actions, n.origin);
+    if (!span) return -1;
+    const parallel::Action& a = span->action;
+    if (!n.recomputed || a.step != parallel::Step::forward) return static_cast<int>(span - actions.data());
     for (size_t k = 0; k < actions.size(); ++k)
       if (actions[k].action.step == parallel::Step::backward && actions[k].action.microbatch == a.microbatch &&
           actions[k].action.chunk == a.chunk)
@@ -52,7 +51,7 @@ RankTrace rank_trace(const exec::Profile& profile, const std::vector<train::Acti
       t.busy += c.end - c.start;
       continue;
     }
-    const int a = action_of(*c.node);
+    const int a = index_of(*c.node);
     if (a < 0) continue;
     auto [it, fresh] = spans.try_emplace(a, c.start, c.end);
     it->second = {std::min(it->second.first, c.start), std::max(it->second.second, c.end)};
