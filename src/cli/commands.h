@@ -1,7 +1,10 @@
 // The subcommands of the `remat` CLI, one function each.
 #pragma once
 
+#include "search/search.h"
+
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace remat::cli {
@@ -13,6 +16,15 @@ struct DemoOptions {
 };
 
 struct Config;
+
+// remat_policy=auto: searches the cheapest placement of the checkpoint names whose per-device plan fits
+// hbm_limit and host_limit (search::search, at this machine's measured rates), prints its report when `print`,
+// and puts the chosen custom(...) into the config (every rank of an mpirun launch takes the first rank's).
+// Nothing fits: the result has no `best` (its text names the smallest peak) and the policy stays `auto`.
+// Other policies: nothing (nullopt).
+std::optional<search::Result> resolve_auto(Config& config, bool print);
+// The same for commands that need a policy: nothing fitting is an error (a compile-time OOM's message).
+void require_auto_fits(Config& config);
 
 // `remat explain`: traces the configured training step, applies the remat policy and prints every
 // residual with its decision (a table, or JSON with `json`). Lint errors fail; warnings are printed.

@@ -2,6 +2,7 @@
 
 #include "base/check.h"
 #include "nn/nn.h"
+#include "plan/report.h"
 #include "remat/remat.h"
 
 #include <yaml-cpp/yaml.h>
@@ -164,6 +165,8 @@ const std::vector<Key>& keys() {
       bind<std::string>("run_name", [](Config& c) -> std::string& { return c.run_name; }),
       bind<std::string>("base_output_directory", [](Config& c) -> std::string& { return c.base_output_directory; }),
       bind<std::string>("hbm_limit", [](Config& c) -> std::string& { return c.hbm_limit; }),
+      bind<std::string>("host_limit", [](Config& c) -> std::string& { return c.host_limit; }),
+      bind<std::string>("host_bandwidth", [](Config& c) -> std::string& { return c.host_bandwidth; }),
       bind<bool>("enable_profiler", [](Config& c) -> bool& { return c.run.enable_profiler; }),
       bind<int64_t>("skip_first_n_steps_for_profiler",
                     [](Config& c) -> int64_t& { return c.run.skip_first_n_steps_for_profiler; }, at_least(0)),
@@ -336,13 +339,17 @@ Config load_config(const std::string& config_path, const std::vector<std::string
     }
     policy = fmt::format("custom({})", fmt::join(items, ", "));
   }
+  if (!c.hbm_limit.empty()) plan::parse_bytes(c.hbm_limit, "hbm_limit");  // errors name the key
+  if (!c.host_limit.empty()) plan::parse_bytes(c.host_limit, "host_limit");
+  if (!c.host_bandwidth.empty()) plan::parse_bytes(c.host_bandwidth, "host_bandwidth");
+  c.run.optimizer.schedule_steps = c.run.steps;
+  c.run.run_dir = (fs::path(c.base_output_directory) / (c.run_name.empty() ? c.model : c.run_name)).string();
+  if (policy == "auto") return c;  // resolved by the command (cli::resolve_auto), which prints its choice
   try {  // the policy is parsed here, once: a bad one is a config error before anything is traced
     rematerialize::parse_policy(policy, nn::vocabulary(c.run.model));
   } catch (const Error& e) {
     CHECK(false, "config key 'remat_policy': {}", e.what());
   }
-  c.run.optimizer.schedule_steps = c.run.steps;
-  c.run.run_dir = (fs::path(c.base_output_directory) / (c.run_name.empty() ? c.model : c.run_name)).string();
   return c;
 }
 

@@ -20,6 +20,8 @@ struct Config {
   std::string run_name;                       // "" = the model name
   std::string base_output_directory = "runs"; // runs go to <base_output_directory>/<run_name>
   std::string hbm_limit;                      // device memory for `remat plan` ("16GiB"); "" = no limit
+  std::string host_limit;                     // host memory for offloaded residuals (remat_policy=auto); "" = no limit
+  std::string host_bandwidth;                 // bytes/s of offload copies for auto's cost ("25GB"); "" = measured
   std::string mp_policy;                      // jmp grammar; "" = params=weight_dtype, compute=output=dtype
   std::string dtype = "float32";              // MaxText's activation/compute dtype
   std::string weight_dtype = "float32";       // MaxText's parameter dtype

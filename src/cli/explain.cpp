@@ -45,7 +45,14 @@ std::string explain_report(const Config& config, bool json) {
   return text + e.text();
 }
 
-int run_explain(const Config& config, bool json) {
+int run_explain(const Config& given, bool json) {
+  Config config = given;
+  if (json) {
+    const std::optional<search::Result> r = resolve_auto(config, false);
+    CHECK(!r || r->best, "{}", r ? r->text() : "");
+  } else {
+    require_auto_fits(config);
+  }
   fmt::print("{}", explain_report(config, json));
   return 0;
 }

@@ -29,6 +29,7 @@ remat::cli::Config config_from(const std::vector<std::string>& args) {
 
 int train_command(const std::vector<std::string>& args) {
   remat::cli::Config config = config_from(args);
+  remat::cli::require_auto_fits(config);
   remat::trainer::RunResult r = remat::trainer::run(config.run);
   fmt::print("final: train loss {:.4f}, validation loss {:.4f} nats/byte\n", r.train_loss, r.validation_loss);
   return 0;

@@ -149,7 +149,15 @@ std::string plan_report(const Config& config, bool json, const std::string& time
   return json ? r.json().dump(2) + "\n" : r.text();
 }
 
-int run_plan(const Config& config, bool json, const std::string& timeline) {
+int run_plan(const Config& given, bool json, const std::string& timeline) {
+  Config config = given;
+  const std::optional<search::Result> chosen = resolve_auto(config, !json);
+  if (chosen && !chosen->best) {
+    fmt::print("{}", json ? nlohmann::json{{"auto", {{"fits", false}, {"smallest_peak", chosen->smallest.peak},
+                                                     {"smallest_policy", chosen->smallest.policy}}}}.dump(2) + "\n"
+                          : std::string());
+    return 3;
+  }
   bool fits = true;
   std::string text = plan_report(config, json, timeline, &fits);
   fmt::print("{}", text);

@@ -32,6 +32,7 @@ Compiled compile(const Request& r) {
       traced = r.kind == Kind::loss ? train::loss_program(r.model, r.shape.batch, r.shape.seq)
                                     : train::logits_program(r.model, r.shape.batch, r.shape.seq);
   }
+  if (!r.plan) return c;
   ir::inline_remat_regions(traced.graph);
   if (r.check_finite) ir::insert_finite_checks(traced.graph);
   // The debugging form donates nothing: its checked results are views, and its arguments stay as they were.

@@ -45,6 +45,9 @@ struct Request {
   // pipeline_forward_program for loss and logits); null: the whole model on every rank.
   const parallel::Schedule* pipeline = nullptr;
   int64_t stage = 0;
+  // false: trace and differentiate only, for the explanation (a policy search's recompute cost); the
+  // program is then not passed through the IR passes nor planned.
+  bool plan = true;
 };
 
 struct Compiled {

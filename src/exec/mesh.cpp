@@ -28,6 +28,18 @@ void ensure_mpi() { static Mpi mpi; }
 
 }  // namespace
 
+std::string Mesh::first_rank_text(const std::string& text) {
+  if (launched_ranks() == 1) return text;
+  ensure_mpi();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int size = static_cast<int>(text.size());
+  MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string out = rank == 0 ? text : std::string(static_cast<size_t>(size), '\0');
+  MPI_Bcast(out.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return out;
+}
+
 int Mesh::launched_ranks() {
   // Open MPI's mpirun tells each process the launch's size in its environment.
   const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");

@@ -61,6 +61,8 @@ class Mesh {
   // The number of processes mpirun started for this launch (1 when not launched by mpirun); MPI is
   // initialised on first use when there are several.
   static int launched_ranks();
+  // Under mpirun: the text the first rank of the launch passes (every rank calls it); else `text` itself.
+  static std::string first_rank_text(const std::string& text);
   // After an error on this rank: ends every rank of the launch with exit status `code` (MPI_Abort) when MPI is
   // running, since the others would wait in their next collective forever; otherwise returns.
   static void abort_launch(int code);

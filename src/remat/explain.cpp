@@ -7,16 +7,21 @@
 namespace remat::rematerialize {
 namespace {
 
-void count_runs(const ir::Graph& g, int64_t times, std::map<uint64_t, int64_t>& runs, double& recompute_flops) {
+// Counts executions by origin and the FLOPs of recomputed ops (all, and dot_general's). A recomputed region's
+// body is marked recomputed too, so its ops are counted there, once.
+void count_runs(const ir::Graph& g, int64_t times, Explanation& e) {
   for (const ir::Node& n : g.nodes) {
     if (n.op == ir::Op::scan) {
-      count_runs(*n.body, times * n.attrs.integer("length"), runs, recompute_flops);
+      count_runs(*n.body, times * n.attrs.integer("length"), e);
     } else if (n.op == ir::Op::remat) {
-      count_runs(*n.body, times, runs, recompute_flops);
+      count_runs(*n.body, times, e);
     } else {
-      runs[n.origin] += times;
+      e.runs[n.origin] += times;
+      if (!n.recomputed) continue;
+      const double f = static_cast<double>(times) * ir::flops(g, n);
+      e.recompute_flops += f;
+      if (n.op == ir::Op::dot_general) e.recompute_gemm_flops += f;
     }
-    if (n.recomputed) recompute_flops += static_cast<double>(times) * ir::flops(g, n);
   }
 }
 
@@ -42,7 +47,7 @@ Explanation explain(const std::vector<ResidualRecord>& records, const ir::Graph&
   std::stable_sort(e.residuals.begin(), e.residuals.end(), [&](const ResidualRecord& a, const ResidualRecord& b) {
     return std::pair(first_seen[a.region], a.position) < std::pair(first_seen[b.region], b.position);
   });
-  count_runs(step, 1, e.runs, e.recompute_flops);
+  count_runs(step, 1, e);
   e.forward_flops = ir::flops(forward);
   e.step_flops = ir::flops(step);
   return e;

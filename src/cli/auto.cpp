@@ -1,0 +1,43 @@
+#include "cli/commands.h"
+#include "cli/config.h"
+
+#include "exec/mesh.h"
+#include "plan/report.h"
+#include "search/search.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+namespace remat::cli {
+
+std::optional<search::Result> resolve_auto(Config& config, bool print) {
+  std::string& policy = config.run.model.remat_policy;
+  if (policy != "auto") return std::nullopt;
+  const trainer::RunConfig& run = config.run;
+  CHECK(run.ici_pipeline_parallelism <= 1,
+        "remat_policy=auto under pipeline parallelism (ici_pipeline_parallelism={}) is not supported: each rank would "
+        "need its own placement; search one stage's layers without the pipeline and paste the custom(...) it prints",
+        run.ici_pipeline_parallelism);
+  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
+  model.mesh = trainer::mesh_of(run, 0);
+  const search::Limits limits{.device = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit"),
+                              .host = config.host_limit.empty() ? 0 : plan::parse_bytes(config.host_limit, "host_limit")};
+  const double bandwidth = config.host_bandwidth.empty() ? 0 : static_cast<double>(plan::parse_bytes(config.host_bandwidth, "host_bandwidth"));
+  const search::Result r = search::search({.model = model, .shape = run.shape, .optimizer = run.optimizer},
+                                          limits, search::measure(run.model.precision.compute, bandwidth));
+  // Every rank of a launch takes the first rank's answer (the measured rates differ a little between processes).
+  const std::string chosen = exec::Mesh::first_rank_text(r.best ? r.best->policy : std::string());
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (print && (rank == nullptr || std::string(rank) == "0")) fmt::print("{}", r.text());
+  if (!chosen.empty()) policy = chosen;
+  return r;
+}
+
+void require_auto_fits(Config& config) {
+  const std::optional<search::Result> r = resolve_auto(config, true);
+  CHECK(!r || r->best, "{}set a larger hbm_limit, shard more (ici_fsdp_parallelism), or lower per_device_batch_size or "
+        "max_target_length", r ? r->text() : "");
+}
+
+}  // namespace remat::cli

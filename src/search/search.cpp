@@ -1,0 +1,326 @@
+#include "search/search.h"
+
+#include "exec/executable.h"
+#include "ir/text.h"
+#include "plan/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <queue>
+
+namespace remat::search {
+
+namespace {
+
+const char* word(Residency r) { return r == Residency::save ? "device" : r == Residency::offload ? "offload" : "remat"; }
+
+// Seconds per run of an IR program on the CPU kernels, in its planned arena, after a warm-up run.
+double seconds_per_run(const std::string& text) {
+  ir::Graph g = ir::parse(text, "<rate measurement>");
+  plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
+  exec::Executable e(std::move(g), std::move(p));
+  e.own_arguments();
+  e.run();
+  const auto start = std::chrono::steady_clock::now();
+  e.run();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double cost_of(const Rates& r, double recompute, double recompute_gemm, double offloaded) {
+  return recompute_gemm / r.gemm_flops + (recompute - recompute_gemm) / r.other_flops + 2 * offloaded / r.host_bandwidth;
+}
+
+// The state of one search: memoized differentiations (recompute cost per saved set) and plans (per placement).
+class Searcher {
+ public:
+  Searcher(const compile::Request& request, const Limits& limits, const Rates& rates)
+      : request_(request), limits_(limits), rates_(rates) {
+    result_.limits = limits;
+    result_.rates = rates;
+    result_.names = searched_names(request, &result_.name_bytes);
+    // Largest first: the memory bound prunes most near the root.
+    std::vector<size_t> order(result_.names.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return result_.name_bytes[a] > result_.name_bytes[b]; });
+    std::vector<std::string> names;
+    std::vector<double> bytes;
+    for (size_t i : order) names.push_back(result_.names[i]), bytes.push_back(result_.name_bytes[i]);
+    result_.names = names;
+    result_.name_bytes = bytes;
+    const Candidate& all_device = plan(std::vector<Residency>(names.size(), Residency::save));
+    base_ = static_cast<double>(all_device.peak) - device_bytes(all_device.placement);
+  }
+
+  Result run() {
+    find_best();
+    if (result_.best) {
+      for (size_t i = 0; i < result_.names.size(); ++i)
+        for (Residency r : {Residency::save, Residency::offload, Residency::recompute}) {
+          std::vector<Residency> p = result_.best->placement;
+          if (p[i] == r) continue;
+          p[i] = r;
+          if (cost(p) < result_.best->seconds) result_.cheaper.push_back(plan(p));
+        }
+    } else {
+      find_smallest();
+    }
+    return result_;
+  }
+
+ private:
+  using Placement = std::vector<Residency>;
+
+  // Device bytes of the searched names' residuals under p.
+  double device_bytes(const Placement& p) const {
+    double b = 0;
+    for (size_t i = 0; i < p.size(); ++i)
+      if (p[i] == Residency::save) b += result_.name_bytes[i];
+    return b;
+  }
+  double host_bytes(const Placement& p) const {
+    double b = 0;
+    for (size_t i = 0; i < p.size(); ++i)
+      if (p[i] == Residency::offload) b += result_.name_bytes[i];
+    return b;
+  }
+  // The memory bound of the header: no plan of p can be smaller.
+  double device_bound(const Placement& p) const { return base_ + device_bytes(p); }
+  bool within_bounds(const Placement& p) const {
+    return (limits_.device <= 0 || !lemma_ || device_bound(p) <= static_cast<double>(limits_.device)) &&
+           (limits_.host <= 0 || host_bytes(p) <= static_cast<double>(limits_.host));
+  }
+
+  // Recompute FLOPs (all, GEMM) of the placement saving exactly `saved` (a bit per name): a differentiation,
+  // no plan; memoized.
+  std::pair<double, double> recompute(uint64_t saved) {
+    auto it = recompute_.find(saved);
+    if (it != recompute_.end()) return it->second;
+    Placement p(result_.names.size(), Residency::recompute);
+    for (size_t i = 0; i < p.size(); ++i)
+      if (saved >> i & 1) p[i] = Residency::save;
+    compile::Request r = request_;
+    r.model.remat_policy = policy_text(result_.names, p);
+    r.kind = compile::Kind::grads;
+    r.plan = false;
+    const compile::Compiled c = compile::compile(r);
+    ++result_.differentiated;
+    return recompute_[saved] = {c.explanation.recompute_flops, c.explanation.recompute_gemm_flops};
+  }
+  static uint64_t saved_set(const Placement& p) {
+    uint64_t s = 0;
+    for (size_t i = 0; i < p.size(); ++i)
+      if (p[i] != Residency::recompute) s |= uint64_t{1} << i;
+    return s;
+  }
+  double cost(const Placement& p) {
+    const auto [all, gemm] = recompute(saved_set(p));
+    return cost_of(rates_, all, gemm, host_bytes(p));
+  }
+
+  const Candidate& plan(const Placement& p) {
+    auto it = planned_.find(p);
+    if (it != planned_.end()) return it->second;
+    Candidate c = evaluate(request_, result_.names, p, limits_, rates_);
+    ++result_.planned;
+    // The lemma, checked wherever it can be: a plan below its bound turns the bound off.
+    if (static_cast<double>(c.peak) < device_bound(p)) lemma_ = result_.lemma_held = false;
+    return planned_[p] = std::move(c);
+  }
+
+  // Best-first branch and bound over the names in order; a node is a placement of the first `depth` names.
+  void find_best() {
+    struct Node {
+      double cost, bound;
+      Placement prefix;
+      bool operator>(const Node& o) const { return std::pair(cost, bound) > std::pair(o.cost, o.bound); }
+    };
+    const size_t k = result_.names.size();
+    // The cheapest completion of a prefix: the rest on device.
+    auto node = [&](Placement prefix) {
+      Placement full = prefix;
+      full.resize(k, Residency::save);
+      Placement lowest = prefix;  // the completion with the least device memory: the rest off device
+      lowest.resize(k, Residency::recompute);
+      return Node{cost(full), device_bound(lowest), std::move(prefix)};
+    };
+    std::priority_queue<Node, std::vector<Node>, std::greater<>> open;
+    open.push(node({}));
+    while (!open.empty()) {
+      Node n = open.top();
+      open.pop();
+      if (result_.best && n.cost > result_.best->seconds) break;  // every placement left costs more
+      Placement lowest = n.prefix;
+      lowest.resize(k, Residency::recompute);
+      if (!within_bounds(lowest)) continue;
+      if (n.prefix.size() < k) {
+        for (Residency r : {Residency::save, Residency::offload, Residency::recompute}) {
+          Placement child = n.prefix;
+          child.push_back(r);
+          open.push(node(std::move(child)));
+        }
+        continue;
+      }
+      const Candidate& c = plan(n.prefix);
+      if (!lemma_ && lemma_restarts_++ == 0) {  // the bound pruned on a false lemma: start over without it
+        result_.best.reset();
+        open = {};
+        open.push(node({}));
+        continue;
+      }
+      if (c.fits && (!result_.best || c.peak < result_.best->peak)) result_.best = c;  // equal cost: lower peak
+    }
+  }
+
+  // Nothing fits: the smallest peak, best bound first (the bound is the memory bound, or 0 without the lemma).
+  void find_smallest() {
+    const size_t k = result_.names.size();
+    std::vector<Placement> all;
+    Placement p(k, Residency::recompute);
+    std::function<void(size_t)> each = [&](size_t i) {
+      if (i == k) return all.push_back(p);
+      for (Residency r : {Residency::recompute, Residency::offload, Residency::save}) p[i] = r, each(i + 1);
+    };
+    each(0);
+    std::stable_sort(all.begin(), all.end(), [&](const Placement& a, const Placement& b) { return device_bound(a) < device_bound(b); });
+    std::optional<Candidate> smallest;
+    for (const Placement& q : all) {
+      if (smallest && lemma_ && device_bound(q) >= static_cast<double>(smallest->peak)) break;
+      const Candidate& c = plan(q);
+      if (!smallest || c.peak < smallest->peak) smallest = c;
+    }
+    result_.smallest = *smallest;
+  }
+
+  compile::Request request_;
+  Limits limits_;
+  Rates rates_;
+  Result result_;
+  double base_ = 0;  // peak minus device_bytes with every name on device (0 until that is planned)
+  bool lemma_ = true;
+  int lemma_restarts_ = 0;
+  std::map<uint64_t, std::pair<double, double>> recompute_;
+  std::map<Placement, Candidate> planned_;
+};
+
+}  // namespace
+
+Rates measure(DType compute, double host_bandwidth) {
+  const std::string t(dtype_name(compute));
+  const int64_t n = 512, elements = int64_t{1} << 22, bytes = int64_t{64} << 20;
+  Rates r;
+  r.gemm_flops = 2.0 * n * n * n /
+                 seconds_per_run(fmt::format("graph @gemm(%a: {0}[{1},{1}], %b: {0}[{1},{1}]) -> ({0}[{1},{1}]) {{\n"
+                                             "  %0: {0}[{1},{1}] = dot_general(%a, %b) {{contract=[[1],[0]], batch=[[],[]]}}\n"
+                                             "  return %0\n}}\n", t, n));
+  r.other_flops = static_cast<double>(elements) /
+                  seconds_per_run(fmt::format("graph @add(%a: f32[{0}], %b: f32[{0}]) -> (f32[{0}]) {{\n"
+                                              "  %0: f32[{0}] = add(%a, %b)\n  return %0\n}}\n", elements));
+  const int64_t words = bytes / 4;
+  r.host_bandwidth = host_bandwidth > 0 ? host_bandwidth
+                                        : 2.0 * static_cast<double>(bytes) /
+                                              seconds_per_run(fmt::format("graph @copies(%a: f32[{0}]) -> (f32[{0}]) {{\n"
+                                                                          "  %0: f32[{0}] = offload(%a)\n"
+                                                                          "  %1: f32[{0}] = reload(%0)\n  return %1\n}}\n", words));
+  return r;
+}
+
+std::string policy_text(const std::vector<std::string>& names, const std::vector<Residency>& placement) {
+  std::vector<std::string> items;
+  for (size_t i = 0; i < names.size(); ++i) items.push_back(fmt::format("{}={}", names[i], word(placement[i])));
+  return fmt::format("custom({})", fmt::join(items, ", "));
+}
+
+std::vector<std::string> searched_names(const compile::Request& request, std::vector<double>* bytes) {
+  const nn::names::Vocabulary v = nn::vocabulary(request.model);
+  std::vector<std::string> candidates;
+  for (const nn::names::Name& n : nn::names::kAll)
+    if (!n.maxtext.empty() && nn::names::carries(n, v)) candidates.emplace_back(n.maxtext);
+  compile::Request r = request;
+  r.model.remat_policy = policy_text(candidates, std::vector<Residency>(candidates.size(), Residency::save));
+  r.kind = compile::Kind::grads;
+  r.plan = false;
+  const compile::Compiled c = compile::compile(r);
+  std::vector<std::string> names;
+  for (const std::string& name : candidates) {
+    const std::string spelled(nn::names::from_maxtext(name, v.naming));
+    double b = 0;
+    bool decided = false;
+    for (const rematerialize::ResidualRecord& rec : c.explanation.residuals)
+      if (rec.what == spelled && !rec.alias && !rec.region_input) {
+        decided = true;
+        b += static_cast<double>(rec.type.bytes()) * static_cast<double>(rec.trip_count);
+      }
+    if (!decided) continue;  // an alias of a region input (kept with it), or never read by the backward
+    names.push_back(name);
+    if (bytes) bytes->push_back(b);
+  }
+  return names;
+}
+
+Candidate evaluate(const compile::Request& request, const std::vector<std::string>& names,
+                   const std::vector<Residency>& placement, const Limits& limits, const Rates& rates) {
+  compile::Request r = request;
+  r.model.remat_policy = policy_text(names, placement);
+  r.kind = compile::Kind::train_step;
+  r.plan = true;
+  const compile::Compiled c = compile::compile(r);
+  const plan::Report rep = plan::report(c.plan, c.program, c.signature, {});
+  Candidate k;
+  k.placement = placement;
+  k.policy = r.model.remat_policy;
+  k.peak = rep.total;
+  k.host = rep.host;
+  k.recompute_flops = c.explanation.recompute_flops;
+  k.recompute_gemm_flops = c.explanation.recompute_gemm_flops;
+  k.step_flops = c.explanation.step_flops;
+  k.offloaded_bytes = c.explanation.offloaded_bytes();
+  k.seconds = cost_of(rates, k.recompute_flops, k.recompute_gemm_flops, k.offloaded_bytes);
+  k.fits = (limits.device <= 0 || k.peak <= limits.device) && (limits.host <= 0 || k.host <= limits.host);
+  return k;
+}
+
+Result search(const compile::Request& request, const Limits& limits, const Rates& rates) {
+  CHECK(request.pipeline == nullptr,
+        "remat_policy=auto: under pipeline parallelism each rank would need its own placement; give the policy "
+        "(e.g. search one stage's layers without the pipeline and paste the custom(...) it prints)");
+  return Searcher(request, limits, rates).run();
+}
+
+std::string Result::text() const {
+  auto str = [](double b) { return plan::bytes_str(b); };
+  std::string out;
+  const std::string limit = fmt::format("hbm_limit {}{}", limits.device > 0 ? str(static_cast<double>(limits.device)) : "unlimited",
+                                        limits.host > 0 ? fmt::format(", host_limit {}", str(static_cast<double>(limits.host))) : "");
+  if (!best) {
+    out += fmt::format("remat_policy=auto: nothing fits {}: the smallest peak any placement of {} reaches is {} ({})\n",
+                       limit, fmt::join(names, ", "), str(static_cast<double>(smallest.peak)), smallest.policy);
+    return out;
+  }
+  const Candidate& b = *best;
+  out += fmt::format("remat_policy=auto under {}: the cheapest placement that fits (searched {} names: {} plans, {} "
+                     "differentiations{})\n",
+                     limit, names.size(), planned, differentiated, lemma_held ? "" : "; the memory bound did not hold, every candidate was planned");
+  out += fmt::format("  remat_policy: {}\n", b.policy);
+  out += fmt::format("  peak {}, host {}; recompute {:.4g} GFLOP ({:.1f}% of the step), offloaded {} per step; est. {:.3g} s per step "
+                     "for recompute and transfers\n",
+                     str(static_cast<double>(b.peak)), str(static_cast<double>(b.host)), b.recompute_flops / 1e9,
+                     b.step_flops > 0 ? 100 * b.recompute_flops / b.step_flops : 0.0, str(b.offloaded_bytes), b.seconds);
+  if (cheaper.empty()) out += "  nothing cheaper exists in this space\n";
+  else out += "  each cheaper one-name change does not fit:\n";
+  for (const Candidate& c : cheaper) {
+    std::string change;
+    for (size_t i = 0; i < names.size(); ++i)
+      if (c.placement[i] != b.placement[i]) change = fmt::format("{}={}", names[i], word(c.placement[i]));
+    const bool over_device = limits.device > 0 && c.peak > limits.device;
+    out += fmt::format("    {:<24} est. {:.3g} s, {}\n", change, c.seconds,
+                       over_device ? fmt::format("peak {} > {}", str(static_cast<double>(c.peak)), str(static_cast<double>(limits.device)))
+                                   : fmt::format("host {} > {}", str(static_cast<double>(c.host)), str(static_cast<double>(limits.host))));
+  }
+  return out;
+}
+
+}  // namespace remat::search

@@ -1,0 +1,95 @@
+// Public header of the policy search (`remat_policy: auto`, DESIGN §4): the cheapest placement of the model's
+// checkpoint names — each one recomputed, saved on device or offloaded to host, the space of MaxText's
+// `custom(...)` — whose per-device plan fits the memory limits, proved optimal.
+//
+// Objective: estimated seconds per step spent on the policy: recompute FLOPs at the measured GEMM rate
+// (dot_general) and elementwise rate (everything else), plus offload traffic (each offloaded byte goes to
+// host and back) at the host bandwidth; the CPU backend copies synchronously, so no transfer is hidden.
+// Ties go to the lower peak.
+//
+// Method: branch and bound over the names (largest first), best bound first.
+//  - Cost bound of a partial placement: the rest saved on device. Exact and valid: saving a value never adds
+//    recompute (a recompute chain stops at saved values), and device adds no traffic.
+//  - Memory bound (the model): peak(a) >= B + saved(a), where saved(a) is the device bytes of a's saved
+//    residuals (additive over names) and B = peak - saved of the placement with every name on device.
+//    That is the lemma "keeping a residual on device costs exactly its bytes; recomputing or offloading it
+//    can only add temporaries elsewhere in the peak". Host: the host arena holds at least every offloaded
+//    residual (all are live when the loss is computed).
+//  - A complete placement within both bounds is planned by the real planner (the oracle); the first that
+//    fits is optimal, since every cheaper placement was planned and did not fit, or is over a bound.
+// The lemma is checked on every placement planned (a plan below its bound turns the memory bound off: the
+// search then plans every candidate, still exact) and exhaustively against brute force in the tests.
+//
+//   search::Result r = search::search(request, {.device = limit}, search::measure(DType::bf16));
+//   fmt::print("{}", r.text());   // remat_policy: custom(query_proj=device, ...), peak, recompute, ...
+#pragma once
+
+#include "compile/compile.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace remat::search {
+
+using autodiff::Residency;
+
+// Rates of this machine for the objective.
+struct Rates {
+  double gemm_flops = 1e11;      // FLOP/s of dot_general in the compute dtype
+  double other_flops = 1e9;      // FLOP/s of elementwise ops and reductions
+  double host_bandwidth = 1e10;  // bytes/s of an offload or reload copy
+};
+
+// Times a 512^3 GEMM in `compute`, an f32 add over 4M elements and an offload + reload of 64 MiB with the CPU
+// kernels (once each after a warm-up run; ~0.1 s). `host_bandwidth` > 0 is taken as given.
+Rates measure(DType compute, double host_bandwidth = 0);
+
+struct Limits {
+  int64_t device = 0;  // hbm_limit: bytes of the per-device plan's total; 0: unlimited
+  int64_t host = 0;    // host_limit: bytes of the host arena (offloaded residuals); 0: unlimited
+};
+
+// One placement, planned.
+struct Candidate {
+  std::vector<Residency> placement;  // per searched name (Result::names)
+  std::string policy;                // its custom(...) text, paste-able as remat_policy
+  int64_t peak = 0, host = 0;        // the plan's device total and host arena
+  double recompute_flops = 0, recompute_gemm_flops = 0, step_flops = 0;
+  double offloaded_bytes = 0;        // per step (stacked residuals count once per layer)
+  double seconds = 0;                // the objective
+  bool fits = false;                 // within both limits
+};
+
+struct Result {
+  std::vector<std::string> names;     // the searched names (MaxText spelling, as custom(...) takes them)
+  std::vector<double> name_bytes;     // per name: its residuals' bytes per step (every layer)
+  std::optional<Candidate> best;      // the cheapest that fits; none when nothing fits
+  Candidate smallest;                 // when nothing fits: the placement with the smallest peak
+  std::vector<Candidate> cheaper;     // each one-name change of `best` that would cost less, planned
+  Limits limits;
+  Rates rates;
+  int planned = 0, differentiated = 0;  // oracle calls: full plans, and differentiations for recompute costs
+  bool lemma_held = true;             // false: a plan fell below the memory bound (the search then planned all)
+
+  // What a user acts on: the policy to paste, its peak, recompute share and offload bytes, and why each
+  // cheaper one-name change does not fit; or, when nothing fits, the smallest peak any placement reaches.
+  std::string text() const;
+};
+
+// `request`: the per-device training step to place (its model's remat_policy is replaced). Refuses a
+// pipeline (each rank would need its own placement).
+Result search(const compile::Request& request, const Limits& limits, const Rates& rates);
+
+// The names a search over `request` decides (a checkpoint name on a region input is kept with it whatever
+// the answer, so it is not searched), with each one's residual bytes per step.
+std::vector<std::string> searched_names(const compile::Request& request, std::vector<double>* bytes = nullptr);
+
+// Plans one placement of `names` (the oracle; the tests' brute force uses it too).
+Candidate evaluate(const compile::Request& request, const std::vector<std::string>& names,
+                   const std::vector<Residency>& placement, const Limits& limits, const Rates& rates);
+
+// custom(name=remat|device|offload, ...) for a placement.
+std::string policy_text(const std::vector<std::string>& names, const std::vector<Residency>& placement);
+
+}  // namespace remat::search
