@@ -33,7 +33,9 @@ std::string explain_report(const Config& config, bool json);
 
 // `remat plan`: plans the configured training step from shapes alone (nothing allocated) and prints the
 // memory report; with hbm_limit it fails like a compile-time OOM (exit status 3). `timeline`: an SVG path.
-int run_plan(const Config& config, bool json, const std::string& timeline);
+// `frontier`: an SVG path for the Pareto frontier of the placement space (search::frontier) with MaxText's
+// presets marked; a table of it is printed too.
+int run_plan(const Config& config, bool json, const std::string& timeline, const std::string& frontier = "");
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits);
 
 // Trains an MLP (16 -> 64 -> 64 -> 1, tanh) on y = sin(x . a) + 0.5 cos(x . b), reporting train and

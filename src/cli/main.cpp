@@ -1,7 +1,7 @@
 // `remat`: the command-line entry point.
 //   remat train [CONFIG.yml] [key=value ...]   trains the configured decoder (built-in configs/base.yml, CONFIG.yml over it)
 //   remat explain [CONFIG.yml] [key=value ...] [--json]   every residual of the step and its remat decision
-//   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg]   the memory plan of the step
+//   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg] [--frontier FILE.svg]   the memory plan of the step
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
 #include "cli/commands.h"
 #include "cli/config.h"
@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("args", plan_args, "an optional base config file, then key=value overrides");
   plan_cmd->add_flag("--json", plan_json, "machine-readable output");
   plan_cmd->add_option("--timeline", timeline, "write an SVG of live bytes over the schedule to this file");
+  std::string frontier;
+  plan_cmd->add_option("--frontier", frontier,
+                       "write an SVG of the Pareto frontier of remat placements (peak vs recompute cost), MaxText presets marked");
   remat::cli::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
   demo_cmd->add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
@@ -65,7 +68,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (train_cmd->parsed()) return train_command(train_args);
-    if (plan_cmd->parsed()) return remat::cli::run_plan(config_from(plan_args), plan_json, timeline);
+    if (plan_cmd->parsed()) return remat::cli::run_plan(config_from(plan_args), plan_json, timeline, frontier);
     if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args), explain_json);
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
   } catch (const remat::Error& e) {

@@ -110,6 +110,33 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
                                          every_rank_fits ? "every rank fits" : "some rank does not fit")
                             : "");
 }
+// The frontier of the placement space for this config's per-device step (hbm_limit does not bound it), its SVG to
+// `path` and a table: every point's policy, peak and recompute; every preset, on the frontier or dominated.
+void write_frontier(const Config& config, const std::string& path) {
+  const trainer::RunConfig& run = config.run;
+  CHECK(run.ici_pipeline_parallelism <= 1, "--frontier: not under pipeline parallelism (each rank has its own plan)");
+  nn::ModelConfig model = run.model;
+  model.mesh = trainer::mesh_of(run, 0);
+  const search::Limits limits{.device = 0, .host = config.host_limit.empty() ? 0 : plan::parse_bytes(config.host_limit, "host_limit")};
+  const double bandwidth = config.host_bandwidth.empty() ? 0 : static_cast<double>(plan::parse_bytes(config.host_bandwidth, "host_bandwidth"));
+  const search::Frontier f = search::frontier({.model = model, .shape = run.shape, .optimizer = run.optimizer}, limits,
+                                              search::measure(run.model.precision.compute, bandwidth));
+  std::ofstream out(path);
+  CHECK(out.good(), "cannot write the frontier to '{}'", path);
+  out << f.svg(fmt::format("model {}, batch {} x {}: least recompute + transfer time per device peak", config.model,
+                           run.shape.batch, run.shape.seq));
+  fmt::print("Pareto frontier of the placements ({} points, written to {}):\n  {:>11} {:>14} {:>11}  {}\n", f.points.size(), path,
+             "peak", "recompute", "offloaded", "policy");
+  for (const search::Candidate& c : f.points)
+    fmt::print("  {:>11} {:>10.4g} GF {:>11}  {}\n", plan::bytes_str(static_cast<double>(c.peak)), c.recompute_flops / 1e9,
+               plan::bytes_str(c.offloaded_bytes), c.policy);
+  fmt::print("MaxText presets:\n");
+  for (const search::Candidate& c : f.presets)
+    fmt::print("  {:>11} {:>10.4g} GF {:>11}  {} ({})\n", plan::bytes_str(static_cast<double>(c.peak)), c.recompute_flops / 1e9,
+               plan::bytes_str(c.offloaded_bytes), c.policy,
+               !c.fits ? "over host_limit" : f.dominated(c) ? "dominated" : "on the frontier");
+}
+
 }  // namespace
 
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
@@ -149,8 +176,9 @@ std::string plan_report(const Config& config, bool json, const std::string& time
   return json ? r.json().dump(2) + "\n" : r.text();
 }
 
-int run_plan(const Config& given, bool json, const std::string& timeline) {
+int run_plan(const Config& given, bool json, const std::string& timeline, const std::string& frontier) {
   Config config = given;
+  if (!frontier.empty()) write_frontier(config, frontier);
   const std::optional<search::Result> chosen = resolve_auto(config, !json);
   if (chosen && !chosen->best) {
     fmt::print("{}", json ? nlohmann::json{{"auto", {{"fits", false}, {"smallest_peak", chosen->smallest.peak},

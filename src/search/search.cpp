@@ -263,14 +263,20 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
 
 Candidate evaluate(const compile::Request& request, const std::vector<std::string>& names,
                    const std::vector<Residency>& placement, const Limits& limits, const Rates& rates) {
+  Candidate k = evaluate_policy(request, policy_text(names, placement), limits, rates);
+  k.placement = placement;
+  return k;
+}
+
+Candidate evaluate_policy(const compile::Request& request, const std::string& policy, const Limits& limits,
+                          const Rates& rates) {
   compile::Request r = request;
-  r.model.remat_policy = policy_text(names, placement);
+  r.model.remat_policy = policy;
   r.kind = compile::Kind::train_step;
   r.plan = true;
   const compile::Compiled c = compile::compile(r);
   const plan::Report rep = plan::report(c.plan, c.program, c.signature, {});
   Candidate k;
-  k.placement = placement;
   k.policy = r.model.remat_policy;
   k.peak = rep.total;
   k.host = rep.host;

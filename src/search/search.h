@@ -89,6 +89,20 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
 Candidate evaluate(const compile::Request& request, const std::vector<std::string>& names,
                    const std::vector<Residency>& placement, const Limits& limits, const Rates& rates);
 
+// Plans any policy text as evaluate() plans a placement (presets beside the search's answers).
+Candidate evaluate_policy(const compile::Request& request, const std::string& policy, const Limits& limits,
+                          const Rates& rates);
+
+// The Pareto frontier of the space, peak against cost, from exact solves at falling budgets (under
+// limits.host; limits.device is ignored), and MaxText's presets planned beside it.
+struct Frontier {
+  std::vector<Candidate> points;   // cheapest first: rising cost, falling peak
+  std::vector<Candidate> presets;  // policy = the preset's name
+  bool dominated(const Candidate& c) const;  // some point is no worse in both and better in one
+  std::string svg(const std::string& title) const;
+};
+Frontier frontier(const compile::Request& request, const Limits& limits, const Rates& rates);
+
 // custom(name=remat|device|offload, ...) for a placement.
 std::string policy_text(const std::vector<std::string>& names, const std::vector<Residency>& placement);
 

@@ -84,6 +84,25 @@ TEST_P(AutoPolicy, EqualsTheBruteForceOptimumUnderEveryBudget) {
   const search::Result none = search::search(r, {.device = peaks.front() - 1}, rates);
   EXPECT_FALSE(none.best.has_value());
   EXPECT_EQ(none.smallest.peak, peaks.front());
+  // The frontier is the Pareto set of the brute force (peak, cost), and no MaxText preset lies below it.
+  std::vector<std::pair<int64_t, double>> pareto;
+  for (const search::Candidate& c : all) {
+    bool dominated = false;
+    for (const search::Candidate& d : all)
+      dominated = dominated || (d.peak <= c.peak && d.seconds <= c.seconds && (d.peak < c.peak || d.seconds < c.seconds));
+    if (!dominated) pareto.emplace_back(c.peak, c.seconds);
+  }
+  std::sort(pareto.begin(), pareto.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  pareto.erase(std::unique(pareto.begin(), pareto.end()), pareto.end());
+  const search::Frontier f = search::frontier(r, {}, rates);
+  std::vector<std::pair<int64_t, double>> got;
+  for (const search::Candidate& c : f.points) got.emplace_back(c.peak, c.seconds);
+  EXPECT_EQ(got, pareto);
+  EXPECT_EQ(f.presets.size(), rematerialize::preset_names().size());
+  for (const search::Candidate& q : f.presets)
+    EXPECT_TRUE(std::any_of(f.points.begin(), f.points.end(),
+                            [&](const search::Candidate& p) { return p.peak <= q.peak && p.seconds <= q.seconds; }))
+        << q.policy << " lies below the frontier";
   // A host limit below every offloading placement's host bytes: the answer offloads nothing.
   const search::Result no_host = search::search(r, {.device = peaks[peaks.size() / 2], .host = 1}, rates);
   if (no_host.best) {
