@@ -218,6 +218,18 @@ std::vector<Cot> vjp_reduce_max(Builder& b, size_t, const Node& n, Cots c, Conte
   return {broadcast_in_dim(share, x.shape(), kept) * hits};
 }
 
+// d/dx Σ x² = 2x.
+std::vector<Cot> vjp_sum_of_squares(Builder& b, size_t, const Node& n, Cots c, Context&) {
+  Tensor x = in(b, n, 0);
+  return {broadcast_in_dim(*c[0], x.shape(), kept_dims(x.rank(), n.attrs.ints("axes"))) * (x + x)};
+}
+
+// The optimizer's update is not differentiated (nothing differentiates through a training step).
+std::vector<Cot> vjp_adamw(Builder&, size_t, const Node& n, Cots, Context&) {
+  CHECK(false, "cannot differentiate through adamw (scope '{}'): it is the optimizer's update", n.scope);
+  return {};
+}
+
 std::vector<Cot> vjp_convert_element_type(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor x = in(b, n, 0);
   if (!is_float(x.dtype())) return {std::nullopt};

@@ -37,7 +37,8 @@ class Cpu final : public Backend {
     switch (n.op) {
       case ir::Op::dot_general: return workspace_dot_general(n, in);
       case ir::Op::reduce_sum:
-      case ir::Op::reduce_max: return workspace_reduction(n, in);
+      case ir::Op::reduce_max:
+      case ir::Op::sum_of_squares: return workspace_reduction(n, in);
       case ir::Op::all_reduce: return workspace_all_reduce(n, in);
       case ir::Op::all_gather: return workspace_all_gather(n, in);
       case ir::Op::reduce_scatter: return workspace_reduce_scatter(n, in);

@@ -128,6 +128,17 @@ Tensor reduce_sum(Tensor x, const IntList& axes) {
 Tensor reduce_max(Tensor x, const IntList& axes) {
   return x.b->emit1(Op::reduce_max, std::array{x}, Attrs().set("axes", axes));
 }
+Tensor sum_of_squares(Tensor x, const IntList& axes) {
+  return x.b->emit1(Op::sum_of_squares, std::array{x}, Attrs().set("axes", axes));
+}
+std::array<Tensor, 3> adamw(Tensor p, Tensor m, Tensor v, Tensor g, Tensor scale, Tensor lr, Tensor bias1, Tensor bias2,
+                            std::optional<Tensor> finite, const AdamwHyper& h) {
+  std::vector<Tensor> in = {p, m, v, g, scale, lr, bias1, bias2};
+  if (finite) in.push_back(*finite);
+  std::vector<Tensor> out = p.b->emit(Op::adamw, in,
+                                      Attrs().set("b1", h.b1).set("b2", h.b2).set("eps", h.eps).set("weight_decay", h.weight_decay));
+  return {out[0], out[1], out[2]};
+}
 Tensor convert(Tensor x, DType to) {
   if (x.dtype() == to) return x;
   return x.b->emit1(Op::convert_element_type, std::array{x}, Attrs().set("dtype", to));

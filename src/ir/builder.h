@@ -13,6 +13,7 @@
 
 #include "ir/graph.h"
 
+#include <array>
 #include <functional>
 #include <optional>
 #include <span>
@@ -101,6 +102,14 @@ Tensor dynamic_update_slice(Tensor x, Tensor update, std::span<const Tensor> sta
 Tensor concatenate(std::span<const Tensor> xs, int64_t dim);
 Tensor reduce_sum(Tensor x, const IntList& axes);
 Tensor reduce_max(Tensor x, const IntList& axes);
+Tensor sum_of_squares(Tensor x, const IntList& axes);  // reduce_sum(x * x, axes), without the square's array
+
+// AdamW's update of one parameter as one fused op (ir/ops.h): the new p, m and v.
+struct AdamwHyper {
+  double b1, b2, eps, weight_decay;
+};
+std::array<Tensor, 3> adamw(Tensor p, Tensor m, Tensor v, Tensor g, Tensor scale, Tensor lr, Tensor bias1, Tensor bias2,
+                            std::optional<Tensor> finite, const AdamwHyper& h);
 Tensor convert(Tensor x, DType to);
 // Converts every x to `to` into one allocation (the outputs live and die together); see ops.h.
 std::vector<Tensor> convert_group(std::span<const Tensor> xs, DType to);

@@ -23,6 +23,13 @@
 // (of a send's result) waits until that send completed, so the buffer lives until then. `recv` waits for the
 // next message of kind `tag` from `peer` (of its `dtype` and `shape`): messages of one kind between two ranks
 // arrive in the order they were sent. All three are effectful, so they run in the order traced.
+// Fused ops of the optimizer, so that it needs no full-size temporaries (each gives the same bits as the
+// primitives it replaces): `sum_of_squares` is reduce_sum(x * x) over `axes` (the square rounded to x's dtype,
+// summed as reduce_sum sums); `adamw` (p, m, v, g, scale, lr, bias1, bias2[, finite]) is AdamW's update of one
+// parameter with hyper-parameters b1, b2, eps, weight_decay: g' = g·scale, m' = b1·m + (1−b1)·g',
+// v' = b2·v + (1−b2)·g'², p' = (p − p·(lr·wd)) − (m'/bias1) / (√(v'/bias2) + eps)·lr, each operation rounded to
+// p's dtype in that order; with `finite` false it returns p, m, v unchanged. It is elementwise, so its three
+// results may be written in place into p, m and v (the planner's donation).
 //
 // Each row answers, for every stage that reads it: X(op, arity, class, effects, cost)
 //   class   what the op is: elementwise (element i of the result from element i of each operand),
@@ -61,6 +68,7 @@ namespace remat::ir {
   X(cos, 1, elementwise, pure, per_output)                                    \
   X(compare, 2, elementwise, pure, per_output)                                \
   X(select, 3, elementwise, pure, per_output)                                 \
+  X(adamw, -1, elementwise, pure, per_output)                                 \
   X(broadcast_in_dim, 1, layout, pure, none)                                  \
   X(reshape, 1, view, pure, none)                                             \
   X(transpose, 1, layout, pure, none)                                         \
@@ -70,6 +78,7 @@ namespace remat::ir {
   X(concatenate, -1, layout, pure, none)                                      \
   X(reduce_sum, 1, reduction, pure, per_input)                                \
   X(reduce_max, 1, reduction, pure, per_input)                                \
+  X(sum_of_squares, 1, reduction, pure, per_input)                            \
   X(convert_element_type, 1, elementwise, pure, none)                         \
   X(convert_group, -1, group, pure, none)                                     \
   X(iota, 0, constant, pure, none)                                            \

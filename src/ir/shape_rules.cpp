@@ -238,6 +238,25 @@ std::vector<Type> reduce(const Ctx& c) {
 }
 std::vector<Type> rule_reduce_sum(const Ctx& c) { return reduce(c); }
 std::vector<Type> rule_reduce_max(const Ctx& c) { return reduce(c); }
+std::vector<Type> rule_sum_of_squares(const Ctx& c) {
+  CHECK(is_float(c.in[0].dtype), "{}: needs a floating-point operand, got {}", c.where, type_str(c.in[0]));
+  return reduce(c);
+}
+
+// p, m, v, g of one float type; scale, lr, bias1, bias2 f32 scalars; optionally finite, a bool scalar.
+std::vector<Type> rule_adamw(const Ctx& c) {
+  CHECK(c.in.size() == 8 || c.in.size() == 9, "{}: adamw takes p, m, v, g, scale, lr, bias1, bias2[, finite], got {}",
+        c.where, types_str(c.in));
+  CHECK(is_float(c.in[0].dtype) && c.in[1] == c.in[0] && c.in[2] == c.in[0] && c.in[3] == c.in[0],
+        "{}: adamw's p, m, v and g must have one floating-point type, got {}", c.where, types_str(c.in));
+  for (size_t i = 4; i < 8; ++i)
+    CHECK(c.in[i] == (Type{DType::f32, {}}), "{}: adamw's operand {} (scale, lr, bias1, bias2) must be an f32 scalar, got {}",
+          c.where, i, types_str(c.in));
+  CHECK(c.in.size() == 8 || c.in[8] == (Type{DType::pred, {}}), "{}: adamw's `finite` must be a bool scalar, got {}",
+        c.where, types_str(c.in));
+  for (const char* key : {"b1", "b2", "eps", "weight_decay"}) c.attrs.real(key);  // present, numbers
+  return {c.in[0], c.in[0], c.in[0]};
+}
 
 std::vector<Type> rule_convert_element_type(const Ctx& c) { return {Type{c.attrs.dtype("dtype"), c.in[0].shape}}; }
 std::vector<Type> rule_convert_group(const Ctx& c) {

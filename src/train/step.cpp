@@ -187,7 +187,7 @@ Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const Gr
     std::optional<Tensor> total;
     for (const GradPart& part : parts) {
       if (part.param != i) continue;
-      Tensor partial = others.empty() ? square(part.grad) : reduce_sum(square(part.grad), others);
+      Tensor partial = others.empty() ? square(part.grad) : sum_of_squares(part.grad, others);
       if (spec.shards > 1) {
         ASSERT(spec.shards == fsdp);
         partial = all_gather(partial, "fsdp", fsdp, embed);
@@ -286,21 +286,11 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
   Tensor t = convert(in.step, DType::f32) + 1.0;
   Tensor bias1 = 1.0 - pow(scalar(b, DType::f32, o.b1), t);
   Tensor bias2 = 1.0 - pow(scalar(b, DType::f32, o.b2), t);
+  // One fused pass per parameter, in place (a skipped step, `finite` false, keeps the parameter and its moments).
   std::vector<Tensor> new_p, new_m, new_v;
   for (size_t i = 0; i < in.params.size(); ++i) {
-    Tensor p = in.params[i];
-    Tensor grad = r.grads[i] * scale;
-    Tensor m2 = in.m[i] * o.b1 + grad * (1.0 - o.b1);
-    Tensor v2 = in.v[i] * o.b2 + square(grad) * (1.0 - o.b2);
-    Tensor decayed = p - p * (lr * o.weight_decay);
-    Tensor update = (m2 / bias1) / (sqrt(v2 / bias2) + o.eps);
-    Tensor p2 = decayed - update * lr;
-    if (finite) {  // a skipped step keeps the parameter and its moments
-      Tensor keep = broadcast_to(*finite, p.shape());
-      p2 = select(keep, p2, p);
-      m2 = select(keep, m2, in.m[i]);
-      v2 = select(keep, v2, in.v[i]);
-    }
+    const auto [p2, m2, v2] = adamw(in.params[i], in.m[i], in.v[i], r.grads[i], scale, lr, bias1, bias2, finite,
+                                    {.b1 = o.b1, .b2 = o.b2, .eps = o.eps, .weight_decay = o.weight_decay});
     new_p.push_back(p2);
     new_m.push_back(m2);
     new_v.push_back(v2);

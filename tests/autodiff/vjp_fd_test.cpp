@@ -94,6 +94,7 @@ std::vector<Case> cases() {
                }});
   c.push_back({"reduce_sum", [=](Builder& b) { return reduce_sum(p(b, "x", {2, 3, 4}), {0, 2}); }});
   c.push_back({"reduce_max", [=](Builder& b) { return reduce_max(p(b, "x", {3, 4}), {1}); }});
+  c.push_back({"sum_of_squares", [=](Builder& b) { return sum_of_squares(p(b, "x", {3, 4}), {1}); }});
   c.push_back({"convert_element_type_roundtrip",
                [=](Builder& b) { return convert(convert(p(b, "x", {2, 3}), DType::f32) * 2.0f, F); }, -1, 1, 1e-3,
                1e-4});
@@ -229,6 +230,7 @@ TEST(VjpFiniteDifference, EveryOpHasACase) {
   for (const Case& c : cases()) collect_ops(build(c).f, covered);
   // Messages carry no cotangent (a pipeline stage sends its gradient as a message of its own): see below.
   for (const Op op : {Op::send, Op::send_done, Op::recv}) covered.insert(op);
+  covered.insert(Op::adamw);  // the optimizer's update: differentiating through it is an error (below)
   for (int i = 0; i < kNumOps; ++i)
     EXPECT_TRUE(covered.count(static_cast<Op>(i))) << "op " << op_name(static_cast<Op>(i))
                                                    << " has no finite-difference case";
@@ -246,6 +248,20 @@ TEST(VjpMessages, DifferentiatingThroughASendIsAnErrorNamingItsScope) {
   Tensor loss = reduce_sum(sent, {0});
   const std::string error = testing_support::error_of([&] { autodiff::grad(g, loss.id, std::array{x.id}); });
   EXPECT_NE(error.find("cannot differentiate through send (scope 'stage0/out')"), std::string::npos) << error;
+}
+
+TEST(VjpMessages, DifferentiatingThroughAdamwIsAnErrorNamingItsScope) {
+  Graph g;
+  Builder b(g);
+  Tensor x = b.param("x", {DType::f32, {2}});
+  Tensor one = scalar(b, DType::f32, 1.0);
+  std::array<Tensor, 3> updated = [&] {
+    auto s = b.scope("optimizer");
+    return adamw(x, x, x, x, one, one, one, one, std::nullopt, {.b1 = 0.9, .b2 = 0.95, .eps = 1e-8, .weight_decay = 0});
+  }();
+  Tensor loss = reduce_sum(updated[0], {0});
+  const std::string error = testing_support::error_of([&] { autodiff::grad(g, loss.id, std::array{x.id}); });
+  EXPECT_NE(error.find("cannot differentiate through adamw (scope 'optimizer')"), std::string::npos) << error;
 }
 
 TEST(VjpMessages, AReceivedValueIsDifferentiatedLikeAParam) {

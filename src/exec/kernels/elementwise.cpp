@@ -115,6 +115,50 @@ void kernel_compare(const ir::Node& n, std::span<const Array> in, std::span<Arra
   });
 }
 
+// AdamW for one parameter (ir/ops.h): every operation of the primitives it replaces (train/step.cpp's
+// formula), in their order, each rounded to T by `r` as the primitive would store it. Element i is read
+// before it is written, so p, m, v may be updated in place. A false `finite` keeps p, m, v.
+void kernel_adamw(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
+  dispatch_float(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    using C = Compute<T>;
+    auto r = [](C x) { return load(store<T>(x)); };
+    auto scalar = [&](size_t k) { return r(static_cast<C>(in[k].data<float>()[0])); };  // an f32 operand, as T
+    const C c = r(static_cast<C>(n.attrs.real("b1"))), c1 = r(static_cast<C>(1.0 - n.attrs.real("b1")));
+    const C d = r(static_cast<C>(n.attrs.real("b2"))), d1 = r(static_cast<C>(1.0 - n.attrs.real("b2")));
+    const C eps = r(static_cast<C>(n.attrs.real("eps")));
+    const C scale = scalar(4), lr = scalar(5), bias1 = scalar(6), bias2 = scalar(7);
+    // lr · weight_decay is a product of f32 scalars (the step computes it once, in f32), then taken as T.
+    const C lr_wd = r(static_cast<C>(in[5].data<float>()[0] * static_cast<float>(n.attrs.real("weight_decay"))));
+    const bool keep = in.size() < 9 || in[8].data<uint8_t>()[0] != 0;
+    const T* p = in[0].data<T>();
+    const T* m = in[1].data<T>();
+    const T* v = in[2].data<T>();
+    const T* g = in[3].data<T>();
+    T* p2 = out[0].data<T>();
+    T* m2 = out[1].data<T>();
+    T* v2 = out[2].data<T>();
+    const int64_t len = in[0].size();
+    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+      if (!keep) {  // a skipped step: the operands as they are
+        for (int64_t i = lo; i < hi; ++i) p2[i] = p[i], m2[i] = m[i], v2[i] = v[i];
+        return;
+      }
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) {
+        const C pi = load(p[i]), gi = r(load(g[i]) * scale);
+        const C mi = r(r(load(m[i]) * c) + r(gi * c1));
+        const C vi = r(r(load(v[i]) * d) + r(r(gi * gi) * d1));
+        const C decayed = r(pi - r(pi * lr_wd));
+        const C update = r(r(mi / bias1) / r(r(std::sqrt(r(vi / bias2))) + eps));
+        p2[i] = store<T>(decayed - r(update * lr));
+        m2[i] = store<T>(mi);
+        v2[i] = store<T>(vi);
+      }
+    });
+  });
+}
+
 void kernel_select(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   dispatch_bits(dtype_size(in[1].type().dtype), [&](auto bits) {
     using U = decltype(bits);

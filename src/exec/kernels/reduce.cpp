@@ -42,8 +42,11 @@ int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
   return off;
 }
 
-template <class T, class Acc, class Combine>
-void reduce_loop(const Array& x, Array& y, const Plan& p, std::span<std::byte> workspace, Acc init, Combine combine) {
+// `pre` maps each element (in the compute type) before it is accumulated: the identity, or sum_of_squares' square
+// rounded to T.
+template <class T, class Acc, class Combine, class Pre>
+void reduce_loop(const Array& x, Array& y, const Plan& p, std::span<std::byte> workspace, Acc init, Combine combine,
+                 Pre pre) {
   const T* a = x.data<T>();
   T* o = y.data<T>();
   if (p.leading) {  // x viewed as [window, outputs]: accumulate whole rows, vectorised over outputs
@@ -53,7 +56,7 @@ void reduce_loop(const Array& x, Array& y, const Plan& p, std::span<std::byte> w
       const T* row = a + r * p.outputs;
       parallel_ranges(p.outputs, p.outputs >= kParallelMin, [&](int64_t lo, int64_t hi) {
 #pragma omp simd
-        for (int64_t i = lo; i < hi; ++i) acc[i] = combine(acc[i], static_cast<Acc>(load(row[i])));
+        for (int64_t i = lo; i < hi; ++i) acc[i] = combine(acc[i], static_cast<Acc>(pre(load(row[i]))));
       });
     }
     for (int64_t i = 0; i < p.outputs; ++i) o[i] = store<T>(static_cast<Compute<T>>(acc[i]));
@@ -64,10 +67,10 @@ void reduce_loop(const Array& x, Array& y, const Plan& p, std::span<std::byte> w
       const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
       Acc acc = init;
       if (p.contiguous) {
-        for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(load(base[r])));
+        for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(pre(load(base[r]))));
       } else {
         for (int64_t r = 0; r < p.window; ++r)
-          acc = combine(acc, static_cast<Acc>(load(base[unravel(r, p.red_shape, p.red_strides)])));
+          acc = combine(acc, static_cast<Acc>(pre(load(base[unravel(r, p.red_shape, p.red_strides)]))));
       }
       o[i] = store<T>(static_cast<Compute<T>>(acc));
     }
@@ -82,7 +85,7 @@ int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in) {
   const Plan p = plan_reduction(in[0].shape, n.attrs.ints("axes"));
   if (!p.leading) return 0;
   const DType d = in[0].dtype;
-  const int64_t acc = n.op == ir::Op::reduce_sum ? (d == DType::i32 ? 4 : 8) : (d == DType::f64 ? 8 : 4);
+  const int64_t acc = n.op != ir::Op::reduce_max ? (d == DType::i32 ? 4 : 8) : (d == DType::f64 ? 8 : 4);
   return p.outputs * acc;
 }
 
@@ -91,7 +94,19 @@ void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<A
   dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
     using Acc = std::conditional_t<std::is_same_v<Compute<T>, float>, double, T>;  // f32, bf16, f16 sum in f64
-    reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), [](Acc a, Acc b) { return a + b; });
+    reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), [](Acc a, Acc b) { return a + b; },
+                        [](Compute<T> x) { return x; });
+  });
+}
+
+// reduce_sum(mul(x, x)) in one pass: the square rounded to T as mul stores it, then summed as reduce_sum sums.
+void kernel_sum_of_squares(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
+  Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
+  dispatch_float(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    using Acc = std::conditional_t<std::is_same_v<Compute<T>, float>, double, T>;
+    reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), [](Acc a, Acc b) { return a + b; },
+                        [](Compute<T> x) { return load(store<T>(x * x)); });
   });
 }
 
@@ -101,7 +116,8 @@ void kernel_reduce_max(const ir::Node& n, std::span<const Array> in, std::span<A
     using T = decltype(t);
     using C = Compute<T>;
     C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::lowest();
-    reduce_loop<T, C>(in[0], out[0], p, ctx.workspace, lowest, [](C a, C b) { return (b > a || b != b) ? b : a; });
+    reduce_loop<T, C>(in[0], out[0], p, ctx.workspace, lowest, [](C a, C b) { return (b > a || b != b) ? b : a; },
+                      [](C x) { return x; });
   });
 }
 

@@ -1,0 +1,94 @@
+// The optimizer's fused ops against the primitives they replace, bit for bit: adamw against the AdamW formula
+// written with mul/add/div/sqrt/select (the unfused step of train/step.cpp), in f32, bf16 and f64, with and
+// without a skipped step; sum_of_squares against reduce_sum(x * x) over trailing, leading and middle axes.
+#include "exec/exec.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+namespace remat {
+namespace {
+
+using namespace ir;
+
+void fill(exec::Array& a, std::mt19937& rng, double lo, double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  for (int64_t i = 0; i < a.size(); ++i) a.set(i, dist(rng));
+}
+
+bool same_bits(const exec::Array& a, const exec::Array& b) {
+  return a.type() == b.type() && std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())) == 0;
+}
+
+class Adamw : public testing::TestWithParam<std::tuple<DType, bool>> {};
+
+TEST_P(Adamw, EqualsThePrimitivesBitForBit) {
+  const auto [dtype, with_finite] = GetParam();
+  const AdamwHyper h{.b1 = 0.9, .b2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const Type t{dtype, {37, 129}}, s{DType::f32, {}};
+  Graph g;
+  Builder b(g);
+  Tensor p = b.param("p", t), m = b.param("m", t), v = b.param("v", t), grad = b.param("g", t);
+  Tensor scale = b.param("scale", s), lr = b.param("lr", s), bias1 = b.param("bias1", s), bias2 = b.param("bias2", s);
+  Tensor finite = b.param("finite", {DType::pred, {}});
+  // The unfused formula (scalars converted to the parameters' dtype, as the step would have to).
+  auto as_t = [&](Tensor x) { return dtype == DType::f32 ? x : convert(x, dtype); };
+  Tensor gs = grad * as_t(scale);
+  Tensor m2 = m * h.b1 + gs * (1.0 - h.b1);
+  Tensor v2 = v * h.b2 + square(gs) * (1.0 - h.b2);
+  Tensor decayed = p - p * as_t(lr * h.weight_decay);
+  Tensor update = (m2 / as_t(bias1)) / (sqrt(v2 / as_t(bias2)) + h.eps);
+  Tensor p2 = decayed - update * as_t(lr);
+  if (with_finite) {
+    Tensor keep = broadcast_to(finite, t.shape);
+    p2 = select(keep, p2, p);
+    m2 = select(keep, m2, m);
+    v2 = select(keep, v2, v);
+  }
+  const auto fused = adamw(p, m, v, grad, scale, lr, bias1, bias2, with_finite ? std::optional(finite) : std::nullopt, h);
+  for (Tensor r : {p2, m2, v2, fused[0], fused[1], fused[2]}) b.result(r);
+  std::mt19937 rng(5);
+  for (bool step_taken : {true, false}) {
+    std::vector<exec::Array> args;
+    for (ValueId param : g.params) args.emplace_back(g.type(param));
+    fill(args[0], rng, -1, 1);
+    fill(args[1], rng, -1e-2, 1e-2);
+    fill(args[2], rng, 0, 1e-4);
+    fill(args[3], rng, -1e-2, 1e-2);
+    args[4].set(0, 0.7);
+    args[5].set(0, 3e-4);
+    args[6].set(0, 0.271);
+    args[7].set(0, 0.0975);
+    args[8].set(0, step_taken ? 1 : 0);
+    const std::vector<exec::Array> out = exec::run(g, args);
+    for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(same_bits(out[k], out[k + 3])) << "result " << k << " step " << step_taken;
+    if (!with_finite) break;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Adamw,
+                         testing::Combine(testing::Values(DType::f32, DType::bf16, DType::f64), testing::Bool()),
+                         [](const testing::TestParamInfo<std::tuple<DType, bool>>& i) {
+                           return fmt::format("{}{}", dtype_name(std::get<0>(i.param)), std::get<1>(i.param) ? "_finite" : "");
+                         });
+
+TEST(SumOfSquares, EqualsReduceSumOfTheSquareBitForBit) {
+  std::mt19937 rng(9);
+  for (DType d : {DType::f32, DType::bf16})
+    for (const IntList& axes : {IntList{2}, IntList{0}, IntList{1}, IntList{0, 2}, IntList{0, 1, 2}}) {
+      Graph g;
+      Builder b(g);
+      Tensor x = b.param("x", {d, {6, 50, 333}});
+      b.result(reduce_sum(square(x), axes));
+      b.result(sum_of_squares(x, axes));
+      exec::Array a(g.type(g.params[0]));
+      fill(a, rng, -3, 3);
+      const std::vector<exec::Array> out = exec::run(g, std::span(&a, 1));
+      EXPECT_TRUE(same_bits(out[0], out[1])) << dtype_name(d) << " axes " << shape_str(axes);
+    }
+}
+
+}  // namespace
+}  // namespace remat
