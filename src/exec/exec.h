@@ -29,9 +29,14 @@ struct Profile {
   struct Call {
     const ir::Node* node;  // the program's node (valid while its executable lives)
     double start, end;
+    double bytes = 0;  // its operands' and results' bytes (what it reads and writes, each once)
+    double flops = 0;  // ir::flops of the node
   };
   bool record = false;
   std::vector<Call> timeline;
+  // From the timeline: time, share, calls, bytes moved (GB/s) and GFLOP/s by op kind, then by scope (the `top`
+  // slowest), then the share of time in matmuls (dot_general) — what a step is made of.
+  std::string breakdown(int top = 15) const;
 };
 
 #ifdef __SANITIZE_ADDRESS__

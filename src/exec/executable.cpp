@@ -1,5 +1,7 @@
 #include "exec/executable.h"
 
+#include "ir/cost.h"
+
 #include "exec/kernels/kernels.h"
 
 #include <chrono>
@@ -263,7 +265,7 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
         if (auto it = p.workspace_buffer.find(i); it != p.workspace_buffer.end())
           workspace = {buffer_bytes(p, static_cast<size_t>(it->second), device_base, host_base),
                        static_cast<size_t>(p.buffers[static_cast<size_t>(it->second)].requested)};
-        call_kernel(n, f.ins, f.outs, workspace);
+        call_kernel(g, n, f.ins, f.outs, workspace);
       }
     } catch (const Error& e) {
       CHECK(false, "{}: {}", ir::describe_node(g, static_cast<size_t>(i)), e.what());
@@ -274,7 +276,7 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
   }
 }
 
-void Executable::call_kernel(const Node& n, std::span<const Array> in, std::span<Array> out,
+void Executable::call_kernel(const Graph& g, const Node& n, std::span<const Array> in, std::span<Array> out,
                              std::span<std::byte> workspace) {
   const KernelContext ctx{options_, workspace};
   const Kernel kernel = backend_.kernel(n.op);
@@ -287,7 +289,10 @@ void Executable::call_kernel(const Node& n, std::span<const Array> in, std::span
   options_.profile->seconds[key] += std::chrono::duration<double>(t1 - t0).count();
   if (options_.profile->record) {
     auto since = [](auto t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); };
-    options_.profile->timeline.push_back({&n, since(t0), since(t1)});
+    double bytes = 0;  // a view moves nothing
+    for (const Array& a : in) bytes += ir::is_view(n.op) ? 0 : static_cast<double>(a.type().bytes());
+    for (const Array& a : out) bytes += ir::is_view(n.op) ? 0 : static_cast<double>(a.type().bytes());
+    options_.profile->timeline.push_back({&n, since(t0), since(t1), bytes, ir::flops(g, n)});
   }
   options_.profile->calls[key] += 1;
   options_.profile->runs_by_origin[n.origin] += 1;

@@ -58,7 +58,8 @@ class Executable {
                  std::span<const Array> args, bool top);
   Frame& frame_for(const ir::Graph& g);
   void check_workspace(const ir::Graph& g, const plan::Plan& p) const;
-  void call_kernel(const ir::Node& n, std::span<const Array> in, std::span<Array> out, std::span<std::byte> workspace);
+  void call_kernel(const ir::Graph& g, const ir::Node& n, std::span<const Array> in, std::span<Array> out,
+                   std::span<std::byte> workspace);
   // Where buffer `b` of plan `p` is: its own allocation (separate_buffers) or its arena slot.
   std::byte* buffer_bytes(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base) const;
   void allocate_separately(const ir::Graph& g, const plan::Plan& p);

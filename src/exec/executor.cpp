@@ -70,6 +70,40 @@ std::string Profile::table() const {
   return out;
 }
 
+std::string Profile::breakdown(int top) const {
+  struct Row {
+    double seconds = 0, bytes = 0, flops = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::string, Row> by_op, by_scope;
+  Row all;
+  for (const Call& c : timeline) {
+    for (Row* r : {&by_op[std::string(ir::op_name(c.node->op))], &by_scope[c.node->scope.empty() ? "(none)" : c.node->scope], &all}) {
+      r->seconds += c.end - c.start;
+      r->bytes += c.bytes;
+      r->flops += c.flops;
+      r->calls += 1;
+    }
+  }
+  auto table = [&](const std::map<std::string, Row>& rows, const char* what, size_t limit) {
+    std::vector<std::pair<std::string, Row>> sorted(rows.begin(), rows.end());
+    std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+    std::string out = fmt::format("  {:<44} {:>9} {:>6} {:>7} {:>10} {:>8} {:>9}\n", what, "ms", "share", "calls", "moved", "GB/s", "GFLOP/s");
+    for (size_t i = 0; i < sorted.size() && i < limit; ++i) {
+      const Row& r = sorted[i].second;
+      const double s = std::max(r.seconds, 1e-12);
+      out += fmt::format("  {:<44} {:>9.2f} {:>5.1f}% {:>7} {:>8.1f}MB {:>8.1f} {:>9.1f}\n", sorted[i].first, 1e3 * r.seconds,
+                         100 * r.seconds / std::max(all.seconds, 1e-12), r.calls, r.bytes / 1e6, r.bytes / s / 1e9,
+                         r.flops / s / 1e9);
+    }
+    return out;
+  };
+  const double gemm = by_op.count("dot_general") ? by_op.at("dot_general").seconds : 0;
+  return fmt::format("kernel time {:.1f} ms in {} calls, {:.6g} GFLOP, {:.1f} GB moved; {:.1f}% in matmuls (dot_general)\n",
+                     1e3 * all.seconds, all.calls, all.flops / 1e9, all.bytes / 1e9, 100 * gemm / std::max(all.seconds, 1e-12)) +
+         table(by_op, "by op", by_op.size()) + table(by_scope, fmt::format("by scope (the {} slowest)", top).c_str(), static_cast<size_t>(top));
+}
+
 std::vector<Array> run(const ir::Graph& g, std::span<const Array> args, const Options& options) {
   ir::Graph program = g.clone();
   ir::inline_remat_regions(program);

@@ -596,6 +596,7 @@ RunResult run(const RunConfig& config) {
       step.executable.set_profile(nullptr);
       const double until = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
       write_trace(c, mesh, rank_trace(profile, actions, mesh.rank(), traced_from, until), s + 1);
+      if (mesh.rank() == 0) fmt::print("profile of step {} (rank 0): {}", s + 1, profile.breakdown());
     }
     const double loss = out[loss_at].get(0), norm = out[norm_at].get(0), lr = out[lr_at].get(0);
     const bool skip = ls.enabled && out[result_of("finite")].get(0) == 0;  // loss scaling: backed off

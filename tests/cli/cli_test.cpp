@@ -3,6 +3,8 @@
 // over hbm_limit with XLA's "needs X of Y" line and 0 under it; `--timeline` writes a well-formed SVG with
 // one band per category; a bad key exits 2 naming it.
 #include "cli/config.h"
+#include "compile/compile.h"
+#include "ir/cost.h"
 #include "exec/exec.h"
 #include "nn/nn.h"
 #include "support/filecheck.h"
@@ -385,6 +387,40 @@ TEST(Cli, AutoPolicyTrainsAsThePrintedPolicyGivenByHand) {
   EXPECT_NE(none.text.find("nothing fits hbm_limit 1.00 MiB: the smallest peak any placement"), std::string::npos) << none.text;
   Output plan = remat_cli(fmt::format("plan {} remat_policy=auto hbm_limit=1MiB", model));
   EXPECT_EQ(plan.status, 3) << plan.text;
+}
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+// enable_profiler prints what the traced step is made of: its kernel calls and FLOPs are the program's (counted
+// statically from the compiled step, scan bodies times their length), and the rows by op kind add up to it.
+TEST(Cli, ProfilerBreakdownAddsUpToTheProgram) {
+  TempDir dir;
+  const std::string keys = "base_emb_dim=32 base_num_decoder_layers=2 base_num_query_heads=2 base_num_kv_heads=2 "
+                           "head_dim=16 base_mlp_dim=64 per_device_batch_size=4 max_target_length=64";
+  Output o = remat_cli(fmt::format("train {} steps=2 enable_profiler=true sample_length=0 eval_interval=100 "
+                                   "base_output_directory={} run_name=p", keys, dir.path.string()));
+  ASSERT_EQ(o.status, 0) << o.text;
+  const std::string gflop = captured(o.text, R"(profile of step 2 \(rank 0\): kernel time [0-9.]+ ms in [0-9]+ calls, ([0-9.e+-]+) GFLOP)");
+  ASSERT_NE(gflop, "") << o.text;
+  std::vector<std::string> overrides;
+  std::istringstream split(keys);
+  for (std::string kv; split >> kv;) overrides.push_back(kv);
+  const cli::Config c = cli::load_config("", overrides);
+  const compile::Compiled step = compile::compile({.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer});
+  EXPECT_NEAR(std::stod(gflop), ir::flops(step.program) / 1e9, 1e-5 * ir::flops(step.program) / 1e9);
+  // The op rows' calls add up to the total.
+  const int64_t calls = std::stoll(captured(o.text, R"(ms in ([0-9]+) calls)"));
+  int64_t sum = 0;
+  const std::string table = o.text.substr(o.text.find("  by op"), o.text.find("  by scope") - o.text.find("  by op"));
+  std::regex row(R"(\n  [a-z_]+ +[0-9.]+ +[0-9.]+% +([0-9]+) )");
+  for (auto it = std::sregex_iterator(table.begin(), table.end(), row); it != std::sregex_iterator(); ++it)
+    sum += std::stoll((*it)[1].str());
+  EXPECT_EQ(sum, calls) << table;
+  EXPECT_NE(o.text.find("in matmuls (dot_general)"), std::string::npos);
 }
 
 }  // namespace
