@@ -14,7 +14,7 @@ using namespace remat::ir;
 using Cots = std::span<const Cot>;
 
 Tensor in(Builder& b, const Node& n, size_t i) { return b.wrap(n.inputs[i]); }
-Tensor out(Builder& b, const Node& n) { return b.wrap(n.outputs[0]); }
+Tensor out(Builder& b, const Node& n, size_t i = 0) { return b.wrap(n.outputs[i]); }
 
 // Cotangent of one dot_general operand `a`, given the other operand `o` and g = [batch, lhs free, rhs free]:
 // a dot_general of g and o contracting o's free dims, transposed back into a's dim order. Of the two operand
@@ -222,6 +222,19 @@ std::vector<Cot> vjp_reduce_max(Builder& b, size_t, const Node& n, Cots c, Conte
 std::vector<Cot> vjp_sum_of_squares(Builder& b, size_t, const Node& n, Cots c, Context&) {
   Tensor x = in(b, n, 0);
   return {broadcast_in_dim(*c[0], x.shape(), kept_dims(x.rank(), n.attrs.ints("axes"))) * (x + x)};
+}
+
+// From the saved q, k, v, context and log-sum-exp; the log-sum-exp is a residual, not a result to differentiate.
+std::vector<Cot> vjp_attention(Builder& b, size_t, const Node& n, Cots c, Context&) {
+  CHECK(!c[1], "cannot differentiate attention's log-sum-exp (scope '{}'): it is a residual of the backward", n.scope);
+  if (!c[0]) return {std::nullopt, std::nullopt, std::nullopt};
+  const auto [dq, dk, dv] = attention_grad(in(b, n, 0), in(b, n, 1), in(b, n, 2), out(b, n, 0), out(b, n, 1), *c[0],
+                                           n.attrs.boolean("causal"), n.attrs.real("scale"));
+  return {dq, dk, dv};
+}
+std::vector<Cot> vjp_attention_grad(Builder&, size_t, const Node& n, Cots, Context&) {
+  CHECK(false, "cannot differentiate attention_grad (scope '{}'): second derivatives of attention are not built", n.scope);
+  return {};
 }
 
 // The optimizer's update is not differentiated (nothing differentiates through a training step).

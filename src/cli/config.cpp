@@ -121,6 +121,7 @@ const std::vector<Key>& keys() {
       bind<std::string>("dtype", [](Config& c) -> std::string& { return c.dtype; }),
       bind<std::string>("weight_dtype", [](Config& c) -> std::string& { return c.weight_dtype; }),
       bind_enum("mp_cast", {"per_layer", "upfront"}, [](Config& c) -> std::string& { return c.mp_cast; }),
+      bind_enum("attention", {"dot_product", "flash"}, [](Config& c) -> std::string& { return c.attention; }),
       bind<bool>("float32_qk_product", [](Config& c) -> bool& { return c.run.model.float32_qk_product; }),
       bind<bool>("float32_logits", [](Config& c) -> bool& { return c.run.model.float32_logits; }),
       bind<bool>("logits_dot_in_fp32", [](Config& c) -> bool& { return c.run.model.logits_dot_in_fp32; }),
@@ -320,6 +321,7 @@ Config load_config(const std::string& config_path, const std::vector<std::string
     c.run.model.precision = nn::PrecisionPolicy{nn::parse_precision(c.weight_dtype, "weight_dtype").param, compute, compute};
   }
   c.run.model.cast_upfront = c.mp_cast == "upfront";
+  c.run.model.flash_attention = c.attention == "flash";
   LossScaleConfig& ls = c.run.optimizer.loss_scale;
   ls.enabled = c.run.model.precision.compute == DType::f16;  // bf16 has f32's exponent range: no scaling
   CHECK(ls.initial >= 1 && ls.factor > 1 && ls.period >= 1 && ls.min_scale > 0,

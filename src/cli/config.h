@@ -25,6 +25,7 @@ struct Config {
   std::string mp_policy;                      // jmp grammar; "" = params=weight_dtype, compute=output=dtype
   std::string dtype = "float32";              // MaxText's activation/compute dtype
   std::string weight_dtype = "float32";       // MaxText's parameter dtype
+  std::string attention = "dot_product";      // MaxText's: dot_product (primitives) or flash (one fused op)
   std::string mp_cast = "per_layer";          // where weights are cast: per_layer (in the scan body) or upfront
   std::string checkpoint_naming = "maxtext";  // the names the layer's tensors carry: maxtext | axlearn
 };

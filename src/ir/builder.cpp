@@ -131,6 +131,16 @@ Tensor reduce_max(Tensor x, const IntList& axes) {
 Tensor sum_of_squares(Tensor x, const IntList& axes) {
   return x.b->emit1(Op::sum_of_squares, std::array{x}, Attrs().set("axes", axes));
 }
+std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale) {
+  std::vector<Tensor> out = q.b->emit(Op::attention, std::array{q, k, v}, Attrs().set("causal", causal).set("scale", scale));
+  return {out[0], out[1]};
+}
+std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor context, Tensor lse, Tensor dcontext,
+                                     bool causal, double scale) {
+  std::vector<Tensor> out = q.b->emit(Op::attention_grad, std::array{q, k, v, context, lse, dcontext},
+                                      Attrs().set("causal", causal).set("scale", scale));
+  return {out[0], out[1], out[2]};
+}
 std::array<Tensor, 3> adamw(Tensor p, Tensor m, Tensor v, Tensor g, Tensor scale, Tensor lr, Tensor bias1, Tensor bias2,
                             std::optional<Tensor> finite, const AdamwHyper& h) {
   std::vector<Tensor> in = {p, m, v, g, scale, lr, bias1, bias2};

@@ -104,6 +104,11 @@ Tensor reduce_sum(Tensor x, const IntList& axes);
 Tensor reduce_max(Tensor x, const IntList& axes);
 Tensor sum_of_squares(Tensor x, const IntList& axes);  // reduce_sum(x * x, axes), without the square's array
 
+// Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T]; and its VJP.
+std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
+std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor context, Tensor lse, Tensor dcontext,
+                                     bool causal, double scale);
+
 // AdamW's update of one parameter as one fused op (ir/ops.h): the new p, m and v.
 struct AdamwHyper {
   double b1, b2, eps, weight_decay;

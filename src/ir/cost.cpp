@@ -14,6 +14,12 @@ double flops(const Graph& g, const Node& n) {
       for (int64_t d : n.attrs.int_lists("contract")[0]) k *= static_cast<double>(g.type(n.inputs[0]).shape[static_cast<size_t>(d)]);
       return 2 * elements(n.outputs[0]) * k;
     }
+    case OpCost::attention: {  // per head and (query, key) pair visited: 2·Dh multiply-adds, 5 of them backward
+      const Shape& q = g.type(n.inputs[0]).shape;
+      const double T = static_cast<double>(q[1]), S = static_cast<double>(g.type(n.inputs[1]).shape[1]);
+      const double pairs = n.attrs.boolean("causal") ? T * (T + 1) / 2 : T * S;
+      return (n.op == Op::attention ? 4 : 10) * static_cast<double>(q[0] * q[2] * q[3]) * pairs;
+    }
     case OpCost::body: return (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0) * flops(*n.body);
   }
   return 0;

@@ -30,6 +30,11 @@
 // v' = b2·v + (1−b2)·g'², p' = (p − p·(lr·wd)) − (m'/bias1) / (√(v'/bias2) + eps)·lr, each operation rounded to
 // p's dtype in that order; with `finite` false it returns p, m, v unchanged. It is elementwise, so its three
 // results may be written in place into p, m and v (the planner's donation).
+// `attention` (q [B,T,H,Dh], k and v [B,S,KV,Dh], KV dividing H: grouped-query) is flash attention: softmax(q·kᵀ
+// · scale, causal when `causal`) · v with an online softmax over blocks of keys, in f32 (f64 for f64 operands),
+// returning the context [B,T,H,Dh] in q's dtype and the per-row log-sum-exp [B,H,T] (f32) — no score-sized
+// array exists. `attention_grad` (q, k, v, context, lse, d context) gives dq, dk, dv, recomputing the scores
+// block by block from the log-sum-exp; it is attention's VJP and is not differentiable itself.
 //
 // Each row answers, for every stage that reads it: X(op, arity, class, effects, cost)
 //   class   what the op is: elementwise (element i of the result from element i of each operand),
@@ -38,7 +43,8 @@
 //           region (owns a body graph), collective (communicates between the ranks of a mesh axis)
 //   effects pure, or effectful: DCE keeps it though nothing reads it; the scheduler never moves it
 //   cost    FLOPs (ir/cost.h): none, per_output (one per result element), per_input (one per operand
-//           element), per_update (one per element of operand 2), contraction (2·M·N·K), body (its graph)
+//           element), per_update (one per element of operand 2), contraction (2·M·N·K), attention (its
+//           matmuls over the (query, key) pairs it visits: 4·Dh per pair forward, 10·Dh backward), body (its graph)
 // Every column must be answered: a row with a missing one does not compile.
 #pragma once
 
@@ -50,6 +56,8 @@ namespace remat::ir {
 
 #define REMAT_OPS(X)                                                          \
   X(dot_general, 2, contraction, pure, contraction)                           \
+  X(attention, 3, contraction, pure, attention)                               \
+  X(attention_grad, 6, contraction, pure, attention)                          \
   X(add, 2, elementwise, pure, per_output)                                    \
   X(sub, 2, elementwise, pure, per_output)                                    \
   X(mul, 2, elementwise, pure, per_output)                                    \
@@ -114,7 +122,7 @@ enum class OpClass : uint8_t {
   elementwise, view, layout, contraction, reduction, constant, group, transfer, region, collective
 };
 enum class OpEffects : uint8_t { pure, effectful };
-enum class OpCost : uint8_t { none, per_output, per_input, per_update, contraction, body };
+enum class OpCost : uint8_t { none, per_output, per_input, per_update, contraction, attention, body };
 
 struct OpTraits {
   int arity;  // number of inputs, or -1 when variadic

@@ -130,6 +130,31 @@ std::vector<Type> rule_select(const Ctx& c) {
   return {c.in[1]};
 }
 
+// q [B,T,H,Dh], k and v [B,S,KV,Dh] of q's float dtype, KV dividing H; causal needs T == S.
+void check_attention(const Ctx& c) {
+  const Type &q = c.in[0], &k = c.in[1], &v = c.in[2];
+  CHECK(is_float(q.dtype) && q.rank() == 4 && k.rank() == 4 && k == v && k.dtype == q.dtype && k.shape[0] == q.shape[0] &&
+            k.shape[3] == q.shape[3] && k.shape[2] > 0 && q.shape[2] % k.shape[2] == 0,
+        "{}: attention takes q [B,T,H,Dh] and k, v [B,S,KV,Dh] of one float dtype with KV dividing H, got {}", c.where,
+        types_str(c.in));
+  CHECK(!c.attrs.boolean("causal") || q.shape[1] == k.shape[1], "{}: causal attention needs as many keys as queries, got {}",
+        c.where, types_str(c.in));
+  c.attrs.real("scale");
+}
+std::vector<Type> rule_attention(const Ctx& c) {
+  check_attention(c);
+  const Shape& q = c.in[0].shape;
+  return {c.in[0], Type{DType::f32, {q[0], q[2], q[1]}}};
+}
+std::vector<Type> rule_attention_grad(const Ctx& c) {
+  check_attention(c);
+  const std::vector<Type> forward = rule_attention(c);
+  CHECK(c.in[3] == forward[0] && c.in[4] == forward[1] && c.in[5] == forward[0],
+        "{}: attention_grad takes q, k, v, the context {}, the log-sum-exp {} and d context {}, got {}", c.where,
+        type_str(forward[0]), type_str(forward[1]), type_str(forward[0]), types_str(c.in));
+  return {c.in[0], c.in[1], c.in[2]};
+}
+
 std::vector<Type> rule_broadcast_in_dim(const Ctx& c) {
   const Shape& shape = c.attrs.ints("shape");
   const IntList& dims = c.attrs.ints("dims");

@@ -146,7 +146,10 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     }
   }
   Tensor context;
-  {
+  if (c.flash_attention) {  // one op, f32 inside whatever float32_qk_product and float32_logits say
+    auto s2 = b.scope("attention");
+    context = named(ir::attention(q, key, v, true, 1.0 / std::sqrt(double(c.head_dim)))[0], names::kContext, c.checkpoint_naming);
+  } else {
     auto s2 = b.scope("attention");
     Tensor kk = repeat_kv(key, c.num_heads), vv = repeat_kv(v, c.num_heads);
     // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh). As in MaxText, float32_qk_product casts q and k

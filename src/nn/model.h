@@ -50,6 +50,7 @@ struct ModelConfig {
   PrecisionPolicy precision;         // param (master weights), compute (activations, matmuls) dtypes
   bool cast_upfront = false;         // cast every layer's kernels to the compute dtype before the layers (mp_cast=upfront)
                                      // instead of each layer casting its own weights where it uses them
+  bool flash_attention = false;      // attention: flash (one fused op, ir/ops.h) instead of dot_product (primitives)
   // Stability knobs with MaxText's names (no effect when compute is f32):
   bool float32_qk_product = true;    // attention q.k in f32 (q and k cast up); else in the compute dtype
   bool float32_logits = true;        // attention scores cast up to f32 before the softmax (if not already)

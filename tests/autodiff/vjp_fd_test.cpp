@@ -95,6 +95,11 @@ std::vector<Case> cases() {
   c.push_back({"reduce_sum", [=](Builder& b) { return reduce_sum(p(b, "x", {2, 3, 4}), {0, 2}); }});
   c.push_back({"reduce_max", [=](Builder& b) { return reduce_max(p(b, "x", {3, 4}), {1}); }});
   c.push_back({"sum_of_squares", [=](Builder& b) { return sum_of_squares(p(b, "x", {3, 4}), {1}); }});
+  // Flash attention, grouped-query (4 query heads over 2 kv heads), causal and not; its VJP is attention_grad.
+  for (bool causal : {true, false})
+    c.push_back({causal ? "attention_causal" : "attention", [=](Builder& b) {
+                   return attention(p(b, "q", {2, 5, 4, 3}), p(b, "k", {2, 5, 2, 3}), p(b, "v", {2, 5, 2, 3}), causal, 0.7)[0];
+                 }});
   c.push_back({"convert_element_type_roundtrip",
                [=](Builder& b) { return convert(convert(p(b, "x", {2, 3}), DType::f32) * 2.0f, F); }, -1, 1, 1e-3,
                1e-4});
@@ -231,6 +236,7 @@ TEST(VjpFiniteDifference, EveryOpHasACase) {
   // Messages carry no cotangent (a pipeline stage sends its gradient as a message of its own): see below.
   for (const Op op : {Op::send, Op::send_done, Op::recv}) covered.insert(op);
   covered.insert(Op::adamw);  // the optimizer's update: differentiating through it is an error (below)
+  covered.insert(Op::attention_grad);  // attention's VJP: checked by attention's cases
   for (int i = 0; i < kNumOps; ++i)
     EXPECT_TRUE(covered.count(static_cast<Op>(i))) << "op " << op_name(static_cast<Op>(i))
                                                    << " has no finite-difference case";
