@@ -16,14 +16,22 @@ namespace {
 constexpr int64_t kBlock = 64;   // keys per block
 constexpr int64_t kMaxDh = 256;  // head dims held in registers/stack per row
 
-struct Dims4 {
+// The sizes of one call (q [B,T,H,D], k and v [B,S,KV,D]), its mask and scale.
+struct Problem {
   int64_t B, T, H, S, KV, D;
+  bool causal;
+  double scale;
 };
 
-Dims4 dims_of(std::span<const Array> in) {
+Problem problem_of(const ir::Node& n, std::span<const Array> in) {
   const ir::Shape &q = in[0].type().shape, &k = in[1].type().shape;
-  return {q[0], q[1], q[2], k[1], k[2], q[3]};
+  CHECK(q[3] <= kMaxDh, "{}: head_dim {} is more than the {} the CPU kernel supports", ir::op_name(n.op), q[3], kMaxDh);
+  return {q[0], q[1], q[2], k[1], k[2], q[3], n.attrs.boolean("causal"), n.attrs.real("scale")};
 }
+
+// The arithmetic type: f64 for f64 operands, else f32.
+template <class T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 template <class A, class T>
 A dot(const T* x, const T* y, int64_t n) {
@@ -35,13 +43,11 @@ A dot(const T* x, const T* y, int64_t n) {
 }  // namespace
 
 void kernel_attention(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
-  const Dims4 z = dims_of(in);
-  CHECK(z.D <= kMaxDh, "attention: head_dim {} is more than the {} the CPU kernel supports", z.D, kMaxDh);
-  const bool causal = n.attrs.boolean("causal");
+  const Problem z = problem_of(n, in);
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
-    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    const A scale = static_cast<A>(n.attrs.real("scale"));
+    using A = Acc<T>;
+    const A scale = static_cast<A>(z.scale);
     const T *q = in[0].data<T>(), *k = in[1].data<T>(), *v = in[2].data<T>();
     T* o = out[0].data<T>();
     float* lse = out[1].data<float>();
@@ -52,7 +58,7 @@ void kernel_attention(const ir::Node& n, std::span<const Array> in, std::span<Ar
         const int64_t b = bh / z.H, h = bh % z.H, g = h / rep;
         for (int64_t i = 0; i < z.T; ++i) {
           const T* qi = q + ((b * z.T + i) * z.H + h) * z.D;
-          const int64_t keys = causal ? i + 1 : z.S;
+          const int64_t keys = z.causal ? i + 1 : z.S;
           A m = -std::numeric_limits<A>::infinity(), l = 0;
           std::fill(acc, acc + z.D, A(0));
           for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {
@@ -90,13 +96,11 @@ int64_t workspace_attention_grad(const ir::Node&, std::span<const ir::Type> in) 
 }
 
 void kernel_attention_grad(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
-  const Dims4 z = dims_of(in);
-  CHECK(z.D <= kMaxDh, "attention_grad: head_dim {} is more than the {} the CPU kernel supports", z.D, kMaxDh);
-  const bool causal = n.attrs.boolean("causal");
+  const Problem z = problem_of(n, in);
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
-    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    const A scale = static_cast<A>(n.attrs.real("scale"));
+    using A = Acc<T>;
+    const A scale = static_cast<A>(z.scale);
     const T *q = in[0].data<T>(), *k = in[1].data<T>(), *v = in[2].data<T>(), *o = in[3].data<T>(), *dout = in[5].data<T>();
     const float* lse = in[4].data<float>();
     T *dq = out[0].data<T>(), *dk = out[1].data<T>(), *dv = out[2].data<T>();
@@ -117,7 +121,7 @@ void kernel_attention_grad(const ir::Node& n, std::span<const Array> in, std::sp
             const T *qi = q + row * z.D, *doi = dout + row * z.D;
             const A delta = dot<A>(doi, o + row * z.D, z.D), l = static_cast<A>(lse[(b * z.H + h) * z.T + i]);
             std::fill(dq_row, dq_row + z.D, A(0));
-            const int64_t keys = causal ? i + 1 : z.S;
+            const int64_t keys = z.causal ? i + 1 : z.S;
             for (int64_t j = 0; j < keys; ++j) {
               const T *kj = k + ((b * z.S + j) * z.KV + g) * z.D, *vj = v + ((b * z.S + j) * z.KV + g) * z.D;
               const A p = std::exp(scale * dot<A>(qi, kj, z.D) - l);
