@@ -36,7 +36,8 @@ class Cpu final : public Backend {
   int64_t workspace_bytes(const ir::Node& n, std::span<const ir::Type> in) const override {
     switch (n.op) {
       case ir::Op::dot_general: return workspace_dot_general(n, in);
-      case ir::Op::attention_grad: return workspace_attention_grad(n, in);
+      case ir::Op::attention:
+      case ir::Op::attention_grad: return workspace_attention(n, in);
       case ir::Op::reduce_sum:
       case ir::Op::reduce_max:
       case ir::Op::sum_of_squares: return workspace_reduction(n, in);

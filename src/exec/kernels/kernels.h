@@ -39,7 +39,7 @@ REMAT_OPS(X)
 // scratchpad for dot_general, the accumulator row of a reduction over leading axes.
 int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in);
-int64_t workspace_attention_grad(const ir::Node& n, std::span<const ir::Type> in);  // dk, dv accumulators per thread
+int64_t workspace_attention(const ir::Node& n, std::span<const ir::Type> in);  // per thread: tiles (and dk, dv)
 int64_t workspace_all_reduce(const ir::Node& n, std::span<const ir::Type> in);  // every rank's copy of a chunk
 int64_t workspace_all_gather(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_reduce_scatter(const ir::Node& n, std::span<const ir::Type> in);
