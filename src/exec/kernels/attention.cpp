@@ -76,17 +76,23 @@ void load_keys(Tiles<A>& t, const T* k, const T* v, const Problem& z, int64_t b,
       t.vb[j][d] = t.vt[d][j] = static_cast<A>(load(v[at]));
     }
 }
+// out[j] = x · column j of a transposed block (D rows of kBlock), for the block's `cols` keys.
+template <class A>
+void times_block(const A* x, const A (*block)[kBlock], A* out, int64_t D, int64_t cols) {
+  std::fill(out, out + cols, A(0));
+  for (int64_t d = 0; d < D; ++d) {
+    const A xd = x[d];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) out[j] += xd * block[d][j];
+  }
+}
+
 // s = q kᵀ for the tile, with keys after a causal row's query at -inf.
 template <class A>
 void scores(Tiles<A>& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     A* sr = t.s[r];
-    std::fill(sr, sr + cols, A(0));
-    for (int64_t d = 0; d < z.D; ++d) {
-      const A qd = t.q[r][d];
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) sr[j] += qd * t.kt[d][j];
-    }
+    times_block(t.q[r], t.kt, sr, z.D, cols);
     if (z.causal)
       for (int64_t j = std::max<int64_t>(0, i0 + r + 1 - s0); j < cols; ++j) sr[j] = -std::numeric_limits<A>::infinity();
   }
@@ -184,12 +190,7 @@ void kernel_attention_grad(const ir::Node& n, std::span<const Array> in, std::sp
               scores(t, z, i0, rows, s0, cols);
               for (int64_t r = 0; r < rows; ++r) {  // p = exp(s - lse); ds = p (dout . v - delta) · scale
                 A* dsr = t.ds[r];
-                std::fill(dsr, dsr + cols, A(0));
-                for (int64_t d = 0; d < z.D; ++d) {
-                  const A gd = t.dout[r][d];
-#pragma omp simd
-                  for (int64_t j = 0; j < cols; ++j) dsr[j] += gd * t.vt[d][j];
-                }
+                times_block(t.dout[r], t.vt, dsr, z.D, cols);
                 for (int64_t j = 0; j < cols; ++j) {
                   t.s[r][j] = std::exp(t.s[r][j] - t.l[r]);
                   dsr[j] = t.s[r][j] * (dsr[j] - t.delta[r]) * scale;
