@@ -224,12 +224,20 @@ std::vector<Cot> vjp_sum_of_squares(Builder& b, size_t, const Node& n, Cots c, C
   return {broadcast_in_dim(*c[0], x.shape(), kept_dims(x.rank(), n.attrs.ints("axes"))) * (x + x)};
 }
 
+// A value as the backward should read it: through its checkpoint name when the forward gave it one (the kernel's
+// residuals are named where the model names them, so policies decide them by that name).
+Tensor as_named(Builder& b, ValueId v) {
+  for (const Node& m : b.graph().nodes)
+    if (m.op == Op::name && m.inputs[0] == v) return b.wrap(m.outputs[0]);
+  return b.wrap(v);
+}
+
 // From the saved q, k, v, context and log-sum-exp; the log-sum-exp is a residual, not a result to differentiate.
 std::vector<Cot> vjp_attention(Builder& b, size_t, const Node& n, Cots c, Context&) {
   CHECK(!c[1], "cannot differentiate attention's log-sum-exp (scope '{}'): it is a residual of the backward", n.scope);
   if (!c[0]) return {std::nullopt, std::nullopt, std::nullopt};
-  const auto [dq, dk, dv] = attention_grad(in(b, n, 0), in(b, n, 1), in(b, n, 2), out(b, n, 0), out(b, n, 1), *c[0],
-                                           n.attrs.boolean("causal"), n.attrs.real("scale"));
+  const auto [dq, dk, dv] = attention_grad(in(b, n, 0), in(b, n, 1), in(b, n, 2), as_named(b, n.outputs[0]),
+                                           as_named(b, n.outputs[1]), *c[0], n.attrs.boolean("causal"), n.attrs.real("scale"));
   return {dq, dk, dv};
 }
 std::vector<Cot> vjp_attention_grad(Builder&, size_t, const Node& n, Cots, Context&) {

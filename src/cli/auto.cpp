@@ -36,7 +36,8 @@ std::optional<search::Result> resolve_auto(Config& config, bool print) {
 
 void require_auto_fits(Config& config) {
   const std::optional<search::Result> r = resolve_auto(config, true);
-  CHECK(!r || r->best, "{}set a larger hbm_limit, shard more (ici_fsdp_parallelism), or lower per_device_batch_size or "
+  // The first rank's answer decides (a rank whose own search differs follows it).
+  CHECK(!r || config.run.model.remat_policy != "auto", "{}set a larger hbm_limit, shard more (ici_fsdp_parallelism), or lower per_device_batch_size or "
         "max_target_length", r ? r->text() : "");
 }
 

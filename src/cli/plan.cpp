@@ -111,8 +111,9 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
                             : "");
 }
 // The frontier of the placement space for this config's per-device step (hbm_limit does not bound it), its SVG to
-// `path` and a table: every point's policy, peak and recompute; every preset, on the frontier or dominated.
-void write_frontier(const Config& config, const std::string& path) {
+// `path` and, with `table`, a table: every point's policy, peak and recompute; every preset, on the frontier or
+// dominated.
+void write_frontier(const Config& config, const std::string& path, bool table) {
   const trainer::RunConfig& run = config.run;
   CHECK(run.ici_pipeline_parallelism <= 1, "--frontier: not under pipeline parallelism (each rank has its own plan)");
   nn::ModelConfig model = run.model;
@@ -125,6 +126,7 @@ void write_frontier(const Config& config, const std::string& path) {
   CHECK(out.good(), "cannot write the frontier to '{}'", path);
   out << f.svg(fmt::format("model {}, batch {} x {}: least recompute + transfer time per device peak", config.model,
                            run.shape.batch, run.shape.seq));
+  if (!table) return;
   fmt::print("Pareto frontier of the placements ({} points, written to {}):\n  {:>11} {:>14} {:>11}  {}\n", f.points.size(), path,
              "peak", "recompute", "offloaded", "policy");
   for (const search::Candidate& c : f.points)
@@ -178,9 +180,9 @@ std::string plan_report(const Config& config, bool json, const std::string& time
 
 int run_plan(const Config& given, bool json, const std::string& timeline, const std::string& frontier) {
   Config config = given;
-  if (!frontier.empty()) write_frontier(config, frontier);
+  if (!frontier.empty()) write_frontier(config, frontier, !json);
   const std::optional<search::Result> chosen = resolve_auto(config, !json);
-  if (chosen && !chosen->best) {
+  if (chosen && config.run.model.remat_policy == "auto") {  // nothing fits (on the first rank, which decides)
     fmt::print("{}", json ? nlohmann::json{{"auto", {{"fits", false}, {"smallest_peak", chosen->smallest.peak},
                                                      {"smallest_policy", chosen->smallest.policy}}}}.dump(2) + "\n"
                           : std::string());

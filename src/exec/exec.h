@@ -35,7 +35,7 @@ struct Profile {
   bool record = false;
   std::vector<Call> timeline;
   // From the timeline: time, share, calls, bytes moved (GB/s) and GFLOP/s by op kind, then by scope (the `top`
-  // slowest), then the share of time in matmuls (dot_general) — what a step is made of.
+  // slowest), then the share of time in matmuls and attention — what a step is made of.
   std::string breakdown(int top = 15) const;
 };
 

@@ -100,8 +100,9 @@ std::string Profile::breakdown(int top) const {
     }
     return out;
   };
-  const double gemm = by_op.count("dot_general") ? by_op.at("dot_general").seconds : 0;
-  return fmt::format("kernel time {:.1f} ms in {} calls, {:.6g} GFLOP, {:.1f} GB moved; {:.1f}% in matmuls (dot_general)\n",
+  double gemm = 0;
+  for (const char* op : {"dot_general", "attention", "attention_grad"}) gemm += by_op.count(op) ? by_op.at(op).seconds : 0;
+  return fmt::format("kernel time {:.1f} ms in {} calls, {:.6g} GFLOP, {:.1f} GB moved; {:.1f}% in matmuls and attention\n",
                      1e3 * all.seconds, all.calls, all.flops / 1e9, all.bytes / 1e9, 100 * gemm / std::max(all.seconds, 1e-12)) +
          table(by_op, "by op", by_op.size()) + table(by_scope, fmt::format("by scope (the {} slowest)", top).c_str(), static_cast<size_t>(top));
 }

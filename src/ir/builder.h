@@ -104,7 +104,7 @@ Tensor reduce_sum(Tensor x, const IntList& axes);
 Tensor reduce_max(Tensor x, const IntList& axes);
 Tensor sum_of_squares(Tensor x, const IntList& axes);  // reduce_sum(x * x, axes), without the square's array
 
-// Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T]; and its VJP.
+// Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T] (f32, f64 for f64); its VJP.
 std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
 std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor context, Tensor lse, Tensor dcontext,
                                      bool causal, double scale);

@@ -32,7 +32,7 @@
 // results may be written in place into p, m and v (the planner's donation).
 // `attention` (q [B,T,H,Dh], k and v [B,S,KV,Dh], KV dividing H: grouped-query) is flash attention: softmax(q·kᵀ
 // · scale, causal when `causal`) · v with an online softmax over blocks of keys, in f32 (f64 for f64 operands),
-// returning the context [B,T,H,Dh] in q's dtype and the per-row log-sum-exp [B,H,T] (f32) — no score-sized
+// returning the context [B,T,H,Dh] in q's dtype and the per-row log-sum-exp [B,H,T] (f32; f64 for f64) — no score-sized
 // array exists. `attention_grad` (q, k, v, context, lse, d context) gives dq, dk, dv, recomputing the scores
 // block by block from the log-sum-exp; it is attention's VJP and is not differentiable itself.
 //

@@ -144,10 +144,9 @@ void check_attention(const Ctx& c) {
 std::vector<Type> rule_attention(const Ctx& c) {
   check_attention(c);
   const Shape& q = c.in[0].shape;
-  return {c.in[0], Type{DType::f32, {q[0], q[2], q[1]}}};
+  return {c.in[0], Type{c.in[0].dtype == DType::f64 ? DType::f64 : DType::f32, {q[0], q[2], q[1]}}};
 }
 std::vector<Type> rule_attention_grad(const Ctx& c) {
-  check_attention(c);
   const std::vector<Type> forward = rule_attention(c);
   CHECK(c.in[3] == forward[0] && c.in[4] == forward[1] && c.in[5] == forward[0],
         "{}: attention_grad takes q, k, v, the context {}, the log-sum-exp {} and d context {}, got {}", c.where,

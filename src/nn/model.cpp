@@ -148,7 +148,11 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
   Tensor context;
   if (c.flash_attention) {  // one op, f32 inside whatever float32_qk_product and float32_logits say
     auto s2 = b.scope("attention");
-    context = named(ir::attention(q, key, v, true, 1.0 / std::sqrt(double(c.head_dim)))[0], names::kContext, c.checkpoint_naming);
+    const auto [out, lse] = ir::attention(q, key, v, true, 1.0 / std::sqrt(double(c.head_dim)));
+    // The log-sum-exp is the context's companion residual ([B,H,T], small): it carries the same name, so a policy
+    // that saves the context saves both, and the backward does not run the attention again.
+    named(lse, names::kContext, c.checkpoint_naming);
+    context = named(out, names::kContext, c.checkpoint_naming);
   } else {
     auto s2 = b.scope("attention");
     Tensor kk = repeat_kv(key, c.num_heads), vv = repeat_kv(v, c.num_heads);
@@ -437,6 +441,9 @@ void validate(const ModelConfig& c) {
         "config key 'base_num_kv_heads' ({}) must divide 'base_num_query_heads' ({}) for grouped-query attention",
         c.num_kv_heads, c.num_heads);
   CHECK(c.head_dim % 2 == 0, "config key 'head_dim' must be even for rotary embeddings, got {}", c.head_dim);
+  CHECK(!c.flash_attention || c.head_dim <= 256,
+        "config key 'head_dim' is {}: attention=flash supports up to 256 on the CPU; use attention=dot_product",
+        c.head_dim);
   CHECK(c.rope_theta > 1, "config key 'rope_max_timescale' must be > 1, got {}", c.rope_theta);
   CHECK(c.rms_eps > 0, "config key 'normalization_layer_epsilon' must be > 0, got {}", c.rms_eps);
   CHECK(c.layers_per_group >= 0 && (c.layers_per_group == 0 || c.num_decoder_layers % c.layers_per_group == 0),

@@ -7,7 +7,7 @@
 namespace remat::rematerialize {
 namespace {
 
-// Counts executions by origin and the FLOPs of recomputed ops (all, and dot_general's). A recomputed region's
+// Counts executions by origin and the FLOPs of recomputed ops (all, and the contractions': dot_general, attention). A recomputed region's
 // body is marked recomputed too, so its ops are counted there, once.
 void count_runs(const ir::Graph& g, int64_t times, Explanation& e) {
   for (const ir::Node& n : g.nodes) {
@@ -20,7 +20,7 @@ void count_runs(const ir::Graph& g, int64_t times, Explanation& e) {
       if (!n.recomputed) continue;
       const double f = static_cast<double>(times) * ir::flops(g, n);
       e.recompute_flops += f;
-      if (n.op == ir::Op::dot_general) e.recompute_gemm_flops += f;
+      if (ir::op_traits(n.op).cls == ir::OpClass::contraction) e.recompute_gemm_flops += f;  // dot_general, attention
     }
   }
 }

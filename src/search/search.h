@@ -3,7 +3,7 @@
 // `custom(...)` — whose per-device plan fits the memory limits, proved optimal.
 //
 // Objective: estimated seconds per step spent on the policy: recompute FLOPs at the measured GEMM rate
-// (dot_general) and elementwise rate (everything else), plus offload traffic (each offloaded byte goes to
+// (contractions: dot_general, flash attention) and elementwise rate (everything else), plus offload traffic (each offloaded byte goes to
 // host and back) at the host bandwidth; the CPU backend copies synchronously, so no transfer is hidden.
 // Ties go to the lower peak.
 //
@@ -17,8 +17,10 @@
 //    residual (all are live when the loss is computed).
 //  - A complete placement within both bounds is planned by the real planner (the oracle); the first that
 //    fits is optimal, since every cheaper placement was planned and did not fit, or is over a bound.
-// The lemma is checked on every placement planned (a plan below its bound turns the memory bound off: the
-// search then plans every candidate, still exact) and exhaustively against brute force in the tests.
+// The lemma is checked on every placement planned (a plan below its bound turns the memory bound off and the
+// search runs again planning every candidate) and exhaustively against brute force in the tests; it is a
+// property of the planner observed, not proved for every graph, so a violation on a placement the bound pruned
+// would go unseen.
 //
 //   search::Result r = search::search(request, {.device = limit}, search::measure(DType::bf16));
 //   fmt::print("{}", r.text());   // remat_policy: custom(query_proj=device, ...), peak, recompute, ...
@@ -36,12 +38,12 @@ using autodiff::Residency;
 
 // Rates of this machine for the objective.
 struct Rates {
-  double gemm_flops = 1e11;      // FLOP/s of dot_general in the compute dtype
+  double gemm_flops = 1e11;      // FLOP/s of dot_general (and attention) in the compute dtype
   double other_flops = 1e9;      // FLOP/s of elementwise ops and reductions
   double host_bandwidth = 1e10;  // bytes/s of an offload or reload copy
 };
 
-// Times a 512^3 GEMM in `compute`, an f32 add over 4M elements and an offload + reload of 64 MiB with the CPU
+// Times a 512^3 GEMM in `compute`, an f32 add over 2M elements and an offload + reload of 16 MiB with the CPU
 // kernels (once each after a warm-up run; ~0.1 s). `host_bandwidth` > 0 is taken as given.
 Rates measure(DType compute, double host_bandwidth = 0);
 
@@ -65,7 +67,7 @@ struct Result {
   std::vector<std::string> names;     // the searched names (MaxText spelling, as custom(...) takes them)
   std::vector<double> name_bytes;     // per name: its residuals' bytes per step (every layer)
   std::optional<Candidate> best;      // the cheapest that fits; none when nothing fits
-  Candidate smallest;                 // when nothing fits: the placement with the smallest peak
+  Candidate smallest;                 // when nothing fits: the smallest peak (within host_limit)
   std::vector<Candidate> cheaper;     // each one-name change of `best` that would cost less, planned
   Limits limits;
   Rates rates;

@@ -1,6 +1,7 @@
 // attention: flash against dot_product on a grouped-query model: the same loss and gradients within the dtype's
 // tolerance (f32: 1e-5 of the largest gradient; bf16: 3e-2), and the per-token activation bytes of the layer
 // without remat have no term in T (dot_product's keep score-sized arrays).
+#include "autodiff/autodiff.h"
 #include "compile/compile.h"
 #include "exec/exec.h"
 #include "support/models.h"
@@ -9,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <random>
 
 namespace remat {
@@ -70,6 +73,74 @@ TEST(FlashAttention, SavedBytesPerTokenHaveNoTermInT) {
   EXPECT_EQ(saved(true, 64), 2 * saved(true, 32));
   EXPECT_GT(saved(false, 64), 2 * saved(false, 32));
   EXPECT_LT(saved(true, 64), saved(false, 64));
+}
+
+// The op against attention written with primitives (the model's dot_product), in f64, at sizes that cross the
+// kernel's blocks (150 queries: 9 tiles of 16 rows, 3 blocks of 64 keys, causal masks inside blocks) and run it
+// on several threads: the context and the gradients of q, k and v agree to 1e-10.
+TEST(FlashAttention, EqualsThePrimitivesAcrossBlocksInF64) {
+  const int64_t B = 2, T = 150, H = 4, KV = 2, D = 8;
+  const double scale = 0.35;
+  for (bool causal : {true, false}) {
+    ir::Graph g;
+    ir::Builder b(g);
+    using namespace ir;
+    Tensor q = b.param("q", {DType::f64, {B, T, H, D}}), k = b.param("k", {DType::f64, {B, T, KV, D}});
+    Tensor v = b.param("v", {DType::f64, {B, T, KV, D}}), w = b.param("w", {DType::f64, {B, T, H, D}});
+    auto repeat = [&](Tensor x) {
+      return reshape(broadcast_in_dim(x, {B, T, KV, H / KV, D}, {0, 1, 2, 4}), {B, T, H, D});
+    };
+    Tensor scores = dot_general(q, repeat(k), DotDims{{3}, {3}, {0, 2}, {0, 2}}) * scale;  // [B,H,T,S]
+    if (causal) {
+      Tensor visible = compare(iota(b, DType::i32, {B, H, T, T}, 3), iota(b, DType::i32, {B, H, T, T}, 2), "le");
+      scores = select(visible, scores, full(b, scores.type(), -std::numeric_limits<double>::infinity()));
+    }
+    Tensor primitive = transpose(dot_general(softmax(scores, 3), repeat(v), DotDims{{3}, {1}, {0, 1}, {0, 2}}), {0, 2, 1, 3});
+    Tensor fused = attention(q, k, v, causal, scale)[0];
+    // Two losses, one per formulation; the gradients of each with respect to q, k, v.
+    Tensor loss_p = reduce_sum(primitive * w, {0, 1, 2, 3}), loss_f = reduce_sum(fused * w, {0, 1, 2, 3});
+    const std::vector<ValueId> gp = autodiff::grad(g, loss_p.id, std::array{q.id, k.id, v.id});
+    const std::vector<ValueId> gf = autodiff::grad(g, loss_f.id, std::array{q.id, k.id, v.id});
+    b.result(primitive);
+    b.result(fused);
+    for (size_t i = 0; i < 3; ++i) b.result(b.wrap(gp[i])), b.result(b.wrap(gf[i]));
+    std::vector<exec::Array> args;
+    std::mt19937 rng(causal ? 1 : 2);
+    std::uniform_real_distribution<double> dist(-1, 1);
+    for (ValueId p : g.params) {
+      args.emplace_back(g.type(p));
+      for (int64_t i = 0; i < args.back().size(); ++i) args.back().set(i, dist(rng));
+    }
+    const std::vector<exec::Array> out = exec::run(g, args);
+    for (size_t r = 0; r < out.size(); r += 2) {
+      double worst = 0, largest = 0;
+      for (int64_t i = 0; i < out[r].size(); ++i) {
+        worst = std::max(worst, std::abs(out[r].get(i) - out[r + 1].get(i)));
+        largest = std::max(largest, std::abs(out[r].get(i)));
+      }
+      EXPECT_LE(worst, 1e-10 * largest) << (causal ? "causal " : "") << "result pair " << r / 2;
+      EXPECT_GT(largest, 0);
+    }
+  }
+}
+
+// Saving the context (minimal_with_context) saves the kernel's residuals with it — the context and its
+// log-sum-exp carry the name — so the backward does not run the attention again; under full it does, once.
+TEST(FlashAttention, SavingTheContextSavesTheAttention) {
+  for (const auto& [policy, runs_per_layer] : {std::pair{"minimal_with_context", 1}, std::pair{"full", 2}}) {
+    const compile::Compiled c =
+        compile::compile({.model = model(true, false, policy), .shape = {2, 16, 1}, .kind = compile::Kind::grads});
+    uint64_t origin = 0;
+    std::function<void(const ir::Graph&)> find = [&](const ir::Graph& g) {
+      for (const ir::Node& n : g.nodes) {
+        if (n.op == ir::Op::attention && !n.recomputed) origin = n.origin;
+        if (n.body) find(*n.body);
+      }
+    };
+    find(c.program);
+    ASSERT_NE(origin, 0u) << policy;
+    EXPECT_EQ(c.explanation.runs.at(origin), 2 * runs_per_layer) << policy << ": 2 layers";
+  }
 }
 
 }  // namespace

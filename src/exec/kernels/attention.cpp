@@ -1,6 +1,7 @@
 // Flash attention on the CPU (ir/ops.h): an online softmax over blocks of keys, forward, and the backward that
 // recomputes each block's probabilities from the saved log-sum-exp. Arithmetic in A = f32 (f64 for f64
-// operands); no score-sized array: a block of scores and one row of accumulators per thread. Each (batch, head)
+// operands, the log-sum-exp too); no score-sized array: each thread's tiles (a block of
+// queries against a block of keys) live in the plan's workspace for the node. Each (batch, head)
 // — backward: each (batch, kv head) with its group of query heads — is one thread's, in a fixed order, so the
 // results do not depend on the thread count.
 #include "exec/kernels/kernels.h"
@@ -15,7 +16,7 @@ namespace {
 
 constexpr int64_t kBlock = 64;   // keys per block
 constexpr int64_t kRows = 16;    // queries per block
-constexpr int64_t kMaxDh = 256;  // head dims held in registers/stack per row
+constexpr int64_t kMaxDh = 256;  // head dims a tile row holds
 
 // The sizes of one call (q [B,T,H,D], k and v [B,S,KV,D]), its mask and scale.
 struct Problem {
@@ -113,7 +114,7 @@ void kernel_attention(const ir::Node& n, std::span<const Array> in, std::span<Ar
     using A = Acc<T>;
     const T *q = in[0].data<T>(), *k = in[1].data<T>(), *v = in[2].data<T>();
     T* o = out[0].data<T>();
-    float* lse = out[1].data<float>();
+    A* lse = out[1].data<A>();
     const int64_t rep = z.H / z.KV;
     parallel_ranges(z.B * z.H, z.B * z.H * z.T * z.S * z.D >= kParallelMin, [&](int64_t lo, int64_t hi) {
       Tiles<A>& t = tiles_of<A>(ctx.workspace, bytes_per_thread);
@@ -148,7 +149,7 @@ void kernel_attention(const ir::Node& n, std::span<const Array> in, std::span<Ar
           for (int64_t r = 0; r < rows; ++r) {
             T* orow = o + ((b * z.T + i0 + r) * z.H + h) * z.D;
             for (int64_t d = 0; d < z.D; ++d) orow[d] = store<T>(static_cast<Compute<T>>(t.acc[r][d] / t.l[r]));
-            lse[(b * z.H + h) * z.T + i0 + r] = static_cast<float>(t.m[r] + std::log(t.l[r]));
+            lse[(b * z.H + h) * z.T + i0 + r] = t.m[r] + std::log(t.l[r]);
           }
         }
       }
@@ -163,7 +164,7 @@ void kernel_attention_grad(const ir::Node& n, std::span<const Array> in, std::sp
     using A = Acc<T>;
     const A scale = static_cast<A>(z.scale);
     const T *q = in[0].data<T>(), *k = in[1].data<T>(), *v = in[2].data<T>(), *o = in[3].data<T>(), *dout = in[5].data<T>();
-    const float* lse = in[4].data<float>();
+    const A* lse = in[4].data<A>();
     T *dq = out[0].data<T>(), *dk = out[1].data<T>(), *dv = out[2].data<T>();
     const int64_t rep = z.H / z.KV, bytes_per_thread = per_thread(n, in[0].type().dtype, z.S, z.D);
     parallel_ranges(z.B * z.KV, z.B * z.H * z.T * z.S * z.D >= kParallelMin, [&](int64_t lo, int64_t hi) {
@@ -181,7 +182,7 @@ void kernel_attention_grad(const ir::Node& n, std::span<const Array> in, std::sp
             for (int64_t r = 0; r < rows; ++r) {
               const int64_t row = (b * z.T + i0 + r) * z.H + h;
               t.delta[r] = dot<A>(dout + row * z.D, o + row * z.D, z.D);
-              t.l[r] = static_cast<A>(lse[(b * z.H + h) * z.T + i0 + r]);
+              t.l[r] = lse[(b * z.H + h) * z.T + i0 + r];
               std::fill(t.acc[r], t.acc[r] + z.D, A(0));
             }
             for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {
@@ -196,7 +197,7 @@ void kernel_attention_grad(const ir::Node& n, std::span<const Array> in, std::sp
                   dsr[j] = t.s[r][j] * (dsr[j] - t.delta[r]) * scale;
                 }
               }
-              for (int64_t j = 0; j < cols; ++j) {  // dv += pᵀ dout, dk += dsᵀ q (q unscaled: ds carries the scale)
+              for (int64_t j = 0; j < cols; ++j) {  // dv += pᵀ dout, dk += dsᵀ q (the tile's q is scaled: ds / scale)
                 A* dvj = dv_acc + (s0 + j) * z.D;
                 A* dkj = dk_acc + (s0 + j) * z.D;
                 for (int64_t r = 0; r < rows; ++r) {
