@@ -2,7 +2,6 @@
 
 #include "base/check.h"
 #include "nn/nn.h"
-#include "plan/report.h"
 #include "remat/remat.h"
 
 #include <yaml-cpp/yaml.h>
@@ -341,9 +340,6 @@ Config load_config(const std::string& config_path, const std::vector<std::string
     }
     policy = fmt::format("custom({})", fmt::join(items, ", "));
   }
-  if (!c.hbm_limit.empty()) plan::parse_bytes(c.hbm_limit, "hbm_limit");  // errors name the key
-  if (!c.host_limit.empty()) plan::parse_bytes(c.host_limit, "host_limit");
-  if (!c.host_bandwidth.empty()) plan::parse_bytes(c.host_bandwidth, "host_bandwidth");
   c.run.optimizer.schedule_steps = c.run.steps;
   c.run.run_dir = (fs::path(c.base_output_directory) / (c.run_name.empty() ? c.model : c.run_name)).string();
   if (policy == "auto") return c;  // resolved by the command (cli::resolve_auto), which prints its choice

@@ -195,9 +195,9 @@ const Bound kBounds[] = {
     {"log_period", "0", "an integer >= 1", "1"},
     {"run_name", "", "", "any name"},
     {"base_output_directory", "", "", "/any/where"},
-    {"hbm_limit", "lots", "a size such as 16GiB", "16GiB"},
-    {"host_limit", "lots", "a size such as 16GiB", "512GiB"},
-    {"host_bandwidth", "fast", "a size such as 16GiB", "25GB"},
+    {"hbm_limit", "", "", "16GiB"},  // sizes are parsed where they are used (remat plan, remat_policy=auto)
+    {"host_limit", "", "", "512GiB"},
+    {"host_bandwidth", "", "", "25GB"},
     {"enable_profiler", "yes please", "true or false", "true"},
     {"skip_first_n_steps_for_profiler", "-1", "an integer >= 0", "0"},
     {"enable_checkpointing", "often", "true or false", "true"},
