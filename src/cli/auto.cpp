@@ -11,21 +11,26 @@
 
 namespace remat::cli {
 
+SearchInputs search_inputs(const Config& config, const char* what) {
+  const trainer::RunConfig& run = config.run;
+  CHECK(run.ici_pipeline_parallelism <= 1,
+        "{} under pipeline parallelism (ici_pipeline_parallelism={}) is not supported: each rank would need its own "
+        "placement; search one stage's layers without the pipeline and paste the custom(...) it prints",
+        what, run.ici_pipeline_parallelism);
+  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
+  model.mesh = trainer::mesh_of(run, 0);
+  const double bandwidth = config.host_bandwidth.empty() ? 0 : static_cast<double>(plan::parse_bytes(config.host_bandwidth, "host_bandwidth"));
+  return {.request = {.model = model, .shape = run.shape, .optimizer = run.optimizer},
+          .limits = {.device = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit"),
+                     .host = config.host_limit.empty() ? 0 : plan::parse_bytes(config.host_limit, "host_limit")},
+          .rates = search::measure(run.model.precision.compute, bandwidth)};
+}
+
 std::optional<search::Result> resolve_auto(Config& config, bool print) {
   std::string& policy = config.run.model.remat_policy;
   if (policy != "auto") return std::nullopt;
-  const trainer::RunConfig& run = config.run;
-  CHECK(run.ici_pipeline_parallelism <= 1,
-        "remat_policy=auto under pipeline parallelism (ici_pipeline_parallelism={}) is not supported: each rank would "
-        "need its own placement; search one stage's layers without the pipeline and paste the custom(...) it prints",
-        run.ici_pipeline_parallelism);
-  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
-  model.mesh = trainer::mesh_of(run, 0);
-  const search::Limits limits{.device = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit"),
-                              .host = config.host_limit.empty() ? 0 : plan::parse_bytes(config.host_limit, "host_limit")};
-  const double bandwidth = config.host_bandwidth.empty() ? 0 : static_cast<double>(plan::parse_bytes(config.host_bandwidth, "host_bandwidth"));
-  const search::Result r = search::search({.model = model, .shape = run.shape, .optimizer = run.optimizer},
-                                          limits, search::measure(run.model.precision.compute, bandwidth));
+  const SearchInputs in = search_inputs(config, "remat_policy=auto");
+  const search::Result r = search::search(in.request, in.limits, in.rates);
   // Every rank of a launch takes the first rank's answer (the measured rates differ a little between processes).
   const std::string chosen = exec::Mesh::first_rank_text(r.best ? r.best->policy : std::string());
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");

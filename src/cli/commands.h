@@ -23,6 +23,15 @@ struct Config;
 // Nothing fits: the result has no `best` (its text names the smallest peak) and the policy stays `auto`.
 // Other policies: nothing (nullopt).
 std::optional<search::Result> resolve_auto(Config& config, bool print);
+// What a policy search over this config's per-device step takes: the step (one device's shards and batch),
+// hbm_limit and host_limit, and this machine's rates (host_bandwidth if given). Not under a pipeline (`what`
+// names the caller in the error).
+struct SearchInputs {
+  compile::Request request;
+  search::Limits limits;
+  search::Rates rates;
+};
+SearchInputs search_inputs(const Config& config, const char* what);
 // The same for commands that need a policy: nothing fitting is an error (a compile-time OOM's message).
 void require_auto_fits(Config& config);
 

@@ -115,13 +115,8 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
 // dominated.
 void write_frontier(const Config& config, const std::string& path, bool table) {
   const trainer::RunConfig& run = config.run;
-  CHECK(run.ici_pipeline_parallelism <= 1, "--frontier: not under pipeline parallelism (each rank has its own plan)");
-  nn::ModelConfig model = run.model;
-  model.mesh = trainer::mesh_of(run, 0);
-  const search::Limits limits{.device = 0, .host = config.host_limit.empty() ? 0 : plan::parse_bytes(config.host_limit, "host_limit")};
-  const double bandwidth = config.host_bandwidth.empty() ? 0 : static_cast<double>(plan::parse_bytes(config.host_bandwidth, "host_bandwidth"));
-  const search::Frontier f = search::frontier({.model = model, .shape = run.shape, .optimizer = run.optimizer}, limits,
-                                              search::measure(run.model.precision.compute, bandwidth));
+  const SearchInputs in = search_inputs(config, "--frontier");
+  const search::Frontier f = search::frontier(in.request, in.limits, in.rates);  // limits.device is ignored
   std::ofstream out(path);
   CHECK(out.good(), "cannot write the frontier to '{}'", path);
   out << f.svg(fmt::format("model {}, batch {} x {}: least recompute + transfer time per device peak", config.model,
