@@ -309,6 +309,11 @@ std::vector<Cot> vjp_send(Builder&, size_t, const Node& n, Cots, Context&) {
   return {};
 }
 std::vector<Cot> vjp_send_done(Builder& b, size_t i, const Node& n, Cots c, Context& ctx) { return vjp_send(b, i, n, c, ctx); }
+// Fusion runs after autodiff and remat, on the step that is already differentiated.
+std::vector<Cot> vjp_fusion(Builder&, size_t, const Node& n, Cots, Context&) {
+  CHECK(false, "cannot differentiate a fusion (scope '{}'): fuse the differentiated step, not the model", n.scope);
+  return {};
+}
 std::vector<Cot> vjp_recv(Builder&, size_t, const Node&, Cots, Context&) { return {}; }  // no operands
 
 }  // namespace

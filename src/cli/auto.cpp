@@ -20,7 +20,7 @@ SearchInputs search_inputs(const Config& config, const char* what) {
   nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
   model.mesh = trainer::mesh_of(run, 0);
   const double bandwidth = config.host_bandwidth.empty() ? 0 : static_cast<double>(plan::parse_bytes(config.host_bandwidth, "host_bandwidth"));
-  return {.request = {.model = model, .shape = run.shape, .optimizer = run.optimizer},
+  return {.request = {.model = model, .shape = run.shape, .optimizer = run.optimizer, .fuse = run.fusion},
           .limits = {.device = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit"),
                      .host = config.host_limit.empty() ? 0 : plan::parse_bytes(config.host_limit, "host_limit")},
           .rates = search::measure(run.model.precision.compute, bandwidth)};

@@ -121,6 +121,7 @@ const std::vector<Key>& keys() {
       bind<std::string>("weight_dtype", [](Config& c) -> std::string& { return c.weight_dtype; }),
       bind_enum("mp_cast", {"per_layer", "upfront"}, [](Config& c) -> std::string& { return c.mp_cast; }),
       bind_enum("attention", {"dot_product", "flash"}, [](Config& c) -> std::string& { return c.attention; }),
+      bind<bool>("fusion", [](Config& c) -> bool& { return c.run.fusion; }),
       bind<bool>("float32_qk_product", [](Config& c) -> bool& { return c.run.model.float32_qk_product; }),
       bind<bool>("float32_logits", [](Config& c) -> bool& { return c.run.model.float32_logits; }),
       bind<bool>("logits_dot_in_fp32", [](Config& c) -> bool& { return c.run.model.logits_dot_in_fp32; }),

@@ -35,6 +35,10 @@ Compiled compile(const Request& r) {
   if (!r.plan) return c;
   ir::inline_remat_regions(traced.graph);
   if (r.check_finite) ir::insert_finite_checks(traced.graph);
+  if (r.fuse) {
+    ir::fuse(traced.graph);
+    if (!c.explanation.runs.empty()) c.explanation.runs = rematerialize::runs_per_step(traced.graph);  // as they run
+  }
   // The debugging form donates nothing: its checked results are views, and its arguments stay as they were.
   const std::vector<std::pair<int, int>> donate = r.check_finite ? std::vector<std::pair<int, int>>{} : traced.signature.updates();
   c.plan = plan::build(traced.graph, {.donate = donate, .workspace = exec::workspace_of(*r.backend)});

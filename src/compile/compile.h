@@ -1,7 +1,7 @@
 // Public header of the compile stage (DESIGN §1): the one call that turns a model, a batch shape and an
 // optimizer into a program ready to run. It traces the model, lints the remat policy against it,
 // differentiates (the policy's decider splitting every remat region), records the residual explanation,
-// runs the IR passes (remat regions inlined) and plans the memory of every buffer, kernel workspace
+// runs the IR passes (remat regions inlined, fusion) and plans the memory of every buffer, kernel workspace
 // included. `remat train`, `remat plan`, `remat explain` and every later caller (policy search,
 // distributed runner, checkpoints) go through it; nothing else assembles step graphs.
 //
@@ -48,6 +48,9 @@ struct Request {
   // false: trace and differentiate only, for the explanation (a policy search's recompute cost); the
   // program is then not passed through the IR passes nor planned.
   bool plan = true;
+  // Fuse elementwise chains and the broadcasts they read (ir::fuse) before planning; false: every op its own
+  // kernel and buffer (the `fusion` config key; the same bits either way).
+  bool fuse = true;
 };
 
 struct Compiled {

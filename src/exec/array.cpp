@@ -47,26 +47,26 @@ Array Array::zeros(Type type) {
   return a;
 }
 
-double Array::get(int64_t i) const {
-  switch (type_->dtype) {
-    case DType::f64: return data<double>()[i];
-    case DType::f32: return data<float>()[i];
-    case DType::bf16: return bf16_to_float(data<bf16_t>()[i]);
-    case DType::f16: return f16_to_float(data<f16_t>()[i]);
-    case DType::i32: return data<int32_t>()[i];
-    case DType::pred: return data<uint8_t>()[i];
+double Array::element(DType d, const std::byte* p, int64_t i) {
+  switch (d) {
+    case DType::f64: return reinterpret_cast<const double*>(p)[i];
+    case DType::f32: return reinterpret_cast<const float*>(p)[i];
+    case DType::bf16: return bf16_to_float(reinterpret_cast<const bf16_t*>(p)[i]);
+    case DType::f16: return f16_to_float(reinterpret_cast<const f16_t*>(p)[i]);
+    case DType::i32: return reinterpret_cast<const int32_t*>(p)[i];
+    case DType::pred: return reinterpret_cast<const uint8_t*>(p)[i];
   }
   return 0;
 }
 
-void Array::set(int64_t i, double v) {
-  switch (type_->dtype) {
-    case DType::f64: data<double>()[i] = v; break;
-    case DType::f32: data<float>()[i] = static_cast<float>(v); break;
-    case DType::bf16: data<bf16_t>()[i] = float_to_bf16(static_cast<float>(v)); break;
-    case DType::f16: data<f16_t>()[i] = float_to_f16(static_cast<float>(v)); break;
-    case DType::i32: data<int32_t>()[i] = static_cast<int32_t>(v); break;
-    case DType::pred: data<uint8_t>()[i] = v != 0; break;
+void Array::set_element(DType d, std::byte* p, int64_t i, double v) {
+  switch (d) {
+    case DType::f64: reinterpret_cast<double*>(p)[i] = v; break;
+    case DType::f32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::bf16: reinterpret_cast<bf16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::f16: reinterpret_cast<f16_t*>(p)[i] = float_to_f16(static_cast<float>(v)); break;
+    case DType::i32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::pred: reinterpret_cast<uint8_t*>(p)[i] = v != 0; break;
   }
 }
 

@@ -33,8 +33,11 @@ class Array {
   int64_t size() const { return type_->num_elements(); }
 
   // Element `i` (row-major) of any dtype, as a double: for tests and printing.
-  double get(int64_t i) const;
-  void set(int64_t i, double v);
+  double get(int64_t i) const { return element(type_->dtype, ptr_, i); }
+  void set(int64_t i, double v) { set_element(type_->dtype, ptr_, i, v); }
+  // The same over raw storage of dtype `d` (bf16 and f16 round to nearest even, through f32).
+  static double element(DType d, const std::byte* p, int64_t i);
+  static void set_element(DType d, std::byte* p, int64_t i, double v);
   template <class T>
   std::vector<T> to_vector() const { return std::vector<T>(data<T>(), data<T>() + size()); }
 

@@ -295,7 +295,10 @@ void Executable::call_kernel(const Graph& g, const Node& n, std::span<const Arra
     options_.profile->timeline.push_back({&n, since(t0), since(t1), bytes, ir::flops(g, n)});
   }
   options_.profile->calls[key] += 1;
-  options_.profile->runs_by_origin[n.origin] += 1;
+  if (n.op == Op::fusion)  // every op of its body ran once, but what it copies in (ir/fuse.h)
+    for (const Node& m : n.body->nodes) options_.profile->runs_by_origin[m.origin] += !ir::copied_into_fusions(m.op);
+  else
+    options_.profile->runs_by_origin[n.origin] += 1;
 }
 
 void Executable::poison(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base) {

@@ -30,7 +30,7 @@ class Cpu final : public Backend {
     std::memmove(to.bytes() + byte_offset, from.bytes(), static_cast<size_t>(from.type().bytes()));
   }
   Kernel kernel(ir::Op op) const override {
-    ASSERT(!ir::has_body(op));
+    ASSERT(!ir::is_region(op));
     return kKernels[static_cast<size_t>(op)];
   }
   int64_t workspace_bytes(const ir::Node& n, std::span<const ir::Type> in) const override {
@@ -38,6 +38,7 @@ class Cpu final : public Backend {
       case ir::Op::dot_general: return workspace_dot_general(n, in);
       case ir::Op::attention:
       case ir::Op::attention_grad: return workspace_attention(n, in);
+      case ir::Op::fusion: return workspace_fusion(n, in);
       case ir::Op::reduce_sum:
       case ir::Op::reduce_max:
       case ir::Op::sum_of_squares: return workspace_reduction(n, in);

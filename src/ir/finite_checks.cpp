@@ -17,7 +17,7 @@ void insert_finite_checks(Graph& g) {
     for (ValueId& v : n.inputs)
       if (auto it = checked.find(v); it != checked.end()) v = it->second;
     if (n.op == Op::scan) insert_finite_checks(*n.body);
-    const bool computes = !is_view(n.op) && !has_body(n.op);
+    const bool computes = !is_view(n.op) && !is_region(n.op);
     std::vector<ValueId> outputs = n.outputs;
     std::string what = fmt::format("{}{}", op_name(n.op), n.scope.empty() ? "" : fmt::format(" (scope '{}')", n.scope));
     nodes.push_back(std::move(n));

@@ -84,6 +84,11 @@ struct Node {
   uint64_t origin = 0;             // identity of the traced op this node is, or recomputes; not printed
 };
 
+// Whether element i of each of `n`'s results depends only on element i of its operand `k` (an elementwise op;
+// a fusion whose body reads that operand other than through a broadcast), so that a result may be written
+// into the operand's storage (the planner's donation).
+bool reads_elementwise(const Node& n, size_t k);
+
 // A fresh origin id for a newly traced node (unique in the process).
 uint64_t next_origin();
 

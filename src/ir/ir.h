@@ -1,6 +1,6 @@
 // Public header of the IR stage (DESIGN §2): graph data structures, the op table, tracing, text form,
 // verification, dead code elimination and the graph passes (inlining remat regions, sinking converts
-// into scans). Everything downstream includes only this.
+// into scans, fusion). Everything downstream includes only this.
 #pragma once
 
 #include "base/check.h"
@@ -8,6 +8,7 @@
 #include "ir/cost.h"
 #include "ir/dce.h"
 #include "ir/finite_checks.h"
+#include "ir/fuse.h"
 #include "ir/graph.h"
 #include "ir/inline.h"
 #include "ir/ops.h"

@@ -35,12 +35,16 @@
 // returning the context [B,T,H,Dh] in q's dtype and the per-row log-sum-exp [B,H,T] (f32; f64 for f64) — no score-sized
 // array exists. `attention_grad` (q, k, v, context, lse, d context) gives dq, dk, dv, recomputing the scores
 // block by block from the log-sum-exp; it is attention's VJP and is not differentiable itself.
+// `fusion` runs its body graph as one kernel over tiles of its results (the fusion pass, ir/fuse.h, makes it
+// after autodiff and remat): the body holds elementwise ops of one shape, the shape of every result, broadcasts
+// of its params to that shape, and iotas and fulls of it; no intermediate, broadcast or constant is stored whole.
 //
 // Each row answers, for every stage that reads it: X(op, arity, class, effects, cost)
 //   class   what the op is: elementwise (element i of the result from element i of each operand),
 //           view (the result is its operand's storage, retyped: no buffer of its own), layout (moves or
 //           replicates data), contraction, reduction, constant, group, transfer (between memory spaces),
-//           region (owns a body graph), collective (communicates between the ranks of a mesh axis)
+//           region (owns a body graph the executor runs), fused (owns a body graph one kernel runs),
+//           collective (communicates between the ranks of a mesh axis)
 //   effects pure, or effectful: DCE keeps it though nothing reads it; the scheduler never moves it
 //   cost    FLOPs (ir/cost.h): none, per_output (one per result element), per_input (one per operand
 //           element), per_update (one per element of operand 2), contraction (2·M·N·K), attention (its
@@ -104,7 +108,8 @@ namespace remat::ir {
   X(send_done, 1, view, effectful, none)                                      \
   X(recv, 0, constant, effectful, none)                                       \
   X(scan, -1, region, pure, body)                                             \
-  X(remat, -1, region, pure, body)
+  X(remat, -1, region, pure, body)                                            \
+  X(fusion, -1, fused, pure, body)
 
 enum class Op : uint8_t {
 #define X(e, ...) e,
@@ -119,7 +124,7 @@ inline constexpr int kNumOps = 0
     ;
 
 enum class OpClass : uint8_t {
-  elementwise, view, layout, contraction, reduction, constant, group, transfer, region, collective
+  elementwise, view, layout, contraction, reduction, constant, group, transfer, region, fused, collective
 };
 enum class OpEffects : uint8_t { pure, effectful };
 enum class OpCost : uint8_t { none, per_output, per_input, per_update, contraction, attention, body };
@@ -152,6 +157,10 @@ constexpr bool is_view(Op op) { return op_traits(op).cls == OpClass::view; }
 // Kept by DCE though nothing reads it, and never moved by the scheduler.
 constexpr bool is_effectful(Op op) { return op_traits(op).effects == OpEffects::effectful; }
 // Ops that own a body graph.
-constexpr bool has_body(Op op) { return op_traits(op).cls == OpClass::region; }
+constexpr bool has_body(Op op) { return op_traits(op).cls == OpClass::region || op_traits(op).cls == OpClass::fused; }
+// The most values (params and node outputs) a fusion's body may hold: its kernel keeps a table of them per tile.
+inline constexpr int kMaxFusionValues = 96;
+// Ops whose body the executor runs itself (a fusion's body is run by its kernel).
+constexpr bool is_region(Op op) { return op_traits(op).cls == OpClass::region; }
 
 }  // namespace remat::ir

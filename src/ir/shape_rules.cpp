@@ -390,17 +390,55 @@ std::vector<Type> rule_recv(const Ctx& c) {
   return {Type{c.attrs.dtype("dtype"), c.attrs.ints("shape")}};
 }
 
-std::vector<Type> rule_remat(const Ctx& c) {
-  CHECK(c.body != nullptr, "{}: remat needs a body graph", c.where);
-  CHECK(!c.attrs.str("policy").empty(), "{}: remat needs a policy", c.where);
+// A call of its body (remat, fusion): the body takes the operands as they are and returns the results.
+std::vector<Type> call_types(const Ctx& c, std::string_view op) {
+  CHECK(c.body != nullptr, "{}: {} needs a body graph", c.where, op);
   const Graph& body = *c.body;
-  CHECK(body.params.size() == c.in.size(), "{}: body @{} takes {} params but the remat passes {}", c.where, body.name,
-        body.params.size(), c.in.size());
+  CHECK(body.params.size() == c.in.size(), "{}: body @{} takes {} params but the {} passes {}", c.where, body.name,
+        body.params.size(), op, c.in.size());
   for (size_t i = 0; i < c.in.size(); ++i)
-    CHECK(body.type(body.params[i]) == c.in[i], "{}: body param {} is {} but the remat passes {}", c.where, i,
-          type_str(body.type(body.params[i])), type_str(c.in[i]));
+    CHECK(body.type(body.params[i]) == c.in[i], "{}: body param {} is {} but the {} passes {}", c.where, i,
+          type_str(body.type(body.params[i])), op, type_str(c.in[i]));
   std::vector<Type> out;
   for (ValueId r : body.results) out.push_back(body.type(r));
+  return out;
+}
+
+std::vector<Type> rule_remat(const Ctx& c) {
+  std::vector<Type> out = call_types(c, "remat");
+  CHECK(!c.attrs.str("policy").empty(), "{}: remat needs a policy", c.where);
+  return out;
+}
+
+// A fusion's body (ir/ops.h) is what its kernel can run: every node elementwise (adamw aside), a broadcast of a
+// param, an iota or a full, every node's result of the loop shape (the results' shape), elementwise operands too.
+std::vector<Type> rule_fusion(const Ctx& c) {
+  std::vector<Type> out = call_types(c, "fusion");
+  const Graph& body = *c.body;
+  CHECK(!body.results.empty() && body.num_values() <= kMaxFusionValues,
+        "{}: a fusion's body has 1 to {} values and at least one result; @{} has {} values, {} results", c.where,
+        kMaxFusionValues, body.name, body.num_values(), body.results.size());
+  const Shape& loop = body.type(body.results[0]).shape;
+  std::vector<bool> param(body.types.size(), false), result(body.types.size(), false);
+  for (ValueId p : body.params) param[static_cast<size_t>(p)] = true;
+  for (ValueId r : body.results) {
+    CHECK(!param[static_cast<size_t>(r)] && !result[static_cast<size_t>(r)],
+          "{}: a fusion's results are distinct values its body computes; @{} returns a param or a value twice", c.where, body.name);
+    result[static_cast<size_t>(r)] = true;
+  }
+  for (size_t i = 0; i < body.nodes.size(); ++i) {
+    const Node& m = body.nodes[i];
+    const std::string where = fmt::format("{}: in @{}, {}", c.where, body.name, describe_node(body, i));
+    const bool broadcast = m.op == Op::broadcast_in_dim;
+    CHECK((is_elementwise(m.op) && m.op != Op::adamw) || broadcast || m.op == Op::iota || m.op == Op::full,
+          "{}: a fusion holds elementwise ops, broadcasts of its params, iotas and fulls only", where);
+    CHECK(m.outputs.size() == 1 && body.type(m.outputs[0]).shape == loop, "{}: every value a fusion computes has its loop shape {}",
+          where, shape_str(loop));
+    for (ValueId v : m.inputs)
+      CHECK(broadcast ? param[static_cast<size_t>(v)] : body.type(v).shape == loop,
+            "{}: {}", where, broadcast ? "a fused broadcast reads a param" : "an elementwise operand has the loop shape");
+    CHECK(!(m.op == Op::div && body.type(m.inputs[0]).dtype == DType::i32), "{}: integer division is not fused", where);
+  }
   return out;
 }
 

@@ -167,12 +167,11 @@ Plan build(const Graph& g, const Options& options) {
               last[static_cast<size_t>(param)] <= def[static_cast<size_t>(rr)] && donated_into[static_cast<size_t>(rr)] < 0 &&
               std::count(g.results.begin(), g.results.end(), r) == 1 && rr == r;
     // The defining node must not read the param, directly or through an alias (it would be overwritten
-    // while read), unless it is elementwise (each element is read before it is written).
+    // while read), unless it reads it elementwise (each element is read before it is written).
     if (ok) {
       const Node& d = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(def[static_cast<size_t>(rr)])])];
-      bool reads = false;
-      for (ValueId in : d.inputs) reads = reads || p.root[static_cast<size_t>(in)] == param;
-      ok = !reads || ir::is_elementwise(d.op);
+      for (size_t k = 0; k < d.inputs.size(); ++k)
+        ok = ok && (p.root[static_cast<size_t>(d.inputs[k])] != param || ir::reads_elementwise(d, k));
     }
     if (ok) {
       p.donated_param[static_cast<size_t>(ri)] = pi;
@@ -204,7 +203,7 @@ Plan build(const Graph& g, const Options& options) {
       }
       p.bodies.emplace(i, std::move(body));
     }
-    if (options.workspace && !ir::has_body(node.op)) {
+    if (options.workspace && !ir::is_region(node.op)) {
       std::vector<ir::Type> in;
       for (ValueId v : node.inputs) in.push_back(g.type(v));
       if (const int64_t bytes = options.workspace(node, in); bytes > 0) {

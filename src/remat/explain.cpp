@@ -8,13 +8,19 @@ namespace remat::rematerialize {
 namespace {
 
 // Counts executions by origin and the FLOPs of recomputed ops (all, and the contractions': dot_general, attention). A recomputed region's
-// body is marked recomputed too, so its ops are counted there, once.
+// body is marked recomputed too, so its ops are counted there, once. A fusion runs each op of its body but the
+// broadcasts and constants it copies in (as exec::Profile counts).
 void count_runs(const ir::Graph& g, int64_t times, Explanation& e) {
   for (const ir::Node& n : g.nodes) {
     if (n.op == ir::Op::scan) {
       count_runs(*n.body, times * n.attrs.integer("length"), e);
     } else if (n.op == ir::Op::remat) {
       count_runs(*n.body, times, e);
+    } else if (n.op == ir::Op::fusion) {
+      for (const ir::Node& m : n.body->nodes) {
+        e.runs[m.origin] += ir::copied_into_fusions(m.op) ? 0 : times;
+        if (n.recomputed) e.recompute_flops += static_cast<double>(times) * ir::flops(*n.body, m);
+      }
     } else {
       e.runs[n.origin] += times;
       if (!n.recomputed) continue;
@@ -37,6 +43,12 @@ const char* residency_str(Residency r) {
 }
 
 }  // namespace
+
+std::map<uint64_t, int64_t> runs_per_step(const ir::Graph& step) {
+  Explanation e;
+  count_runs(step, 1, e);
+  return e.runs;
+}
 
 Explanation explain(const std::vector<ResidualRecord>& records, const ir::Graph& forward, const ir::Graph& step) {
   Explanation e;

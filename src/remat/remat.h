@@ -78,6 +78,9 @@ struct Explanation {
   nlohmann::json json() const;
 };
 
+// Kernel runs per step by origin (Explanation::runs) of a step program, also after the IR passes (fusion).
+std::map<uint64_t, int64_t> runs_per_step(const ir::Graph& step);
+
 // Explains the decisions recorded while differentiating into `step`.
 Explanation explain(const std::vector<ResidualRecord>& records, const ir::Graph& forward, const ir::Graph& step);
 

@@ -237,9 +237,26 @@ TEST(VjpFiniteDifference, EveryOpHasACase) {
   for (const Op op : {Op::send, Op::send_done, Op::recv}) covered.insert(op);
   covered.insert(Op::adamw);  // the optimizer's update: differentiating through it is an error (below)
   covered.insert(Op::attention_grad);  // attention's VJP: checked by attention's cases
+  covered.insert(Op::fusion);  // made after differentiation (ir::fuse): differentiating one is an error (below)
   for (int i = 0; i < kNumOps; ++i)
     EXPECT_TRUE(covered.count(static_cast<Op>(i))) << "op " << op_name(static_cast<Op>(i))
                                                    << " has no finite-difference case";
+}
+
+TEST(VjpFusion, DifferentiatingAFusionIsAnErrorNamingItsScope) {
+  Graph f = parse(
+      "graph @f(%x: f32[3]) -> (f32[]) {\n"
+      "  %0: f32[3] = fusion(%x) scope=\"mlp\"\n"
+      "    graph @fused(%a: f32[3]) -> (f32[3]) {\n"
+      "      %0: f32[3] = exp(%a)\n"
+      "      %1: f32[3] = neg(%0)\n"
+      "      return %1\n"
+      "    }\n"
+      "  %1: f32[] = reduce_sum(%0) {axes=[0]}\n"
+      "  return %1\n"
+      "}\n");
+  const std::string e = testing_support::error_of([&] { autodiff::grad(f, f.results[0], std::array{f.params[0]}); });
+  EXPECT_NE(e.find("cannot differentiate a fusion (scope 'mlp')"), std::string::npos) << e;
 }
 
 TEST(VjpMessages, DifferentiatingThroughASendIsAnErrorNamingItsScope) {

@@ -153,6 +153,7 @@ const Bound kBounds[] = {
     {"weight_dtype", "int4", "weight_dtype", "bfloat16"},
     {"mp_cast", "never", "one of per_layer, upfront", "upfront"},
     {"attention", "paged", "one of dot_product, flash", "flash"},
+    {"fusion", "off", "true or false", "false"},
     {"float32_qk_product", "yes", "true or false", "false"},
     {"float32_logits", "no", "true or false", "false"},
     {"logits_dot_in_fp32", "2", "true or false", "false"},

@@ -97,10 +97,17 @@ TEST(ExplainPipeline, NoForwardOpRunsMoreThanTwicePerLayerAndMicrobatch) {
     std::copy(init.begin(), init.end(), args.begin());
     exec::Profile profile;
     exec::Executable(step.program, step.plan, {.profile = &profile}).run(args);
+    auto runs = [](const std::map<uint64_t, int64_t>& m, uint64_t origin) {
+      auto it = m.find(origin);
+      return it == m.end() ? int64_t{0} : it->second;
+    };
     for (const rematerialize::ResidualRecord& r : step.explanation.residuals) {
       if (r.region_input) continue;
-      // Microbatch 0's producers, by origin: once per layer forward, at most once per layer recomputed.
-      EXPECT_EQ(step.explanation.runs.at(r.origin), profile.runs_by_origin.at(r.origin)) << r.what;
+      // Microbatch 0's producers, by origin: once per layer forward, at most once per layer recomputed; a
+      // broadcast or constant that fusion copied into all its readers is no kernel of its own (it runs 0 times).
+      EXPECT_EQ(runs(step.explanation.runs, r.origin), runs(profile.runs_by_origin, r.origin)) << r.what;
+      const bool copy = r.what.starts_with("broadcast_in_dim") || r.what.starts_with("iota") || r.what.starts_with("full");
+      if (copy && runs(profile.runs_by_origin, r.origin) == 0) continue;
       EXPECT_LE(profile.runs_by_origin.at(r.origin), 2 * r.trip_count) << r.what << " (groups of " << group << ")";
       EXPECT_GE(profile.runs_by_origin.at(r.origin), r.trip_count) << r.what;
     }

@@ -61,7 +61,7 @@ std::vector<Array> reference_run(const ir::Graph& g, std::span<const Array> args
     std::vector<Array> ins, outs;
     for (ir::ValueId v : n.inputs) ins.push_back(values[static_cast<size_t>(v)]);
     for (ir::ValueId v : n.outputs)  // views and regions set their outputs themselves
-      outs.push_back(ir::is_view(n.op) || ir::has_body(n.op) ? Array::unallocated(&g.type(v)) : Array(g.type(v)));
+      outs.push_back(ir::is_view(n.op) || ir::is_region(n.op) ? Array::unallocated(&g.type(v)) : Array(g.type(v)));
     try {
       run_node(n, ins, outs, options);
     } catch (const Error& e) {

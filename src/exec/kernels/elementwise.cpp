@@ -1,4 +1,7 @@
 // Elementwise kernels: unary and binary math, compare, select, convert. All operands have equal shapes.
+// Each op is one loop over a range of elements (elementwise_range); a kernel runs it over each thread's part
+// of its arrays and the fusion kernel over each tile of its body: one loop per op, so fused and unfused steps
+// compute the same bits.
 #include "exec/kernels/kernels.h"
 
 #include <cmath>
@@ -7,112 +10,202 @@
 namespace remat::exec {
 namespace {
 
+template <class T>
+const T* as(const std::byte* p) { return reinterpret_cast<const T*>(p); }
+template <class T>
+T* as(std::byte* p) { return reinterpret_cast<T*>(p); }
+
 template <class T, class F>
-void unary_loop(const Array& x, Array& y, F f) {
-  const T* a = x.data<T>();
-  T* o = y.data<T>();
-  const int64_t n = x.size();
-  parallel_ranges(n, n >= kParallelMin, [&](int64_t lo, int64_t hi) {
+void unary(const std::byte* x, std::byte* y, int64_t len, F f) {
+  const T* a = as<T>(x);
+  T* o = as<T>(y);
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) o[i] = store<T>(f(load(a[i])));
-  });
+  for (int64_t i = 0; i < len; ++i) o[i] = store<T>(f(load(a[i])));
 }
 
 template <class T, class F>
-void binary_loop(const Array& x, const Array& y, Array& z, F f) {
-  const T* a = x.data<T>();
-  const T* b = y.data<T>();
-  T* o = z.data<T>();
-  const int64_t n = x.size();
-  parallel_ranges(n, n >= kParallelMin, [&](int64_t lo, int64_t hi) {
+void binary(const std::byte* x, const std::byte* y, std::byte* z, int64_t len, F f) {
+  const T* a = as<T>(x);
+  const T* b = as<T>(y);
+  T* o = as<T>(z);
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) o[i] = store<T>(f(load(a[i]), load(b[i])));
+  for (int64_t i = 0; i < len; ++i) o[i] = store<T>(f(load(a[i]), load(b[i])));
+}
+
+template <class T, class F>
+void comparison(const std::byte* x, const std::byte* y, std::byte* z, int64_t len, F f) {
+  const T* a = as<T>(x);
+  const T* b = as<T>(y);
+  uint8_t* o = as<uint8_t>(z);
+  for (int64_t i = 0; i < len; ++i) o[i] = f(load(a[i]), load(b[i]));
+}
+
+void compare(const ir::Node& n, DType d, const std::byte* x, const std::byte* y, std::byte* z, int64_t len) {
+  const std::string& dir = n.attrs.str("direction");
+  dispatch_numeric(d, n, [&](auto t) {
+    using T = decltype(t);
+    using C = Compute<T>;
+    if (dir == "eq") comparison<T>(x, y, z, len, [](C a, C b) { return a == b; });
+    else if (dir == "ne") comparison<T>(x, y, z, len, [](C a, C b) { return a != b; });
+    else if (dir == "lt") comparison<T>(x, y, z, len, [](C a, C b) { return a < b; });
+    else if (dir == "le") comparison<T>(x, y, z, len, [](C a, C b) { return a <= b; });
+    else if (dir == "gt") comparison<T>(x, y, z, len, [](C a, C b) { return a > b; });
+    else comparison<T>(x, y, z, len, [](C a, C b) { return a >= b; });
+  });
+}
+
+void select(DType d, const std::byte* pred, const std::byte* x, const std::byte* y, std::byte* z, int64_t len) {
+  dispatch_bits(dtype_size(d), [&](auto bits) {
+    using U = decltype(bits);
+    const uint8_t* p = as<uint8_t>(pred);
+    const U* a = as<U>(x);
+    const U* b = as<U>(y);
+    U* o = as<U>(z);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) o[i] = p[i] ? a[i] : b[i];
+  });
+}
+
+template <class F, class T>
+void cast(const std::byte* x, std::byte* y, int64_t len) {
+  const F* a = as<F>(x);
+  T* o = as<T>(y);
+#pragma omp simd
+  for (int64_t i = 0; i < len; ++i) o[i] = static_cast<T>(a[i]);
+}
+
+void convert(DType from, DType to, const std::byte* x, std::byte* y, int64_t len) {
+  if (from == to) {
+    std::memcpy(y, x, static_cast<size_t>(len * dtype_size(from)));
+    return;
+  }
+  // The common pairs run as typed loops; the rest go element by element through a double (bf16/f16 round to
+  // nearest even, float -> int truncates toward zero, as lax does).
+  if (from == DType::i32 && to == DType::f32) return cast<int32_t, float>(x, y, len);
+  if (from == DType::pred && to == DType::f32) return cast<uint8_t, float>(x, y, len);
+  if (from == DType::f32 && to == DType::f64) return cast<float, double>(x, y, len);
+  if (from == DType::f64 && to == DType::f32) return cast<double, float>(x, y, len);
+  auto rounded = [&](auto to_t) {  // f32 -> bf16/f16, rounding to nearest even
+    using T = decltype(to_t);
+    const float* a = as<float>(x);
+    T* o = as<T>(y);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) o[i] = store<T>(a[i]);
+  };
+  auto widened = [&](auto from_t) {  // bf16/f16 -> f32, exact
+    using F = decltype(from_t);
+    const F* a = as<F>(x);
+    float* o = as<float>(y);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) o[i] = load(a[i]);
+  };
+  if (from == DType::f32 && to == DType::bf16) return rounded(bf16_t{});
+  if (from == DType::f32 && to == DType::f16) return rounded(f16_t{});
+  if (from == DType::bf16 && to == DType::f32) return widened(bf16_t{});
+  if (from == DType::f16 && to == DType::f32) return widened(f16_t{});
+  for (int64_t i = 0; i < len; ++i) Array::set_element(to, y, i, Array::element(from, x, i));
+}
+
+}  // namespace
+
+void elementwise_range(const ir::Node& n, DType operand, DType result, std::span<const std::byte* const> in,
+                       std::byte* out, int64_t len) {
+  auto float_unary = [&](auto f) {
+    dispatch_float(operand, n, [&](auto t) { unary<decltype(t)>(in[0], out, len, f); });
+  };
+  auto numeric_unary = [&](auto f) {
+    dispatch_numeric(operand, n, [&](auto t) { unary<decltype(t)>(in[0], out, len, f); });
+  };
+  auto float_binary = [&](auto f) {
+    dispatch_float(operand, n, [&](auto t) { binary<decltype(t)>(in[0], in[1], out, len, f); });
+  };
+  auto numeric_binary = [&](auto f) {
+    dispatch_numeric(operand, n, [&](auto t) { binary<decltype(t)>(in[0], in[1], out, len, f); });
+  };
+  // `C` is the type the arithmetic runs in (Compute<T>): generic lambdas take it from their argument.
+  switch (n.op) {
+    case ir::Op::exp: return float_unary([](auto x) -> decltype(x) { return std::exp(x); });
+    case ir::Op::log: return float_unary([](auto x) -> decltype(x) { return std::log(x); });
+    case ir::Op::tanh: return float_unary([](auto x) -> decltype(x) { return std::tanh(x); });
+    case ir::Op::logistic:
+      return float_unary([](auto x) -> decltype(x) { using C = decltype(x); return C(1) / (C(1) + std::exp(-x)); });
+    case ir::Op::sqrt: return float_unary([](auto x) -> decltype(x) { return std::sqrt(x); });
+    case ir::Op::rsqrt: return float_unary([](auto x) -> decltype(x) { return decltype(x)(1) / std::sqrt(x); });
+    case ir::Op::sin: return float_unary([](auto x) -> decltype(x) { return std::sin(x); });
+    case ir::Op::cos: return float_unary([](auto x) -> decltype(x) { return std::cos(x); });
+    case ir::Op::neg: return numeric_unary([](auto x) -> decltype(x) { return -x; });
+    case ir::Op::add: return numeric_binary([](auto a, decltype(a) b) -> decltype(a) { return a + b; });
+    case ir::Op::sub: return numeric_binary([](auto a, decltype(a) b) -> decltype(a) { return a - b; });
+    case ir::Op::mul: return numeric_binary([](auto a, decltype(a) b) -> decltype(a) { return a * b; });
+    case ir::Op::div: return numeric_binary([](auto a, decltype(a) b) -> decltype(a) { return a / b; });
+    case ir::Op::max:
+      return numeric_binary([](auto a, decltype(a) b) -> decltype(a) { return std::isnan(static_cast<double>(a)) ? a : (a > b ? a : b); });
+    case ir::Op::min:
+      return numeric_binary([](auto a, decltype(a) b) -> decltype(a) { return std::isnan(static_cast<double>(a)) ? a : (a < b ? a : b); });
+    case ir::Op::pow: return float_binary([](auto a, decltype(a) b) -> decltype(a) { return std::pow(a, b); });
+    case ir::Op::compare: return compare(n, operand, in[0], in[1], out, len);
+    case ir::Op::select: return select(operand, in[0], in[1], in[2], out, len);
+    case ir::Op::convert_element_type: return convert(operand, result, in[0], out, len);
+    default: ASSERT(false);
+  }
+}
+
+namespace {
+
+// Runs `n` over all of `in` into `out`, each thread over its part.
+void run_elementwise(const ir::Node& n, std::span<const Array> in, const Array& out) {
+  const DType operand = in[n.op == ir::Op::select ? 1 : 0].type().dtype;
+  const int64_t len = out.size();
+  parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    std::array<const std::byte*, 3> at{};
+    for (size_t k = 0; k < in.size(); ++k) at[k] = in[k].bytes() + lo * dtype_size(in[k].type().dtype);
+    elementwise_range(n, operand, out.type().dtype, std::span(at.data(), in.size()),
+                      out.bytes() + lo * dtype_size(out.type().dtype), hi - lo);
   });
 }
 
 }  // namespace
 
-#define FLOAT_UNARY(op, expr)                                                                       \
-  void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {            \
-    dispatch_float(in[0].type().dtype, n, [&](auto t) {                                             \
-      using T = decltype(t);                                                                        \
-      using C = Compute<T>;                                                                         \
-      unary_loop<T>(in[0], out[0], [](C x) -> C { return expr; });                                  \
-    });                                                                                             \
+#define ELEMENTWISE_KERNEL(op)                                                                              \
+  void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) { \
+    run_elementwise(n, in, out[0]);                                                                         \
   }
-
-#define NUMERIC_BINARY(op, expr)                                                                    \
-  void kernel_##op(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {            \
-    dispatch_numeric(in[0].type().dtype, n, [&](auto t) {                                           \
-      using T = decltype(t);                                                                        \
-      using C = Compute<T>;                                                                         \
-      binary_loop<T>(in[0], in[1], out[0], [](C a, C b) -> C { return expr; });                     \
-    });                                                                                             \
-  }
-
-FLOAT_UNARY(exp, std::exp(x))
-FLOAT_UNARY(log, std::log(x))
-FLOAT_UNARY(tanh, std::tanh(x))
-FLOAT_UNARY(logistic, C(1) / (C(1) + std::exp(-x)))
-FLOAT_UNARY(sqrt, std::sqrt(x))
-FLOAT_UNARY(rsqrt, C(1) / std::sqrt(x))
-FLOAT_UNARY(sin, std::sin(x))
-FLOAT_UNARY(cos, std::cos(x))
-NUMERIC_BINARY(add, a + b)
-NUMERIC_BINARY(sub, a - b)
-NUMERIC_BINARY(mul, a * b)
-NUMERIC_BINARY(max, std::isnan(static_cast<double>(a)) ? a : (a > b ? a : b))
-NUMERIC_BINARY(min, std::isnan(static_cast<double>(a)) ? a : (a < b ? a : b))
-
-#undef FLOAT_UNARY
-#undef NUMERIC_BINARY
-
-void kernel_neg(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
-  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
-    using T = decltype(t);
-    unary_loop<T>(in[0], out[0], [](Compute<T> x) -> Compute<T> { return -x; });
-  });
-}
+ELEMENTWISE_KERNEL(exp)
+ELEMENTWISE_KERNEL(log)
+ELEMENTWISE_KERNEL(tanh)
+ELEMENTWISE_KERNEL(logistic)
+ELEMENTWISE_KERNEL(sqrt)
+ELEMENTWISE_KERNEL(rsqrt)
+ELEMENTWISE_KERNEL(sin)
+ELEMENTWISE_KERNEL(cos)
+ELEMENTWISE_KERNEL(neg)
+ELEMENTWISE_KERNEL(add)
+ELEMENTWISE_KERNEL(sub)
+ELEMENTWISE_KERNEL(mul)
+ELEMENTWISE_KERNEL(max)
+ELEMENTWISE_KERNEL(min)
+ELEMENTWISE_KERNEL(pow)
+ELEMENTWISE_KERNEL(compare)
+ELEMENTWISE_KERNEL(select)
+ELEMENTWISE_KERNEL(convert_element_type)
+#undef ELEMENTWISE_KERNEL
 
 void kernel_div(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   if (in[0].type().dtype == DType::i32) {
     const int32_t* b = in[1].data<int32_t>();
     for (int64_t i = 0; i < in[1].size(); ++i) CHECK(b[i] != 0, "{}: integer division by zero", ir::op_name(n.op));
   }
-  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
-    using T = decltype(t);
-    binary_loop<T>(in[0], in[1], out[0], [](Compute<T> a, Compute<T> b) -> Compute<T> { return a / b; });
-  });
+  run_elementwise(n, in, out[0]);
 }
 
-void kernel_pow(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
-  dispatch_float(in[0].type().dtype, n, [&](auto t) {
-    using T = decltype(t);
-    binary_loop<T>(in[0], in[1], out[0], [](Compute<T> a, Compute<T> b) -> Compute<T> { return std::pow(a, b); });
-  });
-}
-
-void kernel_compare(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
-  const std::string& dir = n.attrs.str("direction");
-  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
-    using T = decltype(t);
-    const T* a = in[0].data<T>();
-    const T* b = in[1].data<T>();
-    uint8_t* o = out[0].data<uint8_t>();
-    const int64_t len = in[0].size();
-    using C = Compute<T>;
-    auto loop = [&](auto cmp) {
-      parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i) o[i] = cmp(load(a[i]), load(b[i]));
-      });
-    };
-    if (dir == "eq") loop([](C x, C y) { return x == y; });
-    else if (dir == "ne") loop([](C x, C y) { return x != y; });
-    else if (dir == "lt") loop([](C x, C y) { return x < y; });
-    else if (dir == "le") loop([](C x, C y) { return x <= y; });
-    else if (dir == "gt") loop([](C x, C y) { return x > y; });
-    else loop([](C x, C y) { return x >= y; });
-  });
+void kernel_convert_group(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    const int64_t len = in[i].size();
+    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+      convert(in[i].type().dtype, out[i].type().dtype, in[i].bytes() + lo * dtype_size(in[i].type().dtype),
+              out[i].bytes() + lo * dtype_size(out[i].type().dtype), hi - lo);
+    });
+  }
 }
 
 // AdamW for one parameter (ir/ops.h): every operation of the primitives it replaces (train/step.cpp's
@@ -157,83 +250,6 @@ void kernel_adamw(const ir::Node& n, std::span<const Array> in, std::span<Array>
       }
     });
   });
-}
-
-void kernel_select(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
-  dispatch_bits(dtype_size(in[1].type().dtype), [&](auto bits) {
-    using U = decltype(bits);
-    const uint8_t* p = in[0].data<uint8_t>();
-    const U* a = in[1].data<U>();
-    const U* b = in[2].data<U>();
-    U* o = out[0].data<U>();
-    const int64_t len = in[0].size();
-    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) o[i] = p[i] ? a[i] : b[i];
-    });
-  });
-}
-
-namespace {
-
-void convert(const Array& x, Array& y) {
-  const int64_t len = x.size();
-  const DType from = x.type().dtype, to = y.type().dtype;
-  if (from == to) {
-    std::memcpy(y.bytes(), x.bytes(), static_cast<size_t>(x.type().bytes()));
-    return;
-  }
-  auto typed = [&](auto from_t, auto to_t) {
-    using F = decltype(from_t);
-    using T = decltype(to_t);
-    const F* a = x.data<F>();
-    T* o = y.data<T>();
-    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) o[i] = static_cast<T>(a[i]);
-    });
-  };
-  // The common pairs run as typed loops; the rest go through Array::get/set (bf16/f16 round to nearest even).
-  if (from == DType::i32 && to == DType::f32) return typed(int32_t{}, float{});
-  if (from == DType::pred && to == DType::f32) return typed(uint8_t{}, float{});
-  if (from == DType::f32 && to == DType::f64) return typed(float{}, double{});
-  if (from == DType::f64 && to == DType::f32) return typed(double{}, float{});
-  auto rounded = [&](auto to_t) {  // f32 -> bf16/f16, rounding to nearest even
-    using T = decltype(to_t);
-    const float* a = x.data<float>();
-    T* o = y.data<T>();
-    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) o[i] = store<T>(a[i]);
-    });
-  };
-  auto widened = [&](auto from_t) {  // bf16/f16 -> f32, exact
-    using F = decltype(from_t);
-    const F* a = x.data<F>();
-    float* o = y.data<float>();
-    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) o[i] = load(a[i]);
-    });
-  };
-  if (from == DType::f32 && to == DType::bf16) return rounded(bf16_t{});
-  if (from == DType::f32 && to == DType::f16) return rounded(f16_t{});
-  if (from == DType::bf16 && to == DType::f32) return widened(bf16_t{});
-  if (from == DType::f16 && to == DType::f32) return widened(f16_t{});
-  // Float -> int truncates toward zero, as lax does.
-  parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) y.set(i, x.get(i));
-  });
-}
-
-}  // namespace
-
-void kernel_convert_element_type(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
-  convert(in[0], out[0]);
-}
-
-void kernel_convert_group(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
-  for (size_t i = 0; i < in.size(); ++i) convert(in[i], out[i]);
 }
 
 }  // namespace remat::exec

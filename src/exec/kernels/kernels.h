@@ -1,5 +1,5 @@
-// The CPU backend's kernels: one per op of the op table without a body (the executor runs scans itself;
-// remat regions are inlined before planning). Kernels write into pre-allocated outputs, except the view ops
+// The CPU backend's kernels: one per op of the op table, except the regions (the executor runs scans itself;
+// remat regions are inlined before planning); a fusion is one kernel over its body. Kernels write into pre-allocated outputs, except the view ops
 // (reshape, name, check_finite: their outputs are views of the operand). Shapes follow lax semantics; see
 // ir/shape_rules.cpp.
 #pragma once
@@ -26,6 +26,7 @@ namespace remat::exec {
 #define REMAT_KERNEL_OR_group(k, r) k
 #define REMAT_KERNEL_OR_transfer(k, r) k
 #define REMAT_KERNEL_OR_region(k, r) r
+#define REMAT_KERNEL_OR_fused(k, r) k
 #define REMAT_KERNEL_OR_collective(k, r) k
 
 #define REMAT_KERNEL_DECLARE(e) \
@@ -35,11 +36,22 @@ namespace remat::exec {
 REMAT_OPS(X)
 #undef X
 
+// One elementwise op `n` over `len` consecutive elements: out[i] = op(in[0][i], in[1][i], ...), each pointer at
+// the range's first element. `operand` is the dtype of the data operands (select: its second), `result` the
+// result's. Unfused kernels run it over each thread's part of their arrays, the fusion kernel over each tile.
+void elementwise_range(const ir::Node& n, DType operand, DType result, std::span<const std::byte* const> in,
+                       std::byte* out, int64_t len);
+
+// Elements [lo, lo + len) of the constant `n` (iota or full) of type `type`, into `out` (its first element):
+// their kernels run it over each thread's part, the fusion kernel over each tile.
+void constant_range(const ir::Node& n, const ir::Type& type, int64_t lo, int64_t len, std::byte* out);
+
 // Workspace bytes of the kernels that need any (Backend::workspace_bytes): operand copies and oneDNN's
 // scratchpad for dot_general, the accumulator row of a reduction over leading axes.
 int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_attention(const ir::Node& n, std::span<const ir::Type> in);  // per thread: tiles (and dk, dv)
+int64_t workspace_fusion(const ir::Node& n, std::span<const ir::Type> in);  // per thread: its body's tiles
 int64_t workspace_all_reduce(const ir::Node& n, std::span<const ir::Type> in);  // every rank's copy of a chunk
 int64_t workspace_all_gather(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_reduce_scatter(const ir::Node& n, std::span<const ir::Type> in);

@@ -143,27 +143,46 @@ void kernel_scatter_add(const ir::Node& n, std::span<const Array> in, std::span<
   });
 }
 
-void kernel_iota(const ir::Node& n, std::span<const Array>, std::span<Array> out, const KernelContext&) {
-  const ir::Shape& shape = out[0].type().shape;
+void constant_range(const ir::Node& n, const ir::Type& type, int64_t lo, int64_t len, std::byte* out) {
+  if (len == 0) return;
+  if (n.op == ir::Op::full) {
+    Array::set_element(type.dtype, out, 0, n.attrs.real("value"));
+    dispatch_bits(dtype_size(type.dtype), [&](auto bits) {
+      using U = decltype(bits);
+      U* d = reinterpret_cast<U*>(out);
+#pragma omp simd
+      for (int64_t i = 1; i < len; ++i) d[i] = d[0];
+    });
+    return;
+  }
+  ASSERT(n.op == ir::Op::iota);
   const size_t dim = static_cast<size_t>(n.attrs.integer("dim"));
-  const int64_t inner = strides_of(Dims(shape))[dim];
-  for (int64_t i = 0; i < out[0].size(); ++i) out[0].set(i, static_cast<double>((i / inner) % shape[dim]));
+  const int64_t inner = strides_of(Dims(type.shape))[dim], size = type.shape[dim];
+  if (type.dtype == DType::i32) {
+    int32_t* d = reinterpret_cast<int32_t*>(out);
+    for (int64_t i = 0; i < len; ++i) d[i] = static_cast<int32_t>(((lo + i) / inner) % size);
+    return;
+  }
+  for (int64_t i = 0; i < len; ++i) Array::set_element(type.dtype, out, i, static_cast<double>(((lo + i) / inner) % size));
+}
+
+namespace {
+
+void fill_constant(const ir::Node& n, Array& o) {
+  const int64_t len = o.size(), size = dtype_size(o.type().dtype);
+  parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    constant_range(n, o.type(), lo, hi - lo, o.bytes() + lo * size);
+  });
+}
+
+}  // namespace
+
+void kernel_iota(const ir::Node& n, std::span<const Array>, std::span<Array> out, const KernelContext&) {
+  fill_constant(n, out[0]);
 }
 
 void kernel_full(const ir::Node& n, std::span<const Array>, std::span<Array> out, const KernelContext&) {
-  Array& o = out[0];
-  if (o.size() == 0) return;
-  o.set(0, n.attrs.real("value"));
-  dispatch_bits(dtype_size(o.type().dtype), [&](auto bits) {
-    using U = decltype(bits);
-    U* d = o.data<U>();
-    const U v = d[0];
-    const int64_t len = o.size();
-    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-      for (int64_t i = std::max<int64_t>(lo, 1); i < hi; ++i) d[i] = v;
-    });
-  });
+  fill_constant(n, out[0]);
 }
 
 }  // namespace remat::exec
