@@ -16,6 +16,7 @@ struct Group {
   Shape shape = {};
   bool recomputed = false;
   bool read_outside = false;       // closed: a node outside has read one of its values
+  int epoch = 0;                   // the effectful ops before it: an effect since closes it
   bool merged = false;             // merged into another group
   int values() const { return static_cast<int>(members.size() + external.size() + broadcasts.size()); }
 };
@@ -75,7 +76,7 @@ class Fuser {
         const int o = group_of_[static_cast<size_t>(v)];
         if (o < 0 || std::find(joined.begin(), joined.end(), o) != joined.end()) continue;
         const Group& c = groups_[static_cast<size_t>(o)];
-        if (!c.read_outside && c.shape == shape && c.recomputed == n.recomputed) joined.push_back(o);
+        if (!c.read_outside && c.epoch == epoch_ && c.shape == shape && c.recomputed == n.recomputed) joined.push_back(o);
       }
       gid = joined.empty() ? new_group(shape, n.recomputed) : joined[0];
       if (!within_limit(gid, joined, n)) gid = new_group(shape, n.recomputed);
@@ -90,12 +91,11 @@ class Fuser {
       const int o = group_of_[static_cast<size_t>(v)];
       if (o >= 0 && o != gid) groups_[static_cast<size_t>(o)].read_outside = true;
     }
-    if (is_effectful(n.op))  // and an effect closes them all: no fusion spans a message or a collective
-      for (Group& grp : groups_) grp.read_outside = true;
+    if (is_effectful(n.op)) ++epoch_;  // and an effect closes them all: no fusion spans a message or a collective
   }
 
   int new_group(const Shape& shape, bool recomputed) {
-    groups_.push_back(Group{.shape = shape, .recomputed = recomputed});
+    groups_.push_back(Group{.shape = shape, .recomputed = recomputed, .epoch = epoch_});
     return static_cast<int>(groups_.size()) - 1;
   }
 
@@ -211,6 +211,7 @@ class Fuser {
   std::vector<int> def_;       // the node defining each value (-1: a param)
   std::vector<int> group_of_;  // the group whose member computes each value (-1: none)
   std::vector<Group> groups_;
+  int epoch_ = 0;  // effectful ops taken so far
   int fusions_ = 0;
 };
 
