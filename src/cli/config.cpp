@@ -125,6 +125,7 @@ const std::vector<Key>& keys() {
       bind<bool>("float32_qk_product", [](Config& c) -> bool& { return c.run.model.float32_qk_product; }),
       bind<bool>("float32_logits", [](Config& c) -> bool& { return c.run.model.float32_logits; }),
       bind<bool>("logits_dot_in_fp32", [](Config& c) -> bool& { return c.run.model.logits_dot_in_fp32; }),
+      bind<int64_t>("num_vocab_tiling", [](Config& c) -> int64_t& { return c.run.model.num_vocab_tiling; }, at_least(1)),
       bind<double>("loss_scale_initial", [](Config& c) -> double& { return c.run.optimizer.loss_scale.initial; }, at_least(1)),
       bind<int64_t>("loss_scale_period", [](Config& c) -> int64_t& { return c.run.optimizer.loss_scale.period; }, at_least(1)),
       bind<double>("loss_scale_factor", [](Config& c) -> double& { return c.run.optimizer.loss_scale.factor; }, above(1)),

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <random>
 
@@ -390,40 +391,114 @@ Tensor layers(Builder& b, const ModelConfig& c, Tensor x, std::vector<Tensor> st
   return decoder_layers(b, c, x, stacked, k);
 }
 
-// Final norm and output projection: logits in f32 for the loss, the matmul in the compute dtype (or f32 with
-// logits_dot_in_fp32), cast up. `out` is the output kernel, or the embedding when tied.
+// Final norm, then the output projection: logits in f32 for the loss, the matmul in the compute dtype (or f32
+// with logits_dot_in_fp32), cast up. `out` is the output kernel [D,V], or the embedding [V,D] when tied.
+Tensor final_norm(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec) {
+  auto s = b.scope("decoder/decoder_norm");
+  return rms_norm(x, whole_param(norm, norm_spec, std::nullopt), c.rms_eps);
+}
+
+Tensor logits_of(const ModelConfig& c, Tensor x, Tensor out) {
+  const DType dot = c.logits_dot_in_fp32 ? kF32 : compute_dtype();
+  const int64_t d = x.rank() - 1;
+  return convert(dot_general(convert(x, dot), convert(out, dot), DotDims{{d}, {c.logits_via_embedding ? 1 : 0}, {}, {}}),
+                 kF32);
+}
+
 Tensor head(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
             const ParamSpec& out_spec) {
-  {
-    auto s = b.scope("decoder/decoder_norm");
-    x = rms_norm(x, whole_param(norm, norm_spec, std::nullopt), c.rms_eps);
-  }
+  x = final_norm(b, c, x, norm, norm_spec);
   auto s = b.scope("decoder/logits_dense");
-  const DType dot = c.logits_dot_in_fp32 ? kF32 : compute_dtype();
-  if (c.logits_via_embedding)
-    return convert(dot_general(convert(x, dot), whole_param(out, out_spec, dot), DotDims{{2}, {1}, {}, {}}), kF32);
-  return convert(project(x, whole_param(out, out_spec, dot), dot), kF32);
+  return logits_of(c, x, whole_param(out, out_spec, c.logits_dot_in_fp32 ? kF32 : compute_dtype()));
+}
+
+// Where the head's parameters are: the embedding, the stacked layer weights, the final norm scale, the output
+// kernel (if untied; else the embedding).
+struct HeadAt {
+  size_t norm, out;
+};
+HeadAt head_at(const ModelConfig& c) {
+  const size_t norm = 1 + layer_params(c).size();
+  return {norm, c.logits_via_embedding ? 0 : norm + 1};
+}
+
+// The embedding and the layers: the hidden states [B,T,D] before the final norm.
+Tensor trunk(Builder& b, const ModelConfig& c, std::span<const Tensor> p, std::span<const ParamSpec> specs,
+             Tensor inputs) {
+  Tensor x = embed(b, p[0], specs[0], inputs);
+  return layers(b, c, x, std::vector<Tensor>(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(head_at(c).norm)));
 }
 
 Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Tensor inputs) {
   ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
   const std::vector<ParamSpec> specs = param_specs(c);
-  // params: the embedding, the stacked layer weights, the final norm scale, the output kernel (if untied).
-  const size_t final_norm = 1 + layer_params(c).size(), out = c.logits_via_embedding ? 0 : final_norm + 1;
-  Tensor x = embed(b, p[0], specs[0], inputs);
-  x = layers(b, c, x, std::vector<Tensor>(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(final_norm)));
-  return head(b, c, x, p[final_norm], specs[final_norm], p[out], specs[out]);
+  const HeadAt at = head_at(c);
+  return head(b, c, trunk(b, c, p, specs, inputs), p[at.norm], specs[at.norm], p[at.out], specs[at.out]);
 }
 
-// Mean cross-entropy in f32: -log_softmax(logits)[target], picked with a one-hot mask.
-Tensor cross_entropy(Builder& b, Tensor logits, Tensor targets) {
+// log_softmax(logits)[target] in f32 along the last (vocabulary) axis, picked with a one-hot mask: the shape of
+// `targets`.
+Tensor target_log_probs(Builder& b, Tensor logits, Tensor targets) {
   auto s = b.scope("loss");
-  Tensor logp = log_softmax(logits, 2);
-  Tensor vocab = iota(b, DType::i32, logits.shape(), 2);
-  Tensor hot = compare(vocab, broadcast_in_dim(targets, logits.shape(), {0, 1}), "eq");
-  Tensor zero = zeros_like(logp);
-  Tensor picked = reduce_sum(select(hot, logp, zero), {2});
+  const int64_t v = logits.rank() - 1;
+  Tensor logp = log_softmax(logits, v);
+  Tensor vocab = iota(b, DType::i32, logits.shape(), v);
+  IntList dims(static_cast<size_t>(v));
+  std::iota(dims.begin(), dims.end(), int64_t{0});
+  Tensor hot = compare(vocab, broadcast_in_dim(targets, logits.shape(), dims), "eq");
+  return reduce_sum(select(hot, logp, zeros_like(logp)), {v});
+}
+
+// Mean cross-entropy over the batch's tokens.
+Tensor cross_entropy(Builder& b, Tensor logits, Tensor targets) {
+  Tensor picked = target_log_probs(b, logits, targets);
+  auto s = b.scope("loss");
   return neg(mean(picked, {0, 1}));
+}
+
+// num_vocab_tiling = k > 1 (MaxText's vocabulary tiling, which chunks the tokens): the normed hidden states
+// [B,T,D] and targets as k chunks of N = B*T/k tokens, scanned; each chunk's projection and cross-entropy is a
+// remat region saving only its inputs, so one chunk's [N,V] logits exist at a time, forward and backward (where
+// they are recomputed). The output kernel is a const of the scan in its own dtype: its gradient accumulates
+// over the chunks in f32, cast to the dot's dtype inside each chunk. The loss's cotangent reaches the hidden
+// states' gradients as it reaches the kernel's (MaxText's custom VJP scales only the latter): plain autodiff.
+Tensor tiled_cross_entropy(Builder& b, const ModelConfig& c, Tensor x, Tensor out, Tensor targets) {
+  const int64_t k = c.num_vocab_tiling, tokens = x.dim(0) * x.dim(1);
+  CHECK(tokens % k == 0,
+        "config key 'num_vocab_tiling' ({}) must divide the tokens of a step on one device (batch {} x sequence {} "
+        "= {}): choose a divisor, or 1 to turn tiling off",
+        k, x.dim(0), x.dim(1), tokens);
+  Tensor chunks = reshape(x, {k, tokens / k, x.dim(2)});
+  Tensor target_chunks = reshape(targets, {k, tokens / k});
+  auto body = [&](Builder& sb, std::span<const Tensor> consts, std::span<const Tensor> carry,
+                  std::span<const Tensor> xs) {
+    auto chunk = [&](Builder& rb, std::span<const Tensor> in) {
+      Tensor picked = target_log_probs(rb, logits_of(c, in[0], in[2]), in[1]);
+      auto s = rb.scope("loss");
+      return std::vector<Tensor>{reduce_sum(picked, {0})};
+    };
+    const std::array<Tensor, 3> in{xs[0], xs[1], consts[0]};
+    const std::array<std::string, 3> names{"hidden", "targets", "kernel"};
+    Tensor sum = checkpoint(sb, in, chunk, "full", "vocab_tile", names)[0];
+    auto s = sb.scope("loss");
+    return std::vector<Tensor>{carry[0] + sum};
+  };
+  const std::array<Tensor, 2> xs{chunks, target_chunks};
+  Tensor total;
+  {
+    auto s = b.scope("decoder/logits_dense");  // the scan's body: the projection, then the loss under ".../loss"
+    total = scan(b, k, std::array{out}, std::array{scalar(b, kF32, 0.0)}, xs, body, "vocab_tiles")[0];
+  }
+  auto s = b.scope("loss");
+  return neg(total * (1.0 / static_cast<double>(tokens)));
+}
+
+// The head and the loss: untiled, the logits [B,T,V] and their mean cross-entropy; else tiled_cross_entropy.
+Tensor head_loss(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
+                 const ParamSpec& out_spec, Tensor targets) {
+  if (c.num_vocab_tiling == 1) return cross_entropy(b, head(b, c, x, norm, norm_spec, out, out_spec), targets);
+  x = final_norm(b, c, x, norm, norm_spec);
+  return tiled_cross_entropy(b, c, x, whole_param(out, out_spec, std::nullopt), targets);
 }
 
 }  // namespace
@@ -444,6 +519,7 @@ void validate(const ModelConfig& c) {
   CHECK(!c.flash_attention || c.head_dim <= 256,
         "config key 'head_dim' is {}: attention=flash supports up to 256 on the CPU; use attention=dot_product",
         c.head_dim);
+  positive(c.num_vocab_tiling, "num_vocab_tiling");
   CHECK(c.rope_theta > 1, "config key 'rope_max_timescale' must be > 1, got {}", c.rope_theta);
   CHECK(c.rms_eps > 0, "config key 'normalization_layer_epsilon' must be > 0, got {}", c.rms_eps);
   CHECK(c.layers_per_group >= 0 && (c.layers_per_group == 0 || c.num_decoder_layers % c.layers_per_group == 0),
@@ -700,9 +776,15 @@ std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec:
 
 Tensor trace_loss(Builder& b, const ModelConfig& c, std::span<const Tensor> params, Tensor inputs, Tensor targets,
                   Tensor* logits_out) {
-  Tensor logits = trace_logits(b, c, params, inputs);
-  if (logits_out) *logits_out = logits;
-  return cross_entropy(b, logits, targets);
+  if (!logits_out) {
+    ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
+    const std::vector<ParamSpec> specs = param_specs(c);
+    const HeadAt at = head_at(c);
+    Tensor x = trunk(b, c, params, specs, inputs);
+    return head_loss(b, c, x, params[at.norm], specs[at.norm], params[at.out], specs[at.out], targets);
+  }
+  *logits_out = trace_logits(b, c, params, inputs);  // the caller wants the logits: untiled
+  return cross_entropy(b, *logits_out, targets);
 }
 
 std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& part) {
@@ -739,8 +821,8 @@ Tensor trace_stage(Builder& b, const ModelConfig& c, const StagePart& part, std:
                                               params.begin() + static_cast<std::ptrdiff_t>(first + nw)));
   if (!part.head) return x;
   const size_t norm = first + nw, out = c.logits_via_embedding ? 0 : norm + 1;
-  Tensor logits = head(b, c, x, params[norm], specs[norm], params[out], specs[out]);
-  return targets ? cross_entropy(b, logits, *targets) : logits;
+  if (!targets) return head(b, c, x, params[norm], specs[norm], params[out], specs[out]);
+  return head_loss(b, c, x, params[norm], specs[norm], params[out], specs[out], *targets);
 }
 
 namespace {

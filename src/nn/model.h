@@ -55,6 +55,9 @@ struct ModelConfig {
   bool float32_qk_product = true;    // attention q.k in f32 (q and k cast up); else in the compute dtype
   bool float32_logits = true;        // attention scores cast up to f32 before the softmax (if not already)
   bool logits_dot_in_fp32 = false;   // the vocabulary projection in f32; else in the compute dtype, cast up
+  int64_t num_vocab_tiling = 1;      // > 1: the output projection and loss over this many chunks of the batch's
+                                     // tokens (MaxText's key; it chunks tokens, not the vocabulary), [B,T,V]
+                                     // logits never all live
   // Distribution: the mesh one step runs on, and which logical parameter axis is sharded over which mesh
   // axis. With fsdp > 1 (FSDP, ZeRO-3) every parameter is a shard along its embed dimension; the model
   // all-gathers each where it is used (a layer's weights inside the layer, cast to the compute dtype

@@ -157,6 +157,7 @@ const Bound kBounds[] = {
     {"float32_qk_product", "yes", "true or false", "false"},
     {"float32_logits", "no", "true or false", "false"},
     {"logits_dot_in_fp32", "2", "true or false", "false"},
+    {"num_vocab_tiling", "0", "an integer >= 1", "1"},
     {"loss_scale_initial", "0.5", "a number >= 1", "1"},
     {"loss_scale_period", "0", "an integer >= 1", "1"},
     {"loss_scale_factor", "1", "a number > 1", "1.5"},

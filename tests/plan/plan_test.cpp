@@ -256,7 +256,7 @@ TEST(PlannedStep, ChainedStepsThroughDonatedBuffersMatchTheReference) {
 }
 
 // The same on the real `tiny` training step (configs/, batch 16 x 128, AdamW), for the three policies
-// and for bf16 compute with either cast placement.
+// for bf16 compute with either cast placement, and with the output layer and loss tiled (num_vocab_tiling).
 class TinyStep : public testing::TestWithParam<std::vector<std::string>> {};
 
 TEST_P(TinyStep, MeasuredPeakIsThePlannedPeakByteForByte) {
@@ -292,7 +292,8 @@ INSTANTIATE_TEST_SUITE_P(Policies, TinyStep,
                                          std::vector<std::string>{"remat_policy=minimal"},
                                          std::vector<std::string>{"remat_policy=everything_saveable"},
                                          std::vector<std::string>{"dtype=bfloat16"},
-                                         std::vector<std::string>{"dtype=bfloat16", "mp_cast=upfront"}));
+                                         std::vector<std::string>{"dtype=bfloat16", "mp_cast=upfront"},
+                                         std::vector<std::string>{"dtype=bfloat16", "num_vocab_tiling=8"}));
 
 }  // namespace
 }  // namespace remat
