@@ -391,25 +391,30 @@ Tensor layers(Builder& b, const ModelConfig& c, Tensor x, std::vector<Tensor> st
   return decoder_layers(b, c, x, stacked, k);
 }
 
-// Final norm, then the output projection: logits in f32 for the loss, the matmul in the compute dtype (or f32
-// with logits_dot_in_fp32), cast up. `out` is the output kernel [D,V], or the embedding [V,D] when tied.
+// The final norm of the hidden states.
 Tensor final_norm(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec) {
   auto s = b.scope("decoder/decoder_norm");
   return rms_norm(x, whole_param(norm, norm_spec, std::nullopt), c.rms_eps);
 }
 
+// The output projection's matmul dtype: the compute dtype, or f32 with logits_dot_in_fp32.
+DType logits_dot(const ModelConfig& c) { return c.logits_dot_in_fp32 ? kF32 : compute_dtype(); }
+
+// Logits [..., V] in f32 for the loss from hidden states [..., D] (the matmul in logits_dot, cast up). `out` is
+// the output kernel [D,V], or the embedding [V,D] when tied.
 Tensor logits_of(const ModelConfig& c, Tensor x, Tensor out) {
-  const DType dot = c.logits_dot_in_fp32 ? kF32 : compute_dtype();
+  const DType dot = logits_dot(c);
   const int64_t d = x.rank() - 1;
   return convert(dot_general(convert(x, dot), convert(out, dot), DotDims{{d}, {c.logits_via_embedding ? 1 : 0}, {}, {}}),
                  kF32);
 }
 
+// The final norm and the logits [B,T,V].
 Tensor head(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
             const ParamSpec& out_spec) {
   x = final_norm(b, c, x, norm, norm_spec);
   auto s = b.scope("decoder/logits_dense");
-  return logits_of(c, x, whole_param(out, out_spec, c.logits_dot_in_fp32 ? kF32 : compute_dtype()));
+  return logits_of(c, x, whole_param(out, out_spec, logits_dot(c)));
 }
 
 // Where the head's parameters are: the embedding, the stacked layer weights, the final norm scale, the output
@@ -459,14 +464,15 @@ Tensor cross_entropy(Builder& b, Tensor logits, Tensor targets) {
 // num_vocab_tiling = k > 1 (MaxText's vocabulary tiling, which chunks the tokens): the normed hidden states
 // [B,T,D] and targets as k chunks of N = B*T/k tokens, scanned; each chunk's projection and cross-entropy is a
 // remat region saving only its inputs, so one chunk's [N,V] logits exist at a time, forward and backward (where
-// they are recomputed). The output kernel is a const of the scan in its own dtype: its gradient accumulates
-// over the chunks in f32, cast to the dot's dtype inside each chunk. The loss's cotangent reaches the hidden
-// states' gradients as it reaches the kernel's (MaxText's custom VJP scales only the latter): plain autodiff.
+// they are recomputed). The output kernel is a const of the scan in f32 (f64 for f64 weights), gathered so
+// under FSDP (twice the bytes of the untiled head's gather in a 16-bit compute dtype): its gradient accumulates
+// over the chunks in it, the kernel cast to the dot's dtype inside each chunk. The loss's cotangent reaches the
+// hidden states' gradients as it reaches the kernel's (MaxText's custom VJP scales only the latter): autodiff.
 Tensor tiled_cross_entropy(Builder& b, const ModelConfig& c, Tensor x, Tensor out, Tensor targets) {
   const int64_t k = c.num_vocab_tiling, tokens = x.dim(0) * x.dim(1);
   CHECK(tokens % k == 0,
-        "config key 'num_vocab_tiling' ({}) must divide the tokens of a step on one device (batch {} x sequence {} "
-        "= {}): choose a divisor, or 1 to turn tiling off",
+        "config key 'num_vocab_tiling' ({}) must divide the tokens of one microbatch on one device (batch {} x "
+        "sequence {} = {}): choose a divisor, or 1 to turn tiling off",
         k, x.dim(0), x.dim(1), tokens);
   Tensor chunks = reshape(x, {k, tokens / k, x.dim(2)});
   Tensor target_chunks = reshape(targets, {k, tokens / k});
@@ -478,7 +484,7 @@ Tensor tiled_cross_entropy(Builder& b, const ModelConfig& c, Tensor x, Tensor ou
       return std::vector<Tensor>{reduce_sum(picked, {0})};
     };
     const std::array<Tensor, 3> in{xs[0], xs[1], consts[0]};
-    const std::array<std::string, 3> names{"hidden", "targets", "kernel"};
+    const std::array<std::string, 3> names{"hidden", "targets", c.logits_via_embedding ? "embedding" : "kernel"};
     Tensor sum = checkpoint(sb, in, chunk, "full", "vocab_tile", names)[0];
     auto s = sb.scope("loss");
     return std::vector<Tensor>{carry[0] + sum};
@@ -498,7 +504,8 @@ Tensor head_loss(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const 
                  const ParamSpec& out_spec, Tensor targets) {
   if (c.num_vocab_tiling == 1) return cross_entropy(b, head(b, c, x, norm, norm_spec, out, out_spec), targets);
   x = final_norm(b, c, x, norm, norm_spec);
-  return tiled_cross_entropy(b, c, x, whole_param(out, out_spec, std::nullopt), targets);
+  const std::optional<DType> accumulate = out.dtype() == DType::f64 ? std::nullopt : std::optional(kF32);
+  return tiled_cross_entropy(b, c, x, whole_param(out, out_spec, accumulate), targets);
 }
 
 }  // namespace
@@ -795,16 +802,16 @@ std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& 
         "logits_via_embedding=true ties the output projection to the embedding, which pipeline stages would hold on "
         "two ranks: set logits_via_embedding=false to train with a pipeline");
   const std::vector<ParamSpec> specs = param_specs(c);
-  const size_t final_norm = 1 + layer_params(c).size();
+  const size_t norm_at = head_at(c).norm;
   std::vector<ParamSpec> out;
   if (part.embedding) out.push_back(specs[0]);
-  for (size_t i = 1; i < final_norm; ++i) {
+  for (size_t i = 1; i < norm_at; ++i) {
     ParamSpec s = specs[i];
     s.type.shape[0] = part.num_layers;
     out.push_back(s);
   }
   if (part.head)
-    for (size_t i = final_norm; i < specs.size(); ++i) out.push_back(specs[i]);
+    for (size_t i = norm_at; i < specs.size(); ++i) out.push_back(specs[i]);
   return out;
 }
 
@@ -841,7 +848,7 @@ Graph loss_graph(const ModelConfig& c, int64_t batch, int64_t seq, bool with_log
   Tensor inputs = b.param("inputs", {DType::i32, {batch, seq}});
   Tensor targets = b.param("targets", {DType::i32, {batch, seq}});
   Tensor logits;
-  b.result(trace_loss(b, c, p, inputs, targets, &logits));
+  b.result(trace_loss(b, c, p, inputs, targets, with_logits ? &logits : nullptr));
   if (with_logits) b.result(logits);
   return g;
 }

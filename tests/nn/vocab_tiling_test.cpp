@@ -91,6 +91,19 @@ TEST(VocabTiling, NoValueHoldsMoreThanOneChunksLogits) {
   EXPECT_EQ(largest_vocab_value(model(1, "f32")), tokens * vocab);  // untiled: the [B,T,V] logits
   EXPECT_EQ(largest_vocab_value(model(4, "f32")), tokens / 4 * vocab);
   EXPECT_EQ(largest_vocab_value(model(4, "p=f32,c=bf16")), tokens / 4 * vocab);
+  EXPECT_EQ(largest_vocab_value(model(4, "f32", true)), tokens / 4 * vocab);  // tied: the embedding is [V,D]
+}
+
+// Where the logits are the largest arrays (vocabulary 8192, D = 32), the planned peak drops by more than
+// three quarters of one [B,T,V] f32 array with 4 tiles.
+TEST(VocabTiling, LowersThePeakWhereTheLogitsAreTheLargestArrays) {
+  auto peak = [](int64_t tiles) {
+    nn::ModelConfig c = model(tiles, "p=f32,c=bf16");
+    c.vocab_size = 8192;
+    return compile::compile({.model = c, .shape = {kBatch, kSeq, 1}, .kind = compile::Kind::train_step}).plan.lower_bound[0];
+  };
+  const int64_t untiled = peak(1), tiled = peak(4), logits = kBatch * kSeq * 8192 * 4;
+  EXPECT_LT(tiled, untiled - logits * 3 / 4) << "untiled " << untiled << " B, 4 tiles " << tiled << " B";
 }
 
 TEST(VocabTiling, ATilingThatDoesNotDivideTheTokensIsRefused) {
@@ -98,8 +111,8 @@ TEST(VocabTiling, ATilingThatDoesNotDivideTheTokensIsRefused) {
     grads(model(5, "f32"));
     FAIL() << "5 tiles of 48 tokens accepted";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("'num_vocab_tiling' (5) must divide the tokens of a step on one device "
-                                         "(batch 2 x sequence 24 = 48)"),
+    EXPECT_NE(std::string(e.what()).find("'num_vocab_tiling' (5) must divide the tokens of one microbatch on one "
+                                         "device (batch 2 x sequence 24 = 48)"),
               std::string::npos)
         << e.what();
   }
