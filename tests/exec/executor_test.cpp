@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 namespace remat {
 namespace {
 
@@ -49,6 +52,40 @@ TEST(Executor, LayoutOps) {
   EXPECT_EQ(r[2].to_vector<float>(), (std::vector<float>{9, 9, 12, 12}));
   EXPECT_EQ(r[3].to_vector<float>(), (std::vector<float>{4, 5, 6}));
   EXPECT_EQ(r[4].to_vector<float>(), (std::vector<float>{1, 5, 3, 4, 2, 6, 1, 5, 3, 4, 2, 6}));
+}
+
+// Row reductions over windows of 1 to 40 (whole groups of the kernel's 8 lanes and every tail) against a plain
+// loop: f32 sums (accumulated in f64, so any order rounds to the same f32 here) and maxima, with a NaN and -inf
+// in some rows (a NaN anywhere makes the row's max NaN).
+TEST(Executor, RowReductionsEqualAPlainLoopForEveryWindowLength) {
+  for (int64_t n = 1; n <= 40; ++n) {
+    Graph g;
+    Builder b(g);
+    Tensor x = b.param("x", {DType::f32, {3, n}});
+    b.result(reduce_sum(x, {1}));
+    b.result(reduce_max(x, {1}));
+    exec::Array a(g.type(x.id));
+    for (int64_t i = 0; i < a.size(); ++i) a.set(i, std::sin(static_cast<double>(i * 7 + n)) * 100);
+    a.set(n + n / 2, -std::numeric_limits<double>::infinity());
+    if (n > 2) a.set(2 * n + n - 2, std::numeric_limits<double>::quiet_NaN());
+    const std::vector<exec::Array> r = exec::run(g, std::vector<exec::Array>{a});
+    for (int64_t row = 0; row < 3; ++row) {
+      double sum = 0, max = -std::numeric_limits<double>::infinity();
+      bool nan = false;
+      for (int64_t j = 0; j < n; ++j) {
+        const double v = a.get(row * n + j);
+        sum += v;
+        nan |= std::isnan(v);
+        max = std::max(max, v);
+      }
+      if (nan) {
+        EXPECT_TRUE(std::isnan(r[0].get(row)) && std::isnan(r[1].get(row))) << "n " << n << " row " << row;
+      } else {
+        EXPECT_EQ(r[0].get(row), static_cast<double>(static_cast<float>(sum))) << "n " << n << " row " << row;
+        EXPECT_EQ(r[1].get(row), max) << "n " << n << " row " << row;
+      }
+    }
+  }
 }
 
 TEST(Executor, GatherOutOfRangeNamesNodeAndScope) {

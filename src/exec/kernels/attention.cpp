@@ -4,6 +4,7 @@
 // queries against a block of keys) live in the plan's workspace for the node. Each (batch, head)
 // — backward: each (batch, kv head) with its group of query heads — is one thread's, in a fixed order, so the
 // results do not depend on the thread count.
+#include "exec/kernels/exp.h"
 #include "exec/kernels/kernels.h"
 
 #include <omp.h>
@@ -134,10 +135,10 @@ void kernel_attention(const ir::Node& n, std::span<const Array> in, std::span<Ar
             for (int64_t r = 0; r < rows; ++r) {
               A* sr = t.s[r];
               const A m_new = std::max(t.m[r], *std::max_element(sr, sr + cols));
-              const A correction = std::exp(t.m[r] - m_new);  // 0 at the first block (exp(-inf))
+              const A correction = exp_of(t.m[r] - m_new);  // 0 at the first block (exp(-inf))
               t.l[r] *= correction;
               for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] *= correction;
-              for (int64_t j = 0; j < cols; ++j) t.l[r] += sr[j] = std::exp(sr[j] - m_new);
+              for (int64_t j = 0; j < cols; ++j) t.l[r] += sr[j] = exp_of(sr[j] - m_new);
               t.m[r] = m_new;
               for (int64_t j = 0; j < cols; ++j) {
                 const A p = sr[j];
@@ -193,7 +194,7 @@ void kernel_attention_grad(const ir::Node& n, std::span<const Array> in, std::sp
                 A* dsr = t.ds[r];
                 times_block(t.dout[r], t.vt, dsr, z.D, cols);
                 for (int64_t j = 0; j < cols; ++j) {
-                  t.s[r][j] = std::exp(t.s[r][j] - t.l[r]);
+                  t.s[r][j] = exp_of(t.s[r][j] - t.l[r]);
                   dsr[j] = t.s[r][j] * (dsr[j] - t.delta[r]) * scale;
                 }
               }

@@ -2,6 +2,7 @@
 // Each op is one loop over a range of elements (elementwise_range); a kernel runs it over each thread's part
 // of its arrays and the fusion kernel over each tile of its body: one loop per op, so fused and unfused steps
 // compute the same bits.
+#include "exec/kernels/exp.h"
 #include "exec/kernels/kernels.h"
 
 #include <cmath>
@@ -124,11 +125,11 @@ void elementwise_range(const ir::Node& n, DType operand, DType result, std::span
   };
   // `C` is the type the arithmetic runs in (Compute<T>): generic lambdas take it from their argument.
   switch (n.op) {
-    case ir::Op::exp: return float_unary([](auto x) -> decltype(x) { return std::exp(x); });
+    case ir::Op::exp: return float_unary([](auto x) -> decltype(x) { return exp_of(x); });
     case ir::Op::log: return float_unary([](auto x) -> decltype(x) { return std::log(x); });
     case ir::Op::tanh: return float_unary([](auto x) -> decltype(x) { return std::tanh(x); });
     case ir::Op::logistic:
-      return float_unary([](auto x) -> decltype(x) { using C = decltype(x); return C(1) / (C(1) + std::exp(-x)); });
+      return float_unary([](auto x) -> decltype(x) { using C = decltype(x); return C(1) / (C(1) + exp_of(-x)); });
     case ir::Op::sqrt: return float_unary([](auto x) -> decltype(x) { return std::sqrt(x); });
     case ir::Op::rsqrt: return float_unary([](auto x) -> decltype(x) { return decltype(x)(1) / std::sqrt(x); });
     case ir::Op::sin: return float_unary([](auto x) -> decltype(x) { return std::sin(x); });

@@ -3,6 +3,7 @@
 #include "exec/kernels/kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 
 namespace remat::exec {
@@ -42,6 +43,23 @@ int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
   return off;
 }
 
+// One contiguous window in kLanes accumulators, lane j taking elements j, j + kLanes, ..., then the lanes
+// combined pairwise in a fixed order: independent chains the core runs side by side (one accumulator waits on
+// each combine), and a result that depends on the window alone, not on threads.
+template <class T, class Acc, class Combine, class Pre>
+Acc reduce_window(const T* x, int64_t n, Acc init, Combine combine, Pre pre) {
+  constexpr int64_t kLanes = 8;
+  std::array<Acc, kLanes> lane;
+  lane.fill(init);
+  int64_t r = 0;
+  for (; r + kLanes <= n; r += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = combine(lane[j], static_cast<Acc>(pre(load(x[r + j]))));
+  for (int64_t j = 0; r < n; ++r, ++j) lane[j] = combine(lane[j], static_cast<Acc>(pre(load(x[r]))));
+  for (int64_t w = kLanes / 2; w > 0; w /= 2)
+    for (int64_t j = 0; j < w; ++j) lane[j] = combine(lane[j], lane[j + w]);
+  return lane[0];
+}
+
 // `pre` maps each element (in the compute type) before it is accumulated: the identity, or sum_of_squares' square
 // rounded to T.
 template <class T, class Acc, class Combine, class Pre>
@@ -67,7 +85,7 @@ void reduce_loop(const Array& x, Array& y, const Plan& p, std::span<std::byte> w
       const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
       Acc acc = init;
       if (p.contiguous) {
-        for (int64_t r = 0; r < p.window; ++r) acc = combine(acc, static_cast<Acc>(pre(load(base[r]))));
+        acc = reduce_window<T, Acc>(base, p.window, init, combine, pre);
       } else {
         for (int64_t r = 0; r < p.window; ++r)
           acc = combine(acc, static_cast<Acc>(pre(load(base[unravel(r, p.red_shape, p.red_strides)]))));
@@ -116,7 +134,7 @@ void kernel_reduce_max(const ir::Node& n, std::span<const Array> in, std::span<A
     using T = decltype(t);
     using C = Compute<T>;
     C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::lowest();
-    reduce_loop<T, C>(in[0], out[0], p, ctx.workspace, lowest, [](C a, C b) { return (b > a || b != b) ? b : a; },
+    reduce_loop<T, C>(in[0], out[0], p, ctx.workspace, lowest, [](C a, C b) { return (b > a) | (b != b) ? b : a; },
                       [](C x) { return x; });
   });
 }

@@ -1,0 +1,96 @@
+// The elementwise and row-reduction loops the fusion and reduce kernels run, on one thread over a cache-resident
+// tile (what a fusion tile sees), in elements per second: exp and logistic through the kernels' loop, against
+// the same loop over libm's expf (what they ran before exec/kernels/exp.h); a row max and sum over 512-element
+// rows (the attention's softmax) through the kernel, against one accumulator per row.
+// Run: build/remat_bench --benchmark_filter='Exp|Logistic|Row'
+#include "exec/exec.h"
+#include "exec/kernels/kernels.h"
+
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <random>
+
+namespace remat {
+namespace {
+
+constexpr int64_t kTile = 16384;  // 64 KiB of f32 in, 64 KiB out: in L2
+
+std::vector<float> random_floats(int64_t n, float lo, float hi) {
+  std::mt19937 rng(0);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+void run_op(benchmark::State& state, ir::Op op) {
+  const std::vector<float> x = random_floats(kTile, -20, 0);
+  std::vector<float> y(kTile);
+  ir::Node n;
+  n.op = op;
+  const std::byte* in[] = {reinterpret_cast<const std::byte*>(x.data())};
+  for (auto _ : state) {
+    exec::elementwise_range(n, DType::f32, DType::f32, in, reinterpret_cast<std::byte*>(y.data()), kTile);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kTile);
+}
+
+void ExpKernel(benchmark::State& state) { run_op(state, ir::Op::exp); }
+void LogisticKernel(benchmark::State& state) { run_op(state, ir::Op::logistic); }
+
+void ExpLibm(benchmark::State& state) {
+  const std::vector<float> x = random_floats(kTile, -20, 0);
+  std::vector<float> y(kTile);
+  for (auto _ : state) {
+    for (int64_t i = 0; i < kTile; ++i) y[static_cast<size_t>(i)] = std::exp(x[static_cast<size_t>(i)]);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kTile);
+}
+
+// Rows of 512 through reduce_max / reduce_sum (the executor, all threads) against one accumulator per row.
+void RowReduce(benchmark::State& state, ir::Op op) {
+  const int64_t rows = 4096, cols = 512;
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor x = b.param("x", {DType::f32, {rows, cols}});
+  b.result(op == ir::Op::reduce_max ? reduce_max(x, {1}) : reduce_sum(x, {1}));
+  const std::vector<float> v = random_floats(rows * cols, -5, 5);
+  std::vector<exec::Array> args{exec::Array::from<float>({rows, cols}, v)};
+  exec::run(g, args);
+  for (auto _ : state) benchmark::DoNotOptimize(exec::run(g, args));
+  state.SetItemsProcessed(state.iterations() * rows * cols);
+}
+
+void RowMaxKernel(benchmark::State& state) { RowReduce(state, ir::Op::reduce_max); }
+void RowSumKernel(benchmark::State& state) { RowReduce(state, ir::Op::reduce_sum); }
+
+void RowMaxOneAccumulator(benchmark::State& state) {
+  const int64_t rows = 4096, cols = 512;
+  const std::vector<float> v = random_floats(rows * cols, -5, 5);
+  std::vector<float> out(static_cast<size_t>(rows));
+  for (auto _ : state) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float m = -INFINITY;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float e = v[static_cast<size_t>(r * cols + c)];
+        m = (e > m || e != e) ? e : m;
+      }
+      out[static_cast<size_t>(r)] = m;
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * rows * cols);
+}
+
+BENCHMARK(ExpKernel);
+BENCHMARK(ExpLibm);
+BENCHMARK(LogisticKernel);
+BENCHMARK(RowMaxKernel)->UseRealTime();
+BENCHMARK(RowSumKernel)->UseRealTime();
+BENCHMARK(RowMaxOneAccumulator);
+
+}  // namespace
+}  // namespace remat
