@@ -129,7 +129,7 @@ const std::vector<Key>& keys() {
       bind<double>("loss_scale_initial", [](Config& c) -> double& { return c.run.optimizer.loss_scale.initial; }, at_least(1)),
       bind<int64_t>("loss_scale_period", [](Config& c) -> int64_t& { return c.run.optimizer.loss_scale.period; }, at_least(1)),
       bind<double>("loss_scale_factor", [](Config& c) -> double& { return c.run.optimizer.loss_scale.factor; }, above(1)),
-      bind<double>("loss_scale_min", [](Config& c) -> double& { return c.run.optimizer.loss_scale.min_scale; }, above(0)),
+      bind<double>("loss_scale_min", [](Config& c) -> double& { return c.run.optimizer.loss_scale.min_scale; }, at_least(1)),
       bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.run.model.remat_policy; }),
       bind<bool>("remat_allow_unmatched", [](Config& c) -> bool& { return c.run.remat_allow_unmatched; }),
       bind_enum("checkpoint_naming", {"maxtext", "axlearn"}, [](Config& c) -> std::string& { return c.checkpoint_naming; }),
@@ -325,9 +325,9 @@ Config load_config(const std::string& config_path, const std::vector<std::string
   c.run.model.flash_attention = c.attention == "flash";
   LossScaleConfig& ls = c.run.optimizer.loss_scale;
   ls.enabled = c.run.model.precision.compute == DType::f16;  // bf16 has f32's exponent range: no scaling
-  CHECK(ls.initial >= 1 && ls.factor > 1 && ls.period >= 1 && ls.min_scale > 0,
+  CHECK(ls.initial >= 1 && ls.factor > 1 && ls.period >= 1 && ls.min_scale >= 1,
         "loss scaling: loss_scale_initial ({}) must be >= 1, loss_scale_factor ({}) > 1, loss_scale_period ({}) >= 1 "
-        "and loss_scale_min ({}) > 0",
+        "and loss_scale_min ({}) >= 1",
         ls.initial, ls.factor, ls.period, ls.min_scale);
   c.run.model.checkpoint_naming = c.checkpoint_naming == "axlearn" ? nn::names::Naming::axlearn : nn::names::Naming::maxtext;
   nn::validate(c.run.model);

@@ -128,8 +128,10 @@ Tensor reduce_sum(Tensor x, const IntList& axes) {
 Tensor reduce_max(Tensor x, const IntList& axes) {
   return x.b->emit1(Op::reduce_max, std::array{x}, Attrs().set("axes", axes));
 }
-Tensor sum_of_squares(Tensor x, const IntList& axes) {
-  return x.b->emit1(Op::sum_of_squares, std::array{x}, Attrs().set("axes", axes));
+Tensor sum_of_squares(Tensor x, const IntList& axes, std::optional<Tensor> divisor) {
+  std::vector<Tensor> in{x};
+  if (divisor) in.push_back(*divisor);
+  return x.b->emit1(Op::sum_of_squares, in, Attrs().set("axes", axes));
 }
 std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale) {
   std::vector<Tensor> out = q.b->emit(Op::attention, std::array{q, k, v}, Attrs().set("causal", causal).set("scale", scale));
@@ -142,9 +144,11 @@ std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor contex
   return {out[0], out[1], out[2]};
 }
 std::array<Tensor, 3> adamw(Tensor p, Tensor m, Tensor v, Tensor g, Tensor scale, Tensor lr, Tensor bias1, Tensor bias2,
-                            std::optional<Tensor> finite, const AdamwHyper& h) {
+                            std::optional<Tensor> finite, const AdamwHyper& h, std::optional<Tensor> loss_scale) {
+  ASSERT(finite || !loss_scale);
   std::vector<Tensor> in = {p, m, v, g, scale, lr, bias1, bias2};
   if (finite) in.push_back(*finite);
+  if (loss_scale) in.push_back(*loss_scale);
   std::vector<Tensor> out = p.b->emit(Op::adamw, in,
                                       Attrs().set("b1", h.b1).set("b2", h.b2).set("eps", h.eps).set("weight_decay", h.weight_decay));
   return {out[0], out[1], out[2]};

@@ -24,9 +24,10 @@
 // next message of kind `tag` from `peer` (of its `dtype` and `shape`): messages of one kind between two ranks
 // arrive in the order they were sent. All three are effectful, so they run in the order traced.
 // Fused ops of the optimizer, so that it needs no full-size temporaries (each gives the same bits as the
-// primitives it replaces): `sum_of_squares` is reduce_sum(x * x) over `axes` (the square rounded to x's dtype,
-// summed as reduce_sum sums); `adamw` (p, m, v, g, scale, lr, bias1, bias2[, finite]) is AdamW's update of one
-// parameter with hyper-parameters b1, b2, eps, weight_decay: g' = g·scale, m' = b1·m + (1−b1)·g',
+// primitives it replaces): `sum_of_squares` (x[, d]) is reduce_sum(x * x) over `axes` (the square rounded to x's
+// dtype, summed as reduce_sum sums), of x / d (rounded to x's dtype) with a divisor d (a scalar of x's dtype: the
+// loss scale); `adamw` (p, m, v, g, scale, lr, bias1, bias2[, finite[, loss_scale]]) is AdamW's update of one
+// parameter with hyper-parameters b1, b2, eps, weight_decay: g' = (g / loss_scale)·scale, m' = b1·m + (1−b1)·g',
 // v' = b2·v + (1−b2)·g'², p' = (p − p·(lr·wd)) − (m'/bias1) / (√(v'/bias2) + eps)·lr, each operation rounded to
 // p's dtype in that order; with `finite` false it returns p, m, v unchanged. It is elementwise, so its three
 // results may be written in place into p, m and v (the planner's donation).
@@ -90,7 +91,7 @@ namespace remat::ir {
   X(concatenate, -1, layout, pure, none)                                      \
   X(reduce_sum, 1, reduction, pure, per_input)                                \
   X(reduce_max, 1, reduction, pure, per_input)                                \
-  X(sum_of_squares, 1, reduction, pure, per_input)                            \
+  X(sum_of_squares, -1, reduction, pure, per_input)                            \
   X(convert_element_type, 1, elementwise, pure, none)                         \
   X(convert_group, -1, group, pure, none)                                     \
   X(iota, 0, constant, pure, none)                                            \

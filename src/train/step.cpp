@@ -5,10 +5,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <cmath>
 #include <optional>
 #include <numbers>
+#include <numeric>
 
 namespace remat::train {
 
@@ -164,8 +166,9 @@ struct GradPart {
 // (each of those sums reads the same elements in the same order either way), the FSDP shards' partial sums
 // gathered, a stage's rows put in their place among zeros and the places summed over the `stage` axis (one
 // rank holds each row, and adding zero to a sum of squares is exact), then summed; parameter by parameter in
-// the model's order. `parts` are this rank's gradients.
-Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const GradPart> parts, int64_t stages) {
+// the model's order. `parts` are this rank's gradients, divided by `loss_scale` where given (as they are read).
+Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const GradPart> parts, int64_t stages,
+                    std::optional<Tensor> loss_scale) {
   const std::vector<nn::ParamSpec> specs = nn::param_specs(model);
   const int64_t fsdp = model.mesh.size("fsdp");
   Tensor sq = scalar(b, DType::f32, 0.0);
@@ -187,7 +190,10 @@ Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const Gr
     std::optional<Tensor> total;
     for (const GradPart& part : parts) {
       if (part.param != i) continue;
-      Tensor partial = others.empty() ? square(part.grad) : sum_of_squares(part.grad, others);
+      std::optional<Tensor> d;
+      if (loss_scale) d = convert(*loss_scale, part.grad.dtype());
+      Tensor partial = !others.empty() ? sum_of_squares(part.grad, others, d)
+                                       : square(d ? part.grad / broadcast_to(*d, part.grad.shape()) : part.grad);
       if (spec.shards > 1) {
         ASSERT(spec.shards == fsdp);
         partial = all_gather(partial, "fsdp", fsdp, embed);
@@ -255,7 +261,7 @@ namespace {
 
 // The rest of the step from the mean loss and gradients of this rank's parameters (`parts`: where each lies
 // in the model; `stages` ranks along the pipeline): loss-scale check, global-norm clipping, AdamW, the
-// results. Every rank decides alike: the bad-gradient count and the norm are reduced over the mesh.
+// results. Every rank decides alike: the finiteness check and the norm are reduced over the mesh.
 void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const OptimizerConfig& o, const StepInputs& in,
             LossAndGrads r, std::span<const GradPart> parts, int64_t stages) {
   const int64_t fsdp = model.mesh.size("fsdp");
@@ -263,23 +269,27 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
   std::optional<Tensor> finite;
   std::optional<Tensor> loss_scale;
   if (o.loss_scale.enabled) loss_scale = in.loss_scale;
-  if (loss_scale) {  // unscale; the update is applied only if every gradient is finite
+  if (loss_scale) {  // the update is applied only if every unscaled gradient is finite
     auto ls = b.scope("loss_scale");
+    // The scale is >= 1 (loss_scale_min), so g / scale is finite exactly when g is; and g / inf is ±0 for finite g
+    // and NaN for inf or NaN: the sum of those squares is 0 exactly when every element is finite, in one pass and
+    // without a mask array. The gradients are unscaled where the norm and AdamW read them, so no unscaled copy
+    // of them exists either.
     Tensor bad = scalar(b, DType::f32, 0.0);
-    for (Tensor& grad : r.grads) {
-      grad = grad / broadcast_to(convert(*loss_scale, grad.dtype()), grad.shape());
-      // x * 0 is 0 for finite x and NaN for inf or NaN.
-      Tensor nonfinite = compare(grad * 0.0, zeros_like(grad), "ne");
-      bad = bad + sum_all(convert(nonfinite, DType::f32));
+    for (Tensor grad : r.grads) {
+      IntList all(static_cast<size_t>(grad.rank()));
+      std::iota(all.begin(), all.end(), int64_t{0});
+      Tensor inf = scalar(b, grad.dtype(), std::numeric_limits<double>::infinity());
+      bad = bad + convert(sum_of_squares(grad, all, inf), DType::f32);
     }
-    // Each rank checked its own shards and stages: every rank decides alike (the counts are exact).
+    // Each rank checked its own shards and stages: every rank decides alike (0 or NaN, summed).
     if (fsdp > 1) bad = all_reduce(bad, "fsdp", fsdp);
     if (stages > 1) bad = all_reduce(bad, "stage", stages);
     finite = compare(bad, scalar(b, DType::f32, 0.0), "eq");
   }
-  std::vector<GradPart> unscaled(parts.begin(), parts.end());
-  for (size_t i = 0; i < unscaled.size(); ++i) unscaled[i].grad = r.grads[i];
-  Tensor norm = sqrt(squared_norm(b, model, unscaled, stages));
+  std::vector<GradPart> reduced(parts.begin(), parts.end());  // where each lies, with its gradient as reduced
+  for (size_t i = 0; i < reduced.size(); ++i) reduced[i].grad = r.grads[i];
+  Tensor norm = sqrt(squared_norm(b, model, reduced, stages, loss_scale));
   Tensor scale = o.clip_norm > 0 ? min(scalar(b, DType::f32, 1.0), scalar(b, DType::f32, o.clip_norm) / (norm + 1e-6))
                                  : scalar(b, DType::f32, 1.0);
   Tensor lr = schedule(b, o, in.step);
@@ -289,8 +299,10 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
   // One fused pass per parameter, in place (a skipped step, `finite` false, keeps the parameter and its moments).
   std::vector<Tensor> new_p, new_m, new_v;
   for (size_t i = 0; i < in.params.size(); ++i) {
+    std::optional<Tensor> unscale;
+    if (loss_scale) unscale = convert(*loss_scale, r.grads[i].dtype());
     const auto [p2, m2, v2] = adamw(in.params[i], in.m[i], in.v[i], r.grads[i], scale, lr, bias1, bias2, finite,
-                                    {.b1 = o.b1, .b2 = o.b2, .eps = o.eps, .weight_decay = o.weight_decay});
+                                    {.b1 = o.b1, .b2 = o.b2, .eps = o.eps, .weight_decay = o.weight_decay}, unscale);
     new_p.push_back(p2);
     new_m.push_back(m2);
     new_v.push_back(v2);

@@ -11,8 +11,8 @@ namespace remat::train {
 
 // jmp's DynamicLossScale, for f16 compute (bf16 needs none): the loss is multiplied by `scale` before
 // differentiation and the gradients divided by it; a step whose gradients are not all finite is skipped
-// (parameters and moments kept) and the scale divided by `factor` (not below `min_scale`); after
-// `period` finite steps in a row it is multiplied by `factor`.
+// (parameters and moments kept) and the scale divided by `factor` (not below `min_scale`, >= 1: unscaling
+// never overflows a finite gradient); after `period` finite steps in a row it is multiplied by `factor`.
 struct LossScaleConfig {
   bool enabled = false;
   double initial = 32768;  // 2^15

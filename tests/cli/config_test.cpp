@@ -161,7 +161,7 @@ const Bound kBounds[] = {
     {"loss_scale_initial", "0.5", "a number >= 1", "1"},
     {"loss_scale_period", "0", "an integer >= 1", "1"},
     {"loss_scale_factor", "1", "a number > 1", "1.5"},
-    {"loss_scale_min", "0", "a number > 0", "1e-9"},
+    {"loss_scale_min", "0.5", "a number >= 1", "1"},
     {"remat_policy", "mostly", "remat_policy", "none"},
     {"remat_allow_unmatched", "sometimes", "true or false", "true"},
     {"checkpoint_naming", "flax", "one of maxtext, axlearn", "axlearn"},

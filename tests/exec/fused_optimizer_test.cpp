@@ -1,6 +1,9 @@
 // The optimizer's fused ops against the primitives they replace, bit for bit: adamw against the AdamW formula
 // written with mul/add/div/sqrt/select (the unfused step of train/step.cpp), in f32, bf16 and f64, with and
-// without a skipped step; sum_of_squares against reduce_sum(x * x) over trailing, leading and middle axes.
+// without a skipped step and with the loss scale's division; sum_of_squares against reduce_sum(x * x) over
+// trailing, leading and middle axes, and of x / d with a divisor.
+#include "cli/config.h"
+#include "compile/compile.h"
 #include "exec/exec.h"
 
 #include <gtest/gtest.h>
@@ -22,20 +25,24 @@ bool same_bits(const exec::Array& a, const exec::Array& b) {
   return a.type() == b.type() && std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())) == 0;
 }
 
-class Adamw : public testing::TestWithParam<std::tuple<DType, bool>> {};
+// Operands beyond the 8 AdamW always has: none, `finite`, or `finite` and the loss scale.
+enum class Extra { none, finite, loss_scale };
+
+class Adamw : public testing::TestWithParam<std::tuple<DType, Extra>> {};
 
 TEST_P(Adamw, EqualsThePrimitivesBitForBit) {
-  const auto [dtype, with_finite] = GetParam();
+  const auto [dtype, extra] = GetParam();
+  const bool with_finite = extra != Extra::none, unscaled = extra == Extra::loss_scale;
   const AdamwHyper h{.b1 = 0.9, .b2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
   const Type t{dtype, {37, 129}}, s{DType::f32, {}};
   Graph g;
   Builder b(g);
   Tensor p = b.param("p", t), m = b.param("m", t), v = b.param("v", t), grad = b.param("g", t);
   Tensor scale = b.param("scale", s), lr = b.param("lr", s), bias1 = b.param("bias1", s), bias2 = b.param("bias2", s);
-  Tensor finite = b.param("finite", {DType::pred, {}});
+  Tensor finite = b.param("finite", {DType::pred, {}}), loss_scale = b.param("loss_scale", {dtype, {}});
   // The unfused formula (scalars converted to the parameters' dtype, as the step would have to).
   auto as_t = [&](Tensor x) { return dtype == DType::f32 ? x : convert(x, dtype); };
-  Tensor gs = grad * as_t(scale);
+  Tensor gs = (unscaled ? grad / broadcast_to(loss_scale, t.shape) : grad) * as_t(scale);
   Tensor m2 = m * h.b1 + gs * (1.0 - h.b1);
   Tensor v2 = v * h.b2 + square(gs) * (1.0 - h.b2);
   Tensor decayed = p - p * as_t(lr * h.weight_decay);
@@ -47,7 +54,8 @@ TEST_P(Adamw, EqualsThePrimitivesBitForBit) {
     m2 = select(keep, m2, m);
     v2 = select(keep, v2, v);
   }
-  const auto fused = adamw(p, m, v, grad, scale, lr, bias1, bias2, with_finite ? std::optional(finite) : std::nullopt, h);
+  const auto fused = adamw(p, m, v, grad, scale, lr, bias1, bias2, with_finite ? std::optional(finite) : std::nullopt, h,
+                           unscaled ? std::optional(loss_scale) : std::nullopt);
   for (Tensor r : {p2, m2, v2, fused[0], fused[1], fused[2]}) b.result(r);
   std::mt19937 rng(5);
   for (bool step_taken : {true, false}) {
@@ -56,12 +64,13 @@ TEST_P(Adamw, EqualsThePrimitivesBitForBit) {
     fill(args[0], rng, -1, 1);
     fill(args[1], rng, -1e-2, 1e-2);
     fill(args[2], rng, 0, 1e-4);
-    fill(args[3], rng, -1e-2, 1e-2);
+    fill(args[3], rng, unscaled ? -30.0 : -1e-2, unscaled ? 30.0 : 1e-2);
     args[4].set(0, 0.7);
     args[5].set(0, 3e-4);
     args[6].set(0, 0.271);
     args[7].set(0, 0.0975);
     args[8].set(0, step_taken ? 1 : 0);
+    args[9].set(0, 3000);  // not a power of two: the division rounds
     const std::vector<exec::Array> out = exec::run(g, args);
     for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(same_bits(out[k], out[k + 3])) << "result " << k << " step " << step_taken;
     if (!with_finite) break;
@@ -69,9 +78,12 @@ TEST_P(Adamw, EqualsThePrimitivesBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Adamw,
-                         testing::Combine(testing::Values(DType::f32, DType::bf16, DType::f64), testing::Bool()),
-                         [](const testing::TestParamInfo<std::tuple<DType, bool>>& i) {
-                           return fmt::format("{}{}", dtype_name(std::get<0>(i.param)), std::get<1>(i.param) ? "_finite" : "");
+                         testing::Combine(testing::Values(DType::f32, DType::bf16, DType::f64),
+                                          testing::Values(Extra::none, Extra::finite, Extra::loss_scale)),
+                         [](const testing::TestParamInfo<std::tuple<DType, Extra>>& i) {
+                           const Extra e = std::get<1>(i.param);
+                           return fmt::format("{}{}", dtype_name(std::get<0>(i.param)),
+                                              e == Extra::none ? "" : e == Extra::finite ? "_finite" : "_loss_scale");
                          });
 
 TEST(SumOfSquares, EqualsReduceSumOfTheSquareBitForBit) {
@@ -81,13 +93,37 @@ TEST(SumOfSquares, EqualsReduceSumOfTheSquareBitForBit) {
       Graph g;
       Builder b(g);
       Tensor x = b.param("x", {d, {6, 50, 333}});
+      Tensor divisor = b.param("d", {d, {}});
       b.result(reduce_sum(square(x), axes));
       b.result(sum_of_squares(x, axes));
-      exec::Array a(g.type(g.params[0]));
-      fill(a, rng, -3, 3);
-      const std::vector<exec::Array> out = exec::run(g, std::span(&a, 1));
+      b.result(reduce_sum(square(x / broadcast_to(divisor, x.shape())), axes));
+      b.result(sum_of_squares(x, axes, divisor));
+      std::vector<exec::Array> args{exec::Array(g.type(g.params[0])), exec::Array(g.type(g.params[1]))};
+      fill(args[0], rng, -3000, 3000);
+      args[1].set(0, 3000);  // not a power of two: the division rounds
+      const std::vector<exec::Array> out = exec::run(g, args);
       EXPECT_TRUE(same_bits(out[0], out[1])) << dtype_name(d) << " axes " << shape_str(axes);
+      EXPECT_TRUE(same_bits(out[2], out[3])) << dtype_name(d) << " axes " << shape_str(axes) << ", with a divisor";
     }
+}
+
+// The tiny training step in f32, bf16 and f16 (dynamic loss scaling: the gradients unscaled where the norm and
+// AdamW read them, the finiteness check in one pass): no buffer made in the optimizer's scope holds more than
+// 16 KiB (its partial sums of squares and scalars), while a layer weight's gradient is 1 MiB.
+TEST(FusedOptimizer, MakesNoFullSizeTemporaryInAnyDtype) {
+  for (const char* dtype : {"float32", "bfloat16", "float16"}) {
+    const cli::Config c = cli::load_config(std::string(REMAT_TEST_DATA) + "/../configs/base.yml", {fmt::format("dtype={}", dtype)});
+    const compile::Compiled s = compile::compile({.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer});
+    int64_t largest = 0, optimizer = 0;
+    for (const plan::Buffer& buf : s.plan.buffers) {
+      if (buf.node < 0 || buf.space != plan::Space::device) continue;
+      largest = std::max(largest, buf.bytes);
+      if (s.program.nodes[static_cast<size_t>(buf.node)].scope.starts_with("optimizer"))
+        optimizer = std::max(optimizer, buf.bytes);
+    }
+    EXPECT_LE(optimizer, 16 << 10) << dtype;
+    EXPECT_GE(largest, 1 << 20) << dtype;
+  }
 }
 
 }  // namespace

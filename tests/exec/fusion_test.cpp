@@ -74,6 +74,24 @@ TEST(FusionKernel, BroadcastsAndChainsAcrossTilesEqualAPlainLoopAndTheUnfusedOps
   EXPECT_EQ(wrong, 0);
 }
 
+// A fusion's kernel needs a workspace (its tiles); a plan made without the backend's answer is refused when the
+// executable is built, naming the fusion, not by the kernel mid-run.
+TEST(FusionKernel, APlanWithoutItsWorkspaceIsRefusedUpFront) {
+  Graph g;
+  Builder b(g);
+  Tensor x = b.param("x", {DType::f32, {4, 4096}});
+  b.result(exp(x * x) + x);
+  fuse(g);
+  ASSERT_EQ(count_ops(g, Op::fusion), 1) << print(g);
+  try {
+    exec::Executable e(g.clone(), plan::build(g, {}));
+    FAIL() << "a fusion planned without workspace was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("fusion"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("of workspace and the plan has 0 B"), std::string::npos) << e.what();
+  }
+}
+
 struct StepRun {
   std::vector<exec::Array> results;
   int64_t peak = 0;  // the planned device arena

@@ -210,8 +210,9 @@ void kernel_convert_group(const ir::Node&, std::span<const Array> in, std::span<
 }
 
 // AdamW for one parameter (ir/ops.h): every operation of the primitives it replaces (train/step.cpp's
-// formula), in their order, each rounded to T by `r` as the primitive would store it. Element i is read
-// before it is written, so p, m, v may be updated in place. A false `finite` keeps p, m, v.
+// formula, the loss scale's division first), in their order, each rounded to T by `r` as the primitive would
+// store it. Element i is read before it is written, so p, m, v may be updated in place. A false `finite` keeps
+// p, m, v.
 void kernel_adamw(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
@@ -225,6 +226,8 @@ void kernel_adamw(const ir::Node& n, std::span<const Array> in, std::span<Array>
     // lr · weight_decay is a product of f32 scalars (the step computes it once, in f32), then taken as T.
     const C lr_wd = r(static_cast<C>(in[5].data<float>()[0] * static_cast<float>(n.attrs.real("weight_decay"))));
     const bool keep = in.size() < 9 || in[8].data<uint8_t>()[0] != 0;
+    const bool unscale = in.size() == 10;
+    const C loss_scale = unscale ? load(in[9].data<T>()[0]) : C(1);
     const T* p = in[0].data<T>();
     const T* m = in[1].data<T>();
     const T* v = in[2].data<T>();
@@ -240,7 +243,7 @@ void kernel_adamw(const ir::Node& n, std::span<const Array> in, std::span<Array>
       }
 #pragma omp simd
       for (int64_t i = lo; i < hi; ++i) {
-        const C pi = load(p[i]), gi = r(load(g[i]) * scale);
+        const C pi = load(p[i]), gl = load(g[i]), gi = r((unscale ? r(gl / loss_scale) : gl) * scale);
         const C mi = r(r(load(m[i]) * c) + r(gi * c1));
         const C vi = r(r(load(v[i]) * d) + r(r(gi * gi) * d1));
         const C decayed = r(pi - r(pi * lr_wd));

@@ -26,9 +26,11 @@ Layout layout_of(const ir::Graph& body) {
   l.scratch.fill(-1);
   l.result.fill(-1);
   for (size_t k = 0; k < body.results.size(); ++k) l.result[static_cast<size_t>(body.results[k])] = static_cast<int>(k);
+  // A tile is never longer than the loop (every value of the body has its shape): a scalar's slot is one element.
+  const int64_t tile = std::min(kTile, std::max<int64_t>(1, body.type(body.results[0]).num_elements()));
   for (const ir::Node& m : body.nodes) {
     l.scratch[static_cast<size_t>(m.outputs[0])] = l.per_thread;
-    l.per_thread += aligned64(kTile * dtype_size(body.type(m.outputs[0]).dtype));
+    l.per_thread += aligned64(tile * dtype_size(body.type(m.outputs[0]).dtype));
   }
   return l;
 }

@@ -117,14 +117,24 @@ void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<A
   });
 }
 
-// reduce_sum(mul(x, x)) in one pass: the square rounded to T as mul stores it, then summed as reduce_sum sums.
+// reduce_sum(mul(x, x)) in one pass: the square rounded to T as mul stores it, then summed as reduce_sum sums;
+// with a divisor, of x / d rounded to T as div stores it.
 void kernel_sum_of_squares(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
-    using Acc = std::conditional_t<std::is_same_v<Compute<T>, float>, double, T>;
-    reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), [](Acc a, Acc b) { return a + b; },
-                        [](Compute<T> x) { return load(store<T>(x * x)); });
+    using C = Compute<T>;
+    using Acc = std::conditional_t<std::is_same_v<C, float>, double, T>;
+    auto sum = [](Acc a, Acc b) { return a + b; };
+    if (in.size() == 1) {
+      reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), sum, [](C x) { return load(store<T>(x * x)); });
+      return;
+    }
+    const C d = load(in[1].data<T>()[0]);
+    reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), sum, [d](C x) {
+      const C u = load(store<T>(x / d));
+      return load(store<T>(u * u));
+    });
   });
 }
 
