@@ -102,7 +102,7 @@ Tensor dynamic_update_slice(Tensor x, Tensor update, std::span<const Tensor> sta
 Tensor concatenate(std::span<const Tensor> xs, int64_t dim);
 Tensor reduce_sum(Tensor x, const IntList& axes);
 Tensor reduce_max(Tensor x, const IntList& axes);
-// reduce_sum(x * x, axes), without the square's array; with `divisor` (a scalar of x's dtype), of (x / divisor).
+// reduce_sum(x * x, axes), without the square's array; with `divisor` (an f32 scalar), of (x / divisor).
 Tensor sum_of_squares(Tensor x, const IntList& axes, std::optional<Tensor> divisor = std::nullopt);
 
 // Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T] (f32, f64 for f64); its VJP.
@@ -110,8 +110,8 @@ std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, doubl
 std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor context, Tensor lse, Tensor dcontext,
                                      bool causal, double scale);
 
-// AdamW's update of one parameter as one fused op (ir/ops.h): the new p, m and v. With `loss_scale` (a scalar of
-// g's dtype; needs `finite`) g is divided by it first.
+// AdamW's update of one parameter as one fused op (ir/ops.h): the new p, m and v. With `loss_scale` (an f32
+// scalar; needs `finite`) g is divided by it first.
 struct AdamwHyper {
   double b1, b2, eps, weight_decay;
 };

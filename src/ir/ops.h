@@ -25,9 +25,10 @@
 // arrive in the order they were sent. All three are effectful, so they run in the order traced.
 // Fused ops of the optimizer, so that it needs no full-size temporaries (each gives the same bits as the
 // primitives it replaces): `sum_of_squares` (x[, d]) is reduce_sum(x * x) over `axes` (the square rounded to x's
-// dtype, summed as reduce_sum sums), of x / d (rounded to x's dtype) with a divisor d (a scalar of x's dtype: the
-// loss scale); `adamw` (p, m, v, g, scale, lr, bias1, bias2[, finite[, loss_scale]]) is AdamW's update of one
-// parameter with hyper-parameters b1, b2, eps, weight_decay: g' = (g / loss_scale)·scale, m' = b1·m + (1−b1)·g',
+// dtype, summed as reduce_sum sums), of x / d with a divisor d (an f32 scalar: the loss scale; the quotient in
+// x's compute type, rounded to x's dtype); `adamw` (p, m, v, g, scale, lr, bias1, bias2[, finite[, loss_scale]])
+// is AdamW's update of one parameter with hyper-parameters b1, b2, eps, weight_decay: g' = (g / loss_scale)·scale
+// (the quotient rounded as sum_of_squares rounds it), m' = b1·m + (1−b1)·g',
 // v' = b2·v + (1−b2)·g'², p' = (p − p·(lr·wd)) − (m'/bias1) / (√(v'/bias2) + eps)·lr, each operation rounded to
 // p's dtype in that order; with `finite` false it returns p, m, v unchanged. It is elementwise, so its three
 // results may be written in place into p, m and v (the planner's donation).

@@ -265,13 +265,13 @@ std::vector<Type> rule_reduce_max(const Ctx& c) { return reduce(c); }
 std::vector<Type> rule_sum_of_squares(const Ctx& c) {
   CHECK(c.in.size() == 1 || c.in.size() == 2, "{}: sum_of_squares takes x[, divisor], got {}", c.where, types_str(c.in));
   CHECK(is_float(c.in[0].dtype), "{}: needs a floating-point operand, got {}", c.where, type_str(c.in[0]));
-  CHECK(c.in.size() == 1 || c.in[1] == (Type{c.in[0].dtype, {}}), "{}: sum_of_squares' divisor must be a scalar of "
-        "x's dtype, got {}", c.where, types_str(c.in));
+  CHECK(c.in.size() == 1 || c.in[1] == (Type{DType::f32, {}}), "{}: sum_of_squares' divisor must be an f32 scalar, "
+        "got {}", c.where, types_str(c.in));
   return reduce(c);
 }
 
 // p, m, v, g of one float type; scale, lr, bias1, bias2 f32 scalars; optionally finite, a bool scalar, and then
-// the loss scale, a scalar of g's type.
+// the loss scale, an f32 scalar.
 std::vector<Type> rule_adamw(const Ctx& c) {
   CHECK(c.in.size() >= 8 && c.in.size() <= 10,
         "{}: adamw takes p, m, v, g, scale, lr, bias1, bias2[, finite[, loss_scale]], got {}", c.where, types_str(c.in));
@@ -282,8 +282,8 @@ std::vector<Type> rule_adamw(const Ctx& c) {
           c.where, i, types_str(c.in));
   CHECK(c.in.size() == 8 || c.in[8] == (Type{DType::pred, {}}), "{}: adamw's `finite` must be a bool scalar, got {}",
         c.where, types_str(c.in));
-  CHECK(c.in.size() < 10 || c.in[9] == (Type{c.in[3].dtype, {}}), "{}: adamw's loss_scale must be a scalar of g's "
-        "dtype, got {}", c.where, types_str(c.in));
+  CHECK(c.in.size() < 10 || c.in[9] == (Type{DType::f32, {}}), "{}: adamw's loss_scale must be an f32 scalar, got {}",
+        c.where, types_str(c.in));
   for (const char* key : {"b1", "b2", "eps", "weight_decay"}) c.attrs.real(key);  // present, numbers
   return {c.in[0], c.in[0], c.in[0]};
 }

@@ -190,10 +190,7 @@ Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const Gr
     std::optional<Tensor> total;
     for (const GradPart& part : parts) {
       if (part.param != i) continue;
-      std::optional<Tensor> d;
-      if (loss_scale) d = convert(*loss_scale, part.grad.dtype());
-      Tensor partial = !others.empty() ? sum_of_squares(part.grad, others, d)
-                                       : square(d ? part.grad / broadcast_to(*d, part.grad.shape()) : part.grad);
+      Tensor partial = sum_of_squares(part.grad, others, loss_scale);
       if (spec.shards > 1) {
         ASSERT(spec.shards == fsdp);
         partial = all_gather(partial, "fsdp", fsdp, embed);
@@ -279,7 +276,7 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
     for (Tensor grad : r.grads) {
       IntList all(static_cast<size_t>(grad.rank()));
       std::iota(all.begin(), all.end(), int64_t{0});
-      Tensor inf = scalar(b, grad.dtype(), std::numeric_limits<double>::infinity());
+      Tensor inf = scalar(b, DType::f32, std::numeric_limits<double>::infinity());
       bad = bad + convert(sum_of_squares(grad, all, inf), DType::f32);
     }
     // Each rank checked its own shards and stages: every rank decides alike (0 or NaN, summed).
@@ -299,10 +296,8 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
   // One fused pass per parameter, in place (a skipped step, `finite` false, keeps the parameter and its moments).
   std::vector<Tensor> new_p, new_m, new_v;
   for (size_t i = 0; i < in.params.size(); ++i) {
-    std::optional<Tensor> unscale;
-    if (loss_scale) unscale = convert(*loss_scale, r.grads[i].dtype());
     const auto [p2, m2, v2] = adamw(in.params[i], in.m[i], in.v[i], r.grads[i], scale, lr, bias1, bias2, finite,
-                                    {.b1 = o.b1, .b2 = o.b2, .eps = o.eps, .weight_decay = o.weight_decay}, unscale);
+                                    {.b1 = o.b1, .b2 = o.b2, .eps = o.eps, .weight_decay = o.weight_decay}, loss_scale);
     new_p.push_back(p2);
     new_m.push_back(m2);
     new_v.push_back(v2);

@@ -282,6 +282,10 @@ void restore(const RunConfig& c, Runner& step, const train::SafeTensors& s, cons
           a.name, t == s.tensors.end() ? "missing" : ir::type_str(t->second.type()), ir::type_str(step.args[i].type()),
           differing.empty() ? "none" : fmt::format("{}", fmt::join(differing, "; ")));
     std::memcpy(step.args[i].bytes(), t->second.bytes(), static_cast<size_t>(t->second.type().bytes()));
+    // A scale saved when loss_scale_min could be below 1 is raised to the floor: the step's finiteness check and
+    // unscaling assume a scale >= 1 (train/step.h).
+    if (a.role == ir::Role::loss_scale && a.name == "loss_scale")
+      step.args[i].set(0, std::max(step.args[i].get(0), c.optimizer.loss_scale.min_scale));
   }
 }
 

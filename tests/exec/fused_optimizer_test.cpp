@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 namespace remat {
@@ -39,10 +41,10 @@ TEST_P(Adamw, EqualsThePrimitivesBitForBit) {
   Builder b(g);
   Tensor p = b.param("p", t), m = b.param("m", t), v = b.param("v", t), grad = b.param("g", t);
   Tensor scale = b.param("scale", s), lr = b.param("lr", s), bias1 = b.param("bias1", s), bias2 = b.param("bias2", s);
-  Tensor finite = b.param("finite", {DType::pred, {}}), loss_scale = b.param("loss_scale", {dtype, {}});
+  Tensor finite = b.param("finite", {DType::pred, {}}), loss_scale = b.param("loss_scale", s);
   // The unfused formula (scalars converted to the parameters' dtype, as the step would have to).
   auto as_t = [&](Tensor x) { return dtype == DType::f32 ? x : convert(x, dtype); };
-  Tensor gs = (unscaled ? grad / broadcast_to(loss_scale, t.shape) : grad) * as_t(scale);
+  Tensor gs = (unscaled ? grad / broadcast_to(as_t(loss_scale), t.shape) : grad) * as_t(scale);
   Tensor m2 = m * h.b1 + gs * (1.0 - h.b1);
   Tensor v2 = v * h.b2 + square(gs) * (1.0 - h.b2);
   Tensor decayed = p - p * as_t(lr * h.weight_decay);
@@ -70,7 +72,7 @@ TEST_P(Adamw, EqualsThePrimitivesBitForBit) {
     args[6].set(0, 0.271);
     args[7].set(0, 0.0975);
     args[8].set(0, step_taken ? 1 : 0);
-    args[9].set(0, 3000);  // not a power of two: the division rounds
+    args[9].set(0, 3072);  // 3 * 2^10: exact in every dtype, not a power of two (the division rounds)
     const std::vector<exec::Array> out = exec::run(g, args);
     for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(same_bits(out[k], out[k + 3])) << "result " << k << " step " << step_taken;
     if (!with_finite) break;
@@ -78,7 +80,7 @@ TEST_P(Adamw, EqualsThePrimitivesBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Adamw,
-                         testing::Combine(testing::Values(DType::f32, DType::bf16, DType::f64),
+                         testing::Combine(testing::Values(DType::f32, DType::bf16, DType::f16, DType::f64),
                                           testing::Values(Extra::none, Extra::finite, Extra::loss_scale)),
                          [](const testing::TestParamInfo<std::tuple<DType, Extra>>& i) {
                            const Extra e = std::get<1>(i.param);
@@ -88,23 +90,62 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, Adamw,
 
 TEST(SumOfSquares, EqualsReduceSumOfTheSquareBitForBit) {
   std::mt19937 rng(9);
-  for (DType d : {DType::f32, DType::bf16})
-    for (const IntList& axes : {IntList{2}, IntList{0}, IntList{1}, IntList{0, 2}, IntList{0, 1, 2}}) {
+  for (DType d : {DType::f32, DType::bf16, DType::f16})
+    for (const IntList& axes : {IntList{2}, IntList{0}, IntList{1}, IntList{0, 2}, IntList{0, 1, 2}, IntList{}}) {
       Graph g;
       Builder b(g);
       Tensor x = b.param("x", {d, {6, 50, 333}});
-      Tensor divisor = b.param("d", {d, {}});
+      Tensor divisor = b.param("d", {DType::f32, {}});
       b.result(reduce_sum(square(x), axes));
       b.result(sum_of_squares(x, axes));
-      b.result(reduce_sum(square(x / broadcast_to(divisor, x.shape())), axes));
+      b.result(reduce_sum(square(x / broadcast_to(convert(divisor, d), x.shape())), axes));
       b.result(sum_of_squares(x, axes, divisor));
       std::vector<exec::Array> args{exec::Array(g.type(g.params[0])), exec::Array(g.type(g.params[1]))};
-      fill(args[0], rng, -3000, 3000);
-      args[1].set(0, 3000);  // not a power of two: the division rounds
+      fill(args[0], rng, d == DType::f16 ? -200 : -3000, d == DType::f16 ? 200 : 3000);  // f16 squares stay finite
+      args[1].set(0, 3072);  // 3 * 2^10: exact in every dtype, not a power of two (the division rounds)
       const std::vector<exec::Array> out = exec::run(g, args);
       EXPECT_TRUE(same_bits(out[0], out[1])) << dtype_name(d) << " axes " << shape_str(axes);
       EXPECT_TRUE(same_bits(out[2], out[3])) << dtype_name(d) << " axes " << shape_str(axes) << ", with a divisor";
     }
+}
+
+// An f16 gradient divided by a loss scale f16 cannot hold (2^17 > 65504): the quotient is taken in f32 and rounded
+// to f16, not divided by an infinite f16 scale (every gradient 0).
+TEST(SumOfSquares, DividesF16ByAScaleF16CannotHold) {
+  Graph g;
+  Builder b(g);
+  Tensor x = b.param("x", {DType::f16, {4, 100}}), d = b.param("d", {DType::f32, {}});
+  b.result(reduce_sum(square(convert(convert(x, DType::f32) / broadcast_to(d, {4, 100}), DType::f16)), {1}));
+  b.result(sum_of_squares(x, {1}, d));
+  std::mt19937 rng(4);
+  std::vector<exec::Array> args{exec::Array(g.type(x.id)), exec::Array(g.type(d.id))};
+  fill(args[0], rng, -60000, 60000);
+  args[1].set(0, 131072);
+  const std::vector<exec::Array> out = exec::run(g, args);
+  EXPECT_TRUE(same_bits(out[0], out[1]));
+  EXPECT_GT(out[1].get(0), 0.0);
+}
+
+// The step's finiteness check: sum_of_squares(g, every axis, +inf) is 0 when every element is finite (g / inf
+// is ±0) and NaN when a single element is inf or NaN, in each dtype a gradient may have.
+TEST(SumOfSquares, ByInfinityIsZeroExactlyWhenEveryElementIsFinite) {
+  for (DType d : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    Graph g;
+    Builder b(g);
+    Tensor x = b.param("x", {d, {5, 300}});
+    b.result(sum_of_squares(x, {0, 1}, scalar(b, DType::f32, std::numeric_limits<double>::infinity())));
+    std::mt19937 rng(2);
+    exec::Array a(g.type(x.id));
+    fill(a, rng, -60000, 60000);
+    EXPECT_EQ(exec::run(g, std::span(&a, 1))[0].get(0), 0.0) << dtype_name(d);
+    for (double bad : {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+                       std::numeric_limits<double>::quiet_NaN()}) {
+      exec::Array one(a.type());
+      std::memcpy(one.bytes(), a.bytes(), static_cast<size_t>(a.type().bytes()));
+      one.set(777, bad);
+      EXPECT_TRUE(std::isnan(exec::run(g, std::span(&one, 1))[0].get(0))) << dtype_name(d) << " with " << bad;
+    }
+  }
 }
 
 // The tiny training step in f32, bf16 and f16 (dynamic loss scaling: the gradients unscaled where the norm and

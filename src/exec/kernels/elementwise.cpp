@@ -227,7 +227,7 @@ void kernel_adamw(const ir::Node& n, std::span<const Array> in, std::span<Array>
     const C lr_wd = r(static_cast<C>(in[5].data<float>()[0] * static_cast<float>(n.attrs.real("weight_decay"))));
     const bool keep = in.size() < 9 || in[8].data<uint8_t>()[0] != 0;
     const bool unscale = in.size() == 10;
-    const C loss_scale = unscale ? load(in[9].data<T>()[0]) : C(1);
+    const C loss_scale = unscale ? static_cast<C>(in[9].data<float>()[0]) : C(1);
     const T* p = in[0].data<T>();
     const T* m = in[1].data<T>();
     const T* v = in[2].data<T>();

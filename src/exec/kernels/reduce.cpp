@@ -45,7 +45,8 @@ int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
 
 // One contiguous window in kLanes accumulators, lane j taking elements j, j + kLanes, ..., then the lanes
 // combined pairwise in a fixed order: independent chains the core runs side by side (one accumulator waits on
-// each combine), and a result that depends on the window alone, not on threads.
+// each combine), and a result that depends on the window alone, not on threads. (A max over +0 and -0, or over
+// NaNs of different payloads, may pick another of them than a sequential scan would.)
 template <class T, class Acc, class Combine, class Pre>
 Acc reduce_window(const T* x, int64_t n, Acc init, Combine combine, Pre pre) {
   constexpr int64_t kLanes = 8;
@@ -61,7 +62,7 @@ Acc reduce_window(const T* x, int64_t n, Acc init, Combine combine, Pre pre) {
 }
 
 // `pre` maps each element (in the compute type) before it is accumulated: the identity, or sum_of_squares' square
-// rounded to T.
+// (of the quotient by its divisor) rounded to T.
 template <class T, class Acc, class Combine, class Pre>
 void reduce_loop(const Array& x, Array& y, const Plan& p, std::span<std::byte> workspace, Acc init, Combine combine,
                  Pre pre) {
@@ -118,7 +119,8 @@ void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<A
 }
 
 // reduce_sum(mul(x, x)) in one pass: the square rounded to T as mul stores it, then summed as reduce_sum sums;
-// with a divisor, of x / d rounded to T as div stores it.
+// with a divisor d (f32), of x / d in the compute type rounded to T (an f16 gradient is divided by a scale f16
+// cannot hold).
 void kernel_sum_of_squares(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
@@ -130,7 +132,7 @@ void kernel_sum_of_squares(const ir::Node& n, std::span<const Array> in, std::sp
       reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), sum, [](C x) { return load(store<T>(x * x)); });
       return;
     }
-    const C d = load(in[1].data<T>()[0]);
+    const C d = static_cast<C>(in[1].data<float>()[0]);
     reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), sum, [d](C x) {
       const C u = load(store<T>(x / d));
       return load(store<T>(u * u));
