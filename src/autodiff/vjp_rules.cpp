@@ -226,6 +226,17 @@ std::vector<Cot> vjp_sum_of_squares(Builder& b, size_t, const Node& n, Cots c, C
   return {broadcast_in_dim(*c[0], x.shape(), kept_dims(x.rank(), n.attrs.ints("axes"))) * (x + x)};
 }
 
+// From softmax's input: the probabilities are recomputed row by row (ops.h), so the backward keeps x and reads the
+// cotangent in the probabilities' dtype.
+std::vector<Cot> vjp_softmax(Builder& b, size_t, const Node& n, Cots c, Context&) {
+  if (!c[0]) return {std::nullopt};
+  return {softmax_grad(in(b, n, 0), *c[0])};
+}
+std::vector<Cot> vjp_softmax_grad(Builder&, size_t, const Node& n, Cots, Context&) {
+  CHECK(false, "cannot differentiate softmax_grad (scope '{}'): second derivatives of softmax are not built", n.scope);
+  return {};
+}
+
 // A value as the backward should read it: through its checkpoint name when the forward gave it one (the kernel's
 // residuals are named where the model names them, so policies decide them by that name).
 Tensor as_named(Builder& b, ValueId v) {

@@ -137,6 +137,8 @@ std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, doubl
   std::vector<Tensor> out = q.b->emit(Op::attention, std::array{q, k, v}, Attrs().set("causal", causal).set("scale", scale));
   return {out[0], out[1]};
 }
+Tensor softmax_grad(Tensor x, Tensor g) { return x.b->emit1(Op::softmax_grad, std::array{x, g}, Attrs()); }
+
 std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor context, Tensor lse, Tensor dcontext,
                                      bool causal, double scale) {
   std::vector<Tensor> out = q.b->emit(Op::attention_grad, std::array{q, k, v, context, lse, dcontext},
@@ -322,10 +324,8 @@ Tensor expand_reduced(Tensor r, Tensor x, int64_t axis) {
 }
 }  // namespace
 
-Tensor softmax(Tensor x, int64_t axis) {
-  Tensor shifted = x - expand_reduced(reduce_max(x, {axis}), x, axis);
-  Tensor e = exp(shifted);
-  return e / expand_reduced(reduce_sum(e, {axis}), x, axis);
+Tensor softmax(Tensor x, std::optional<DType> dtype) {
+  return x.b->emit1(Op::softmax, std::array{x}, Attrs().set("dtype", dtype.value_or(x.dtype())));
 }
 
 Tensor log_softmax(Tensor x, int64_t axis) {

@@ -37,6 +37,12 @@
 // returning the context [B,T,H,Dh] in q's dtype and the per-row log-sum-exp [B,H,T] (f32; f64 for f64) — no score-sized
 // array exists. `attention_grad` (q, k, v, context, lse, d context) gives dq, dk, dv, recomputing the scores
 // block by block from the log-sum-exp; it is attention's VJP and is not differentiable itself.
+// `softmax` (x) is the softmax over x's last axis — exp(x − max) / Σ exp(x − max), in f32 (f64 for f64 x) — with
+// its result in `dtype` (attention's probabilities straight in the matmul's dtype: no f32 copy); a row all −inf
+// gives NaN, as the primitives do. `softmax_grad` (x, g) is its VJP from its input: the row's probabilities
+// recomputed as softmax computes them, then p·(g − Σ g·p) in x's dtype; g (the probabilities' cotangent, in their
+// dtype) is read as it is, so a bf16 cotangent never becomes an f32 array. The max is held constant, as
+// jax.nn.softmax's stop_gradient does (its cotangent would be zero up to rounding). Not differentiable itself.
 // `fusion` runs its body graph as one kernel over tiles of its results (the fusion pass, ir/fuse.h, makes it
 // after autodiff and remat): the body holds elementwise ops of one shape, the shape of every result, broadcasts
 // of its params to that shape, and iotas and fulls of it; no intermediate, broadcast or constant is stored whole.
@@ -93,6 +99,8 @@ namespace remat::ir {
   X(reduce_sum, 1, reduction, pure, per_input)                                \
   X(reduce_max, 1, reduction, pure, per_input)                                \
   X(sum_of_squares, -1, reduction, pure, per_input)                            \
+  X(softmax, 1, reduction, pure, per_input)                                   \
+  X(softmax_grad, 2, reduction, pure, per_input)                              \
   X(convert_element_type, 1, elementwise, pure, none)                         \
   X(convert_group, -1, group, pure, none)                                     \
   X(iota, 0, constant, pure, none)                                            \
@@ -154,6 +162,10 @@ std::optional<Op> parse_op(std::string_view text);
 constexpr int op_arity(Op op) { return op_traits(op).arity; }
 // Element i of the result depends only on element i of each operand (safe to compute in place).
 constexpr bool is_elementwise(Op op) { return op_traits(op).cls == OpClass::elementwise; }
+// The operand whose storage the op's kernel may write its result over, when nothing reads it afterwards (the
+// planner's in-place reuse): softmax_grad's x, since each row of x is read whole before that row of the result is
+// written. -1: none.
+constexpr int in_place_operand(Op op) { return op == Op::softmax_grad ? 0 : -1; }
 // The result is the operand's storage, retyped: planned and executed without a buffer of its own.
 constexpr bool is_view(Op op) { return op_traits(op).cls == OpClass::view; }
 // Kept by DCE though nothing reads it, and never moved by the scheduler.

@@ -270,6 +270,20 @@ std::vector<Type> rule_sum_of_squares(const Ctx& c) {
   return reduce(c);
 }
 
+std::vector<Type> rule_softmax(const Ctx& c) {
+  CHECK(is_float(c.in[0].dtype) && c.in[0].rank() >= 1, "{}: softmax needs a floating-point operand of rank >= 1, got {}",
+        c.where, type_str(c.in[0]));
+  const DType to = c.attrs.dtype("dtype");
+  CHECK(is_float(to), "{}: softmax's dtype must be a floating-point type, got {}", c.where, dtype_name(to));
+  return {Type{to, c.in[0].shape}};
+}
+std::vector<Type> rule_softmax_grad(const Ctx& c) {
+  CHECK(is_float(c.in[0].dtype) && is_float(c.in[1].dtype) && c.in[0].rank() >= 1 && c.in[0].shape == c.in[1].shape,
+        "{}: softmax_grad takes softmax's input x and the probabilities' cotangent, floats of one shape, got {}",
+        c.where, types_str(c.in));
+  return {c.in[0]};
+}
+
 // p, m, v, g of one float type; scale, lr, bias1, bias2 f32 scalars; optionally finite, a bool scalar, and then
 // the loss scale, an f32 scalar.
 std::vector<Type> rule_adamw(const Ctx& c) {

@@ -167,7 +167,7 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     Tensor visible = broadcast_in_dim(k.mask, scores.shape(), {2, 3});
     Tensor hidden = full(b, scores.type(), -std::numeric_limits<double>::infinity());
     Tensor masked = select(visible, scores, hidden);
-    Tensor probs = convert(softmax(masked, 3), compute_dtype());
+    Tensor probs = softmax(masked, compute_dtype());  // computed in f32 (f64), rounded once to the matmul's dtype
     // ctx[b,h,s,:] = sum_t probs[b,h,s,t] v[b,t,h,:], then [B,T,H,Dh]
     Tensor ctx = dot_general(probs, vv, DotDims{{3}, {1}, {0, 1}, {0, 2}});
     context = named(transpose(ctx, {0, 2, 1, 3}), names::kContext, c.checkpoint_naming);

@@ -152,6 +152,25 @@ Plan build(const Graph& g, const Options& options) {
   }
   for (ValueId r : g.results) last[static_cast<size_t>(p.root[static_cast<size_t>(r)])] = end;
 
+  // In place: a kernel that may write its result over an operand (ir::in_place_operand) does, when that operand's
+  // storage is a plain temporary of the result's size that nothing reads afterwards. The result (and its views)
+  // then takes the operand's storage, whose buffer lives on to the result's last use.
+  for (int s = 0; s < end; ++s) {
+    const Node& node = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])];
+    const int k = ir::in_place_operand(node.op);
+    if (k < 0) continue;
+    const ValueId out = node.outputs[0], from = p.root[static_cast<size_t>(node.inputs[static_cast<size_t>(k)])];
+    const int d = def[static_cast<size_t>(from)];
+    if (d < 0 || last[static_cast<size_t>(from)] != s || g.type(from).bytes() != g.type(out).bytes() ||
+        space[static_cast<size_t>(from)] != Space::device)
+      continue;
+    const Op made_by = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(d)])].op;
+    if (made_by == Op::convert_group || made_by == Op::scan) continue;  // shared or stacked storage
+    for (ValueId& r : p.root)
+      if (r == out) r = from;
+    last[static_cast<size_t>(from)] = last[static_cast<size_t>(out)];
+  }
+
   // Donation: a result written into a param's storage, when that param is dead by the result's definition.
   p.donated_param.assign(g.results.size(), -1);
   std::vector<int> donated_into(g.types.size(), -1);
@@ -241,6 +260,7 @@ Plan build(const Graph& g, const Options& options) {
         p.buffer_of[static_cast<size_t>(v)] = -1;
         continue;
       }
+      if (p.root[static_cast<size_t>(v)] != v) continue;  // written in place over an operand
       Buffer b;
       b.value = v;
       b.node = i;

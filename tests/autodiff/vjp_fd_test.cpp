@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -95,6 +96,13 @@ std::vector<Case> cases() {
   c.push_back({"reduce_sum", [=](Builder& b) { return reduce_sum(p(b, "x", {2, 3, 4}), {0, 2}); }});
   c.push_back({"reduce_max", [=](Builder& b) { return reduce_max(p(b, "x", {3, 4}), {1}); }});
   c.push_back({"sum_of_squares", [=](Builder& b) { return sum_of_squares(p(b, "x", {3, 4}), {1}); }});
+  // softmax over the last axis (its VJP is softmax_grad), rows of 5 and a row with a masked (-inf) entry.
+  c.push_back({"softmax", [=](Builder& b) { return softmax(p(b, "x", {3, 5})) * p(b, "w", {3, 5}); }, -2, 2});
+  c.push_back({"softmax_masked", [=](Builder& b) {
+                 Tensor x = p(b, "x", {2, 4});
+                 Tensor visible = compare(iota(b, DType::i32, {2, 4}, 1), iota(b, DType::i32, {2, 4}, 0), "le");
+                 return softmax(select(visible, x, full(b, x.type(), -std::numeric_limits<double>::infinity())));
+               }, -2, 2});
   // Flash attention, grouped-query (4 query heads over 2 kv heads), causal and not; its VJP is attention_grad.
   for (bool causal : {true, false})
     c.push_back({causal ? "attention_causal" : "attention", [=](Builder& b) {
@@ -237,6 +245,7 @@ TEST(VjpFiniteDifference, EveryOpHasACase) {
   for (const Op op : {Op::send, Op::send_done, Op::recv}) covered.insert(op);
   covered.insert(Op::adamw);  // the optimizer's update: differentiating through it is an error (below)
   covered.insert(Op::attention_grad);  // attention's VJP: checked by attention's cases
+  covered.insert(Op::softmax_grad);    // softmax's VJP: checked by softmax's cases
   covered.insert(Op::fusion);  // made after differentiation (ir::fuse): differentiating one is an error (below)
   for (int i = 0; i < kNumOps; ++i)
     EXPECT_TRUE(covered.count(static_cast<Op>(i))) << "op " << op_name(static_cast<Op>(i))

@@ -95,7 +95,7 @@ TEST(FlashAttention, EqualsThePrimitivesAcrossBlocksInF64) {
       Tensor visible = compare(iota(b, DType::i32, {B, H, T, T}, 3), iota(b, DType::i32, {B, H, T, T}, 2), "le");
       scores = select(visible, scores, full(b, scores.type(), -std::numeric_limits<double>::infinity()));
     }
-    Tensor primitive = transpose(dot_general(softmax(scores, 3), repeat(v), DotDims{{3}, {1}, {0, 1}, {0, 2}}), {0, 2, 1, 3});
+    Tensor primitive = transpose(dot_general(softmax(scores), repeat(v), DotDims{{3}, {1}, {0, 1}, {0, 2}}), {0, 2, 1, 3});
     Tensor fused = attention(q, k, v, causal, scale)[0];
     // Two losses, one per formulation; the gradients of each with respect to q, k, v.
     Tensor loss_p = reduce_sum(primitive * w, {0, 1, 2, 3}), loss_f = reduce_sum(fused * w, {0, 1, 2, 3});

@@ -20,7 +20,7 @@ nn::ModelConfig bf16_model() {
   return c;
 }
 
-// The dtypes of the dot_general outputs and of the exp ops under `scope`, in trace order.
+// The dtypes of the operands and the result of each `op` node under `scope`, in trace order.
 std::vector<std::string> dtypes(const nn::ModelConfig& c, ir::Op op, const std::string& scope) {
   ir::Graph g = nn::loss_graph(c, 2, 16);
   std::vector<std::string> out;
@@ -38,21 +38,22 @@ TEST(PrecisionKnobs, DefaultsKeepScoresSoftmaxInF32AndTheVocabularyDotInBf16) {
   // per layer: scores = q.k (f32), then ctx = probs.v (bf16)
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "self_attention/attention"),
             (std::vector<std::string>{"f32 f32 -> f32", "bf16 bf16 -> bf16", "f32 f32 -> f32", "bf16 bf16 -> bf16"}));
-  EXPECT_EQ(dtypes(c, ir::Op::exp, "self_attention/attention"), (std::vector<std::string>{"f32 -> f32", "f32 -> f32"}));
+  // the softmax reads f32 scores and gives the probabilities in bf16, for the bf16 matmul
+  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention"), (std::vector<std::string>{"f32 -> bf16", "f32 -> bf16"}));
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "logits_dense"), (std::vector<std::string>{"bf16 bf16 -> bf16"}));
 }
 
 TEST(PrecisionKnobs, EachKnobMovesItsOwnComputation) {
   nn::ModelConfig c = bf16_model();
-  c.float32_logits = false;  // q.k in f32 already: nothing casts the scores down, the softmax stays f32
+  c.float32_logits = false;  // q.k in f32 already: nothing casts the scores down, the softmax reads f32
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "self_attention/attention")[0], "f32 f32 -> f32");
-  EXPECT_EQ(dtypes(c, ir::Op::exp, "self_attention/attention")[0], "f32 -> f32");
+  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention")[0], "f32 -> bf16");
   c.float32_logits = true;
-  c.float32_qk_product = false;  // q.k in bf16, its scores cast up: the softmax stays f32
+  c.float32_qk_product = false;  // q.k in bf16, its scores cast up: the softmax reads f32
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "self_attention/attention")[0], "bf16 bf16 -> bf16");
-  EXPECT_EQ(dtypes(c, ir::Op::exp, "self_attention/attention")[0], "f32 -> f32");
-  c.float32_logits = false;  // and the softmax in bf16
-  EXPECT_EQ(dtypes(c, ir::Op::exp, "self_attention/attention")[0], "bf16 -> bf16");
+  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention")[0], "f32 -> bf16");
+  c.float32_logits = false;  // and the softmax of bf16 scores
+  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention")[0], "bf16 -> bf16");
   c.logits_dot_in_fp32 = true;
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "logits_dense"), (std::vector<std::string>{"f32 f32 -> f32"}));
   c.logits_via_embedding = true;  // the tied projection follows the same knob

@@ -355,6 +355,43 @@ TEST(Plan, ConvertGroupIsOneBufferLiveUntilItsLastMemberIsRead) {
   EXPECT_EQ(e.measured_peak(plan::Space::device), p.lower_bound[0]);
 }
 
+// softmax_grad writes its result over x when nothing reads x afterwards (ir::in_place_operand): one buffer, live
+// from x's definition to dx's last read, and the run equals the reference executor's (every value its own
+// allocation) bit for bit. When x is read later, or is an argument, dx gets a buffer of its own.
+TEST(Plan, SoftmaxGradWritesOverItsDyingInput) {
+  for (bool x_read_later : {false, true}) {
+    ir::Graph g;
+    ir::Builder b(g);
+    ir::Tensor s = b.param("s", {DType::f32, {6, 37}}), dp = b.param("dp", {DType::bf16, {6, 37}});
+    ir::Tensor x = ir::tanh(s) * 4.0f;  // a temporary of the plan
+    ir::Tensor dx = ir::softmax_grad(x, dp);
+    ir::Tensor y = ir::exp(dx);
+    b.result(x_read_later ? y + x : y);
+    plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
+    const int bx = p.buffer_of[static_cast<size_t>(x.id)], bdx = p.buffer_of[static_cast<size_t>(dx.id)];
+    ASSERT_GE(bx, 0);
+    ASSERT_GE(bdx, 0);
+    EXPECT_EQ(bx == bdx, !x_read_later) << (x_read_later ? "x is read after softmax_grad" : "x dies at softmax_grad");
+    if (!x_read_later) {  // the buffer lives on to dx's last read: exp's step
+      const auto exp_node = std::find_if(g.nodes.begin(), g.nodes.end(), [](const ir::Node& n) { return n.op == ir::Op::exp; });
+      EXPECT_EQ(p.buffers[static_cast<size_t>(bx)].end, p.position[static_cast<size_t>(exp_node - g.nodes.begin())]);
+    }
+    expect_no_overlap(p);
+    std::vector<exec::Array> args{exec::Array({DType::f32, {6, 37}}), exec::Array({DType::bf16, {6, 37}})};
+    for (int64_t i = 0; i < 6 * 37; ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i))), args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+    exec::Executable e(g, p);
+    exec::Array got = e.run(args)[0], want = testing_support::reference_run(g, args)[0];
+    EXPECT_EQ(std::memcmp(got.bytes(), want.bytes(), static_cast<size_t>(got.type().bytes())), 0);
+    EXPECT_EQ(e.measured_peak(plan::Space::device), p.lower_bound[0]);
+  }
+  ir::Graph h;  // x an argument: never overwritten
+  ir::Builder hb(h);
+  ir::Tensor x = hb.param("x", {DType::f32, {2, 5}});
+  hb.result(ir::softmax_grad(x, hb.param("g", {DType::f32, {2, 5}})));
+  plan::Plan q = plan::build(h);
+  EXPECT_GE(q.buffer_of[static_cast<size_t>(h.results[0])], 0);
+}
+
 // A convert_group member that is a donated result goes into its argument's buffer, not the group's.
 TEST(Plan, DonatedConvertGroupMemberIsWrittenIntoItsArgument) {
   ir::Graph g;

@@ -47,13 +47,13 @@ TEST(PlanResiduals, EverythingSaveableMatchesTheHandFormula) {
   //   pre-attention RMSNorm: ms+eps, rsqrt (1 + 1), rsqrt broadcast, x*r, (x*r)*scale (3D)   2 + 3D
   //   query_proj, and k and v repeated to H heads (the score and context dots read the repeats; grouped-
   //   query attention built from primitives saves H heads of k and v, not KV)                3 H Dh
-  //   attention, per head: masked scores, exp, broadcast sum, probs (4T) and the row max (1)  H (4T + 1)
+  //   attention, per head: the masked scores (the softmax's VJP reads them) and the probs      2 H T
   //   context                                                                                  H Dh
   //   x + out_proj                                                                             D
   //   post-attention RMSNorm                                                                   2 + 3D
   //   mlpwi_0, mlpwi_1, sigmoid(gate), gate*sigmoid, silu*up                                   5F
-  const int64_t per_token = D + (2 + 3 * D) + 3 * H * Dh + H * (4 * T + 1) + H * Dh + D + (2 + 3 * D) + 5 * F;
-  EXPECT_EQ(per_token, 968);
+  const int64_t per_token = D + (2 + 3 * D) + 3 * H * Dh + 2 * H * T + H * Dh + D + (2 + 3 * D) + 5 * F;
+  EXPECT_EQ(per_token, 836);
   EXPECT_EQ(stacked_bytes_per_layer(testing_support::small_model(3, true, "everything_saveable"), B, T),
             per_token * kTokens * kF32);
 }
@@ -102,8 +102,8 @@ TEST_P(BigModels, PlanFromShapesAloneFitsExactlyAtItsTotal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Llama, BigModels,
-                         testing::Values(std::make_tuple("llama2-7b", 6.74, int64_t{123498348740}),
-                                         std::make_tuple("llama2-70b", 68.98, int64_t{1143277387972})),
+                         testing::Values(std::make_tuple("llama2-7b", 6.74, int64_t{117189068228}),
+                                         std::make_tuple("llama2-70b", 68.98, int64_t{1130658825668})),
                          [](const testing::TestParamInfo<std::tuple<std::string, double, int64_t>>& i) {
                            std::string s = std::get<0>(i.param);
                            for (char& ch : s) ch = ch == '-' ? '_' : ch;

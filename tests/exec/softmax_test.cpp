@@ -1,0 +1,97 @@
+// The softmax kernels (exec/kernels/softmax.cpp) against plain loops in f64 (an independent route: libm's exp,
+// one accumulator, no lanes): probabilities and the VJP p·(g − Σ g·p), for rows shorter and longer than the 8 lanes,
+// with masked (−inf) entries, a NaN row, in f32, f64 and bf16 (probabilities rounded to bf16, a bf16 cotangent), and
+// one row per thread or many.
+#include "exec/exec.h"
+#include "ir/ir.h"
+
+#include <gtest/gtest.h>
+
+#include "support/error_of.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace remat {
+namespace {
+
+using namespace ir;
+
+struct Reference {
+  std::vector<double> p, dx;
+};
+
+// softmax and its VJP of rows of length w, in f64, exactly as the formulas read.
+Reference reference(const exec::Array& x, const exec::Array& g, int64_t w) {
+  Reference r{std::vector<double>(static_cast<size_t>(x.size())), std::vector<double>(static_cast<size_t>(x.size()))};
+  for (int64_t row = 0; row < x.size() / w; ++row) {
+    double m = -std::numeric_limits<double>::infinity(), s = 0, d = 0;
+    bool nan = false;
+    for (int64_t j = 0; j < w; ++j) nan = nan || std::isnan(x.get(row * w + j)), m = std::max(m, x.get(row * w + j));
+    if (nan) m = std::numeric_limits<double>::quiet_NaN();
+    for (int64_t j = 0; j < w; ++j) s += std::exp(x.get(row * w + j) - m);
+    for (int64_t j = 0; j < w; ++j) r.p[static_cast<size_t>(row * w + j)] = std::exp(x.get(row * w + j) - m) / s;
+    for (int64_t j = 0; j < w; ++j) d += g.get(row * w + j) * r.p[static_cast<size_t>(row * w + j)];
+    for (int64_t j = 0; j < w; ++j)
+      r.dx[static_cast<size_t>(row * w + j)] = r.p[static_cast<size_t>(row * w + j)] * (g.get(row * w + j) - d);
+  }
+  return r;
+}
+
+void expect_near(double got, double want, double rel, double abs, const std::string& where) {
+  if (std::isnan(want)) {
+    EXPECT_TRUE(std::isnan(got)) << where;
+    return;
+  }
+  EXPECT_NEAR(got, want, abs + rel * std::abs(want)) << where;
+}
+
+// x: softmax's input dtype; p: the probabilities' (and the cotangent's).
+void check(DType x_type, DType p_type, int64_t rows, int64_t w, double rel) {
+  Graph gr;
+  Builder b(gr);
+  Tensor x = b.param("x", {x_type, {rows, w}}), g = b.param("g", {p_type, {rows, w}});
+  b.result(softmax(x, p_type));
+  b.result(softmax_grad(x, g));
+  std::mt19937 rng(static_cast<unsigned>(rows * 131 + w));
+  std::uniform_real_distribution<double> dist(-6, 6);
+  std::vector<exec::Array> args{exec::Array(gr.type(gr.params[0])), exec::Array(gr.type(gr.params[1]))};
+  for (int64_t i = 0; i < rows * w; ++i) {
+    const int64_t row = i / w, j = i % w;
+    // Row 1 is causal-masked (entries past the diagonal −inf), row 2 holds a NaN, the others are dense.
+    args[0].set(i, row == 1 && j > row ? -std::numeric_limits<double>::infinity()
+                   : row == 2 && j == w / 2 ? std::numeric_limits<double>::quiet_NaN()
+                                            : dist(rng));
+    args[1].set(i, dist(rng));
+  }
+  const std::vector<exec::Array> out = exec::run(gr, args);
+  const Reference want = reference(args[0], args[1], w);
+  const std::string label = fmt::format("{} -> {}, {} rows of {}", dtype_name(x_type), dtype_name(p_type), rows, w);
+  for (int64_t i = 0; i < rows * w; ++i) {
+    expect_near(out[0].get(i), want.p[static_cast<size_t>(i)], rel, 1e-300, fmt::format("{}: p[{}]", label, i));
+    // dx sums a row's products: absolute error relative to the row's scale (|g| <= 6, Σ p = 1)
+    expect_near(out[1].get(i), want.dx[static_cast<size_t>(i)], rel, 6 * rel, fmt::format("{}: dx[{}]", label, i));
+  }
+}
+
+TEST(Softmax, EqualsTheFormulaInF64) {
+  for (int64_t w : {1, 3, 8, 13, 40, 2051}) {
+    check(DType::f32, DType::f32, 5, w, 1e-5);
+    check(DType::f64, DType::f64, 5, w, 1e-13);
+    check(DType::f32, DType::bf16, 5, w, 1.0 / 128);  // bf16 probabilities and cotangent, f32 input and dx
+    check(DType::bf16, DType::bf16, 5, w, 1.0 / 128);
+  }
+  check(DType::f32, DType::f32, 300, 64, 1e-5);  // many rows: every thread gets some
+}
+
+TEST(Softmax, RefusesAnIntegerOperandNamingTheOp) {
+  Graph g;
+  Builder b(g);
+  Tensor x = b.param("x", {DType::i32, {2, 3}});
+  const std::string error = testing_support::error_of([&] { softmax(x, DType::f32); });
+  EXPECT_NE(error.find("softmax needs a floating-point operand of rank >= 1, got i32[2,3]"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace remat
