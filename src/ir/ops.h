@@ -56,7 +56,9 @@
 //   effects pure, or effectful: DCE keeps it though nothing reads it; the scheduler never moves it
 //   cost    FLOPs (ir/cost.h): none, per_output (one per result element), per_input (one per operand
 //           element), per_update (one per element of operand 2), contraction (2·M·N·K), attention (its
-//           matmuls over the (query, key) pairs it visits: 4·Dh per pair forward, 10·Dh backward), body (its graph)
+//           matmuls over the (query, key) pairs it visits: 4·Dh per pair forward, 10·Dh backward), softmax (per
+//           element: 5 forward — max, subtract, exp, sum, divide — and 9 backward: those, g·p summed, g − Σ, times p),
+//           body (its graph)
 // Every column must be answered: a row with a missing one does not compile.
 #pragma once
 
@@ -99,8 +101,8 @@ namespace remat::ir {
   X(reduce_sum, 1, reduction, pure, per_input)                                \
   X(reduce_max, 1, reduction, pure, per_input)                                \
   X(sum_of_squares, -1, reduction, pure, per_input)                            \
-  X(softmax, 1, reduction, pure, per_input)                                   \
-  X(softmax_grad, 2, reduction, pure, per_input)                              \
+  X(softmax, 1, reduction, pure, softmax)                                     \
+  X(softmax_grad, 2, reduction, pure, softmax)                                \
   X(convert_element_type, 1, elementwise, pure, none)                         \
   X(convert_group, -1, group, pure, none)                                     \
   X(iota, 0, constant, pure, none)                                            \
@@ -137,7 +139,7 @@ enum class OpClass : uint8_t {
   elementwise, view, layout, contraction, reduction, constant, group, transfer, region, fused, collective
 };
 enum class OpEffects : uint8_t { pure, effectful };
-enum class OpCost : uint8_t { none, per_output, per_input, per_update, contraction, attention, body };
+enum class OpCost : uint8_t { none, per_output, per_input, per_update, contraction, attention, softmax, body };
 
 struct OpTraits {
   int arity;  // number of inputs, or -1 when variadic

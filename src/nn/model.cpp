@@ -158,8 +158,8 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     auto s2 = b.scope("attention");
     Tensor kk = repeat_kv(key, c.num_heads), vv = repeat_kv(v, c.num_heads);
     // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh). As in MaxText, float32_qk_product casts q and k
-    // up before the dot and float32_logits casts the scores up after it (never down): the softmax is f32
-    // when either is on.
+    // up before the dot and float32_logits casts the scores up after it (never down): the softmax reads f32
+    // scores when either is on (it computes in f32 either way).
     const DType qk = c.float32_qk_product ? kF32 : compute_dtype();
     Tensor scores = dot_general(convert(q, qk), convert(kk, qk), DotDims{{3}, {3}, {0, 2}, {0, 2}});
     if (c.float32_logits) scores = convert(scores, kF32);

@@ -10,8 +10,9 @@
 // precision.compute, each layer casting its own matmul kernels inside the scanned body, as one allocation
 // (a convert_group: weight-derived, so under remat it is recomputed, never stacked); mp_cast=upfront casts
 // every layer's kernels before the loop instead. RMSNorm scales stay in the param dtype; RMSNorm
-// statistics, the logits and the loss run in f32, the attention scores and softmax too unless both
-// float32_qk_product and float32_logits are off.
+// statistics, the logits and the loss run in f32, the attention scores too unless both float32_qk_product
+// and float32_logits are off; the softmax op computes in f32 whatever its input, its probabilities in the
+// compute dtype.
 //
 //   nn::ModelConfig c = ...;
 //   ir::Graph g = nn::loss_graph(c, /*batch=*/8, /*seq=*/128);   // (params..., inputs, targets) -> loss

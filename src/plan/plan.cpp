@@ -168,7 +168,7 @@ Plan build(const Graph& g, const Options& options) {
     if (made_by == Op::convert_group || made_by == Op::scan) continue;  // shared or stacked storage
     for (ValueId& r : p.root)
       if (r == out) r = from;
-    last[static_cast<size_t>(from)] = last[static_cast<size_t>(out)];
+    last[static_cast<size_t>(from)] = std::max(s, last[static_cast<size_t>(out)]);  // a result nobody reads: its step
   }
 
   // Donation: a result written into a param's storage, when that param is dead by the result's definition.

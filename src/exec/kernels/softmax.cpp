@@ -61,7 +61,6 @@ int64_t row_bytes(const ir::Type& t) { return aligned64(row_length(t) * (t.dtype
 template <class A>
 A* row_of(std::span<std::byte> workspace, const ir::Type& t) {
   const int64_t thread = omp_in_parallel() ? omp_get_thread_num() : 0;
-  ASSERT(static_cast<int64_t>(workspace.size()) >= (thread + 1) * row_bytes(t));
   return reinterpret_cast<A*>(workspace.data() + thread * row_bytes(t));
 }
 
@@ -74,6 +73,7 @@ int64_t workspace_softmax(const ir::Node&, std::span<const ir::Type> in) {
 void kernel_softmax(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
+  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(t));  // a row per thread
   dispatch_float(t.dtype, n, [&](auto xt) {
     using T = decltype(xt);
     using A = Acc<T>;
@@ -94,6 +94,7 @@ void kernel_softmax(const ir::Node& n, std::span<const Array> in, std::span<Arra
 void kernel_softmax_grad(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
+  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(t));  // a row per thread
   dispatch_float(t.dtype, n, [&](auto xt) {
     using T = decltype(xt);
     using A = Acc<T>;
