@@ -3,6 +3,9 @@
 // included, and exact at the special values the model relies on (exp(-inf) = 0 for masked scores, exp(0) = 1).
 #include "exec/kernels/exp.h"
 
+#include "exec/exec.h"
+#include "ir/ir.h"
+
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -47,6 +50,36 @@ TEST(Exp, SpecialValues) {
   EXPECT_GT(exp_f32(-100.0f), 0.0f);             // a subnormal, not flushed
   EXPECT_LT(exp_f32(-100.0f), std::numeric_limits<float>::min());
   EXPECT_TRUE(std::isfinite(exp_f32(88.7f)));  // near overflow, finite
+}
+
+// The elementwise kernels run the widest clone the CPU has (AVX-512, AVX2 or baseline: elementwise.cpp); this test's
+// loops are compiled for baseline x86-64. Without FMA contraction or reassociation every clone gives the same bits:
+// exp, logistic, sqrt, a division and the f32 -> bf16 rounding over 1M floats, bit for bit.
+TEST(Exp, EveryKernelCloneGivesTheBaselineBits) {
+  constexpr int64_t n = 1 << 20;
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor x = b.param("x", {DType::f32, {n}}), y = b.param("y", {DType::f32, {n}});
+  b.result(ir::exp(x));
+  b.result(ir::logistic(x));
+  b.result(ir::sqrt(y));
+  b.result(x / y);
+  b.result(ir::convert(x, DType::bf16));
+  std::vector<Array> args{Array({DType::f32, {n}}), Array({DType::f32, {n}})};
+  for (int64_t i = 0; i < n; ++i) {
+    // alternately from -104 and from 90 towards zero (down to |x| ~ 0.02), in steps of 193 ulps
+    args[0].data<float>()[i] = std::bit_cast<float>((i & 1 ? 0x42B40000u : 0xC2D00000u) - 193u * static_cast<uint32_t>(i / 2));
+    args[1].data<float>()[i] = 1e-3f + static_cast<float>(i) * 0.37f;
+  }
+  const std::vector<Array> out = run(g, args);
+  int64_t differ[5] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = args[0].data<float>()[i], c = args[1].data<float>()[i];
+    const float want[4] = {exp_f32(a), 1.0f / (1.0f + exp_f32(-a)), std::sqrt(c), a / c};
+    for (int k = 0; k < 4; ++k) differ[k] += std::bit_cast<uint32_t>(out[static_cast<size_t>(k)].data<float>()[i]) != std::bit_cast<uint32_t>(want[k]);
+    differ[4] += out[4].data<bf16_t>()[i].bits != float_to_bf16(a).bits;
+  }
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(differ[k], 0) << "result " << k;
 }
 
 }  // namespace

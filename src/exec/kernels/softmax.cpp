@@ -22,7 +22,8 @@ A combine(const A (&lane)[kLanes]) {
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-// The row's max; NaN when any element is NaN (once a lane holds NaN it keeps it).
+// The row's max over its non-NaN elements (−inf when there are none). A NaN needs no care here: its exp makes the
+// row's sum NaN, and so every probability, as the primitives give.
 template <class A, class T>
 A row_max(const T* x, int64_t w) {
   A lane[kLanes];
@@ -31,14 +32,14 @@ A row_max(const T* x, int64_t w) {
   for (; j + kLanes <= w; j += kLanes)
     for (int64_t l = 0; l < kLanes; ++l) {
       const A a = static_cast<A>(load(x[j + l]));
-      lane[l] = (a > lane[l] || a != a) ? a : lane[l];
+      lane[l] = a > lane[l] ? a : lane[l];
     }
   for (; j < w; ++j) {
     const A a = static_cast<A>(load(x[j]));
-    lane[0] = (a > lane[0] || a != a) ? a : lane[0];
+    lane[0] = a > lane[0] ? a : lane[0];
   }
   A m = lane[0];
-  for (int64_t l = 1; l < kLanes; ++l) m = (lane[l] > m || lane[l] != lane[l]) ? lane[l] : m;
+  for (int64_t l = 1; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
   return m;
 }
 
