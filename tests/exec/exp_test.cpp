@@ -54,7 +54,9 @@ TEST(Exp, SpecialValues) {
 
 // The elementwise kernels run the widest clone the CPU has (AVX-512, AVX2 or baseline: elementwise.cpp); this test's
 // loops are compiled for baseline x86-64. Without FMA contraction or reassociation every clone gives the same bits:
-// exp, logistic, sqrt, a division and the f32 -> bf16 rounding over 1M floats, bit for bit.
+// exp, logistic, sqrt, a division and the f32 -> bf16 and f32 -> f16 -> f32 roundings (the AVX-512 clone converts f16
+// with vcvtps2ph, the baseline in software) over 1M floats, special values among them (NaNs with payloads, a
+// signalling NaN, ±inf, ±0, a subnormal, f16's overflow boundary; zero and negative divisors and roots).
 TEST(Exp, EveryKernelCloneGivesTheBaselineBits) {
   constexpr int64_t n = 1 << 20;
   ir::Graph g;
@@ -65,21 +67,30 @@ TEST(Exp, EveryKernelCloneGivesTheBaselineBits) {
   b.result(ir::sqrt(y));
   b.result(x / y);
   b.result(ir::convert(x, DType::bf16));
+  b.result(ir::convert(ir::convert(x, DType::f16), DType::f32));
   std::vector<Array> args{Array({DType::f32, {n}}), Array({DType::f32, {n}})};
+  const uint32_t special[] = {0x7FC00000u, 0xFFC12345u, 0x7F800001u, 0x7F800000u, 0xFF800000u, 0x00000000u,
+                              0x80000000u, 0x00000123u, 0x477FF000u, 0x477FEFFFu, 0xC77FF000u, 0x387FC000u};
+  constexpr int64_t kSpecial = std::size(special);
   for (int64_t i = 0; i < n; ++i) {
-    // alternately from -104 and from 90 towards zero (down to |x| ~ 0.02), in steps of 193 ulps
-    args[0].data<float>()[i] = std::bit_cast<float>((i & 1 ? 0x42B40000u : 0xC2D00000u) - 193u * static_cast<uint32_t>(i / 2));
-    args[1].data<float>()[i] = 1e-3f + static_cast<float>(i) * 0.37f;
+    // alternately from -104 and from 90 towards zero (down to |x| ~ 0.02), in steps of 193 ulps; every 4096th
+    // element from the special values
+    uint32_t bits = (i & 1 ? 0x42B40000u : 0xC2D00000u) - 193u * static_cast<uint32_t>(i / 2);
+    if (i % 4096 < kSpecial) bits = special[i % 4096];
+    args[0].data<float>()[i] = std::bit_cast<float>(bits);
+    args[1].data<float>()[i] = i % 4096 < kSpecial ? std::bit_cast<float>(special[(i / 4096 + i) % kSpecial]) * -1.0f
+                                                   : 1e-3f + static_cast<float>(i) * 0.37f;
   }
   const std::vector<Array> out = run(g, args);
-  int64_t differ[5] = {};
+  int64_t differ[6] = {};
   for (int64_t i = 0; i < n; ++i) {
     const float a = args[0].data<float>()[i], c = args[1].data<float>()[i];
     const float want[4] = {exp_f32(a), 1.0f / (1.0f + exp_f32(-a)), std::sqrt(c), a / c};
     for (int k = 0; k < 4; ++k) differ[k] += std::bit_cast<uint32_t>(out[static_cast<size_t>(k)].data<float>()[i]) != std::bit_cast<uint32_t>(want[k]);
     differ[4] += out[4].data<bf16_t>()[i].bits != float_to_bf16(a).bits;
+    differ[5] += std::bit_cast<uint32_t>(out[5].data<float>()[i]) != std::bit_cast<uint32_t>(f16_to_float(float_to_f16(a)));
   }
-  for (int k = 0; k < 5; ++k) EXPECT_EQ(differ[k], 0) << "result " << k;
+  for (int k = 0; k < 6; ++k) EXPECT_EQ(differ[k], 0) << "result " << k;
 }
 
 }  // namespace

@@ -112,7 +112,7 @@ void convert(DType from, DType to, const std::byte* x, std::byte* y, int64_t len
 // Compiled for baseline x86-64 and again for AVX2 and AVX-512 (x86-64-v4), the loader picking the widest the CPU
 // has; everything it calls is inlined into each clone (flatten), so the loops vectorise at that width. Without
 // FMA contraction (-ffp-contract=off) or reassociation, every clone computes the same bits.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#if defined(__GNUC__) && __GNUC__ >= 12 && !defined(__clang__) && defined(__x86_64__)  // arch=x86-64-v4: GCC 12
 __attribute__((target_clones("default", "avx2", "arch=x86-64-v4"), flatten))
 #endif
 void elementwise_range(const ir::Node& n, DType operand, DType result, std::span<const std::byte* const> in,
