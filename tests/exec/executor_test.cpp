@@ -1,5 +1,6 @@
 // Executor semantics against values computed by hand.
 #include "exec/executable.h"
+#include "exec/kernels/kernels.h"
 
 #include <gtest/gtest.h>
 
@@ -83,6 +84,36 @@ TEST(Executor, RowReductionsEqualAPlainLoopForEveryWindowLength) {
       } else {
         EXPECT_EQ(r[0].get(row), static_cast<double>(static_cast<float>(sum))) << "n " << n << " row " << row;
         EXPECT_EQ(r[1].get(row), max) << "n " << n << " row " << row;
+      }
+    }
+  }
+}
+
+// iota over each dim of a few shapes, written range by range as unfused kernels' threads and fusion tiles ask for it
+// (every start and length), in i32, f32 and bf16: each element holds its coordinate along that dim, computed
+// from its flat index by dividing through the shape.
+TEST(Executor, IotaRangesHoldTheirCoordinate) {
+  for (const Shape& shape : {Shape{7}, Shape{3, 4, 5}, Shape{2, 1, 6}}) {
+    for (int64_t dim = 0; dim < static_cast<int64_t>(shape.size()); ++dim) {
+      for (DType dt : {DType::i32, DType::f32, DType::bf16}) {
+        Graph g;
+        Builder b(g);
+        b.result(iota(b, dt, shape, dim));
+        const Type& t = g.type(g.results[0]);
+        const int64_t n = t.num_elements();
+        for (int64_t lo = 0; lo < n; ++lo) {
+          for (int64_t len = 0; lo + len <= n; ++len) {
+            exec::Array out(t);
+            exec::constant_range(g.nodes.back(), t, lo, len, out.bytes() + lo * dtype_size(dt));
+            for (int64_t i = lo; i < lo + len; ++i) {
+              int64_t coordinate = i;
+              for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d > dim; --d) coordinate /= shape[d];
+              coordinate %= shape[dim];
+              ASSERT_EQ(out.get(i), static_cast<double>(coordinate))
+                  << "dim " << dim << " range [" << lo << ", " << lo + len << ") element " << i;
+            }
+          }
+        }
       }
     }
   }

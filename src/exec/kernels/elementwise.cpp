@@ -107,16 +107,15 @@ void convert(DType from, DType to, const std::byte* x, std::byte* y, int64_t len
   for (int64_t i = 0; i < len; ++i) Array::set_element(to, y, i, Array::element(from, x, i));
 }
 
+// convert at the CPU's widest vectors, for convert_group (elementwise_range inlines convert itself).
+REMAT_WIDEST_CLONES void convert_widest(DType from, DType to, const std::byte* x, std::byte* y, int64_t len) {
+  convert(from, to, x, y, len);
+}
+
 }  // namespace
 
-// Compiled for baseline x86-64 and again for AVX2 and AVX-512 (x86-64-v4), the loader picking the widest the CPU
-// has; everything it calls is inlined into each clone (flatten), so the loops vectorise at that width. Without
-// FMA contraction (-ffp-contract=off) or reassociation, every clone computes the same bits.
-#if defined(__GNUC__) && __GNUC__ >= 12 && !defined(__clang__) && defined(__x86_64__)  // arch=x86-64-v4: GCC 12
-__attribute__((target_clones("default", "avx2", "arch=x86-64-v4"), flatten))
-#endif
-void elementwise_range(const ir::Node& n, DType operand, DType result, std::span<const std::byte* const> in,
-                       std::byte* out, int64_t len) {
+REMAT_WIDEST_CLONES void elementwise_range(const ir::Node& n, DType operand, DType result,
+                                           std::span<const std::byte* const> in, std::byte* out, int64_t len) {
   auto float_unary = [&](auto f) {
     dispatch_float(operand, n, [&](auto t) { unary<decltype(t)>(in[0], out, len, f); });
   };
@@ -209,17 +208,20 @@ void kernel_convert_group(const ir::Node&, std::span<const Array> in, std::span<
   for (size_t i = 0; i < in.size(); ++i) {
     const int64_t len = in[i].size();
     parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-      convert(in[i].type().dtype, out[i].type().dtype, in[i].bytes() + lo * dtype_size(in[i].type().dtype),
-              out[i].bytes() + lo * dtype_size(out[i].type().dtype), hi - lo);
+      convert_widest(in[i].type().dtype, out[i].type().dtype, in[i].bytes() + lo * dtype_size(in[i].type().dtype),
+                     out[i].bytes() + lo * dtype_size(out[i].type().dtype), hi - lo);
     });
   }
 }
 
-// AdamW for one parameter (ir/ops.h): every operation of the primitives it replaces (train/step.cpp's
-// formula, the loss scale's division first), in their order, each rounded to T by `r` as the primitive would
-// store it. Element i is read before it is written, so p, m, v may be updated in place. A false `finite` keeps
-// p, m, v.
-void kernel_adamw(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
+namespace {
+
+// AdamW for one parameter (ir/ops.h) over elements [lo, hi): every operation of the primitives it replaces
+// (train/step.cpp's formula, the loss scale's division first), in their order, each rounded to T by `r` as the
+// primitive would store it. Element i is read before it is written, so p, m, v may be updated in place. A false
+// `finite` keeps p, m, v.
+REMAT_WIDEST_CLONES void adamw_range(const ir::Node& n, std::span<const Array> in, std::span<Array> out, int64_t lo,
+                                     int64_t hi) {
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
     using C = Compute<T>;
@@ -241,25 +243,29 @@ void kernel_adamw(const ir::Node& n, std::span<const Array> in, std::span<Array>
     T* p2 = out[0].data<T>();
     T* m2 = out[1].data<T>();
     T* v2 = out[2].data<T>();
-    const int64_t len = in[0].size();
-    parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-      if (!keep) {  // a skipped step: the operands as they are
-        for (int64_t i = lo; i < hi; ++i) p2[i] = p[i], m2[i] = m[i], v2[i] = v[i];
-        return;
-      }
+    if (!keep) {  // a skipped step: the operands as they are
+      for (int64_t i = lo; i < hi; ++i) p2[i] = p[i], m2[i] = m[i], v2[i] = v[i];
+      return;
+    }
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) {
-        const C pi = load(p[i]), gl = load(g[i]), gi = r((unscale ? r(gl / loss_scale) : gl) * scale);
-        const C mi = r(r(load(m[i]) * c) + r(gi * c1));
-        const C vi = r(r(load(v[i]) * d) + r(r(gi * gi) * d1));
-        const C decayed = r(pi - r(pi * lr_wd));
-        const C update = r(r(mi / bias1) / r(r(std::sqrt(r(vi / bias2))) + eps));
-        p2[i] = store<T>(decayed - r(update * lr));
-        m2[i] = store<T>(mi);
-        v2[i] = store<T>(vi);
-      }
-    });
+    for (int64_t i = lo; i < hi; ++i) {
+      const C pi = load(p[i]), gl = load(g[i]), gi = r((unscale ? r(gl / loss_scale) : gl) * scale);
+      const C mi = r(r(load(m[i]) * c) + r(gi * c1));
+      const C vi = r(r(load(v[i]) * d) + r(r(gi * gi) * d1));
+      const C decayed = r(pi - r(pi * lr_wd));
+      const C update = r(r(mi / bias1) / r(r(std::sqrt(r(vi / bias2))) + eps));
+      p2[i] = store<T>(decayed - r(update * lr));
+      m2[i] = store<T>(mi);
+      v2[i] = store<T>(vi);
+    }
   });
+}
+
+}  // namespace
+
+void kernel_adamw(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
+  const int64_t len = in[0].size();
+  parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) { adamw_range(n, in, out, lo, hi); });
 }
 
 }  // namespace remat::exec

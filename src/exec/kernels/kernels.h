@@ -36,6 +36,16 @@ namespace remat::exec {
 REMAT_OPS(X)
 #undef X
 
+// Before a kernel's inner function: compiled for baseline x86-64 and again for AVX2 and AVX-512 (x86-64-v4), the
+// loader picking the widest the CPU has; everything the function calls is inlined into each clone (flatten), so
+// its loops vectorise at that width. Without FMA contraction (-ffp-contract=off) or reassociation, every clone
+// computes the same bits. GCC 12 or later on x86-64 (arch=x86-64-v4); elsewhere one baseline copy.
+#if defined(__GNUC__) && __GNUC__ >= 12 && !defined(__clang__) && defined(__x86_64__)
+#define REMAT_WIDEST_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4"), flatten))
+#else
+#define REMAT_WIDEST_CLONES
+#endif
+
 // One elementwise op `n` over `len` consecutive elements: out[i] = op(in[0][i], in[1][i], ...), each pointer at
 // the range's first element. `operand` is the dtype of the data operands (select: its second), `result` the
 // result's. Unfused kernels run it over each thread's part of their arrays, the fusion kernel over each tile.

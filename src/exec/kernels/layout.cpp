@@ -156,14 +156,25 @@ void constant_range(const ir::Node& n, const ir::Type& type, int64_t lo, int64_t
     return;
   }
   ASSERT(n.op == ir::Op::iota);
+  // Element lo + i holds ((lo + i) / inner) % size: runs of `inner` equal values, counted without a division.
   const size_t dim = static_cast<size_t>(n.attrs.integer("dim"));
   const int64_t inner = strides_of(Dims(type.shape))[dim], size = type.shape[dim];
-  if (type.dtype == DType::i32) {
+  int64_t value = (lo / inner) % size, run = inner - lo % inner;
+  if (inner == 1 && type.dtype == DType::i32) {  // iota along the last dim: ramps 0, 1, ..., size - 1
     int32_t* d = reinterpret_cast<int32_t*>(out);
-    for (int64_t i = 0; i < len; ++i) d[i] = static_cast<int32_t>(((lo + i) / inner) % size);
+    for (int64_t i = 0, ramp = std::min(size - value, len); i < len;
+         i += ramp, value = 0, ramp = std::min(size, len - i))
+      for (int64_t k = 0; k < ramp; ++k) d[i + k] = static_cast<int32_t>(value + k);
     return;
   }
-  for (int64_t i = 0; i < len; ++i) Array::set_element(type.dtype, out, i, static_cast<double>(((lo + i) / inner) % size));
+  for (int64_t i = 0; i < len; i += run, run = inner, value = value + 1 == size ? 0 : value + 1) {
+    run = std::min(run, len - i);
+    if (type.dtype == DType::i32) {
+      std::fill_n(reinterpret_cast<int32_t*>(out) + i, run, static_cast<int32_t>(value));
+      continue;
+    }
+    for (int64_t j = i; j < i + run; ++j) Array::set_element(type.dtype, out, j, static_cast<double>(value));
+  }
 }
 
 namespace {

@@ -43,26 +43,78 @@ A row_max(const T* x, int64_t w) {
   return m;
 }
 
-// p[j] = exp(x[j] − max) / Σ exp(x[k] − max) for the row x[0, w).
+// p[j] = exp(x[j] − max) / Σ exp(x[k] − max) for the row x[0, w): the exps in one vectorised pass, then summed.
 template <class A, class T>
 void probabilities(const T* x, int64_t w, A* p) {
   const A m = row_max<A>(x, w);
+#pragma omp simd
+  for (int64_t j = 0; j < w; ++j) p[j] = exp_of(static_cast<A>(load(x[j])) - m);
   A lane[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= w; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] += p[j + l] = exp_of(static_cast<A>(load(x[j + l])) - m);
-  for (; j < w; ++j) lane[0] += p[j] = exp_of(static_cast<A>(load(x[j])) - m);
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] += p[j + l];
+  for (; j < w; ++j) lane[0] += p[j];
   const A s = combine(lane);
+#pragma omp simd
   for (j = 0; j < w; ++j) p[j] /= s;
 }
 
 // Rows of length w (the last dim) and the thread's row of the workspace.
 int64_t row_length(const ir::Type& t) { return t.shape.back(); }
 int64_t row_bytes(const ir::Type& t) { return aligned64(row_length(t) * (t.dtype == DType::f64 ? 8 : 4)); }
-template <class A>
-A* row_of(std::span<std::byte> workspace, const ir::Type& t) {
+std::byte* row_of(std::span<std::byte> workspace, const ir::Type& t) {
   const int64_t thread = omp_in_parallel() ? omp_get_thread_num() : 0;
-  return reinterpret_cast<A*>(workspace.data() + thread * row_bytes(t));
+  return workspace.data() + thread * row_bytes(t);
+}
+
+// Rows [lo, hi) of softmax: x (dtype xt) into y (dtype yt), through p, the thread's row of A.
+REMAT_WIDEST_CLONES void softmax_rows(const ir::Node& n, DType xt, DType yt, const std::byte* x_bytes,
+                                      std::byte* y_bytes, int64_t w, int64_t lo, int64_t hi, std::byte* p_bytes) {
+  dispatch_float(xt, n, [&](auto x_type) {
+    using T = decltype(x_type);
+    using A = Acc<T>;
+    dispatch_float(yt, n, [&](auto y_type) {
+      using U = decltype(y_type);
+      const T* x = reinterpret_cast<const T*>(x_bytes);
+      U* y = reinterpret_cast<U*>(y_bytes);
+      A* p = reinterpret_cast<A*>(p_bytes);
+      for (int64_t r = lo; r < hi; ++r) {
+        probabilities(x + r * w, w, p);
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>(p[j]));
+      }
+    });
+  });
+}
+
+// Rows [lo, hi) of softmax_grad: dx (dtype xt) from x (xt) and g (gt), through p, the thread's row of A.
+REMAT_WIDEST_CLONES void softmax_grad_rows(const ir::Node& n, DType xt, DType gt, const std::byte* x_bytes,
+                                           const std::byte* g_bytes, std::byte* dx_bytes, int64_t w, int64_t lo,
+                                           int64_t hi, std::byte* p_bytes) {
+  dispatch_float(xt, n, [&](auto x_type) {
+    using T = decltype(x_type);
+    using A = Acc<T>;
+    dispatch_float(gt, n, [&](auto g_type) {
+      using G = decltype(g_type);
+      const T* x = reinterpret_cast<const T*>(x_bytes);
+      const G* g = reinterpret_cast<const G*>(g_bytes);
+      T* dx = reinterpret_cast<T*>(dx_bytes);
+      A* p = reinterpret_cast<A*>(p_bytes);
+      for (int64_t r = lo; r < hi; ++r) {
+        probabilities(x + r * w, w, p);
+        const G* gr = g + r * w;
+        A lane[kLanes] = {};
+        int64_t j = 0;
+        for (; j + kLanes <= w; j += kLanes)
+          for (int64_t l = 0; l < kLanes; ++l) lane[l] += static_cast<A>(load(gr[j + l])) * p[j + l];
+        for (; j < w; ++j) lane[0] += static_cast<A>(load(gr[j])) * p[j];
+        const A d = combine(lane);
+#pragma omp simd
+        for (j = 0; j < w; ++j)
+          dx[r * w + j] = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
+      }
+    });
+  });
 }
 
 }  // namespace
@@ -75,20 +127,8 @@ void kernel_softmax(const ir::Node& n, std::span<const Array> in, std::span<Arra
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
   ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(t));  // a row per thread
-  dispatch_float(t.dtype, n, [&](auto xt) {
-    using T = decltype(xt);
-    using A = Acc<T>;
-    dispatch_float(out[0].type().dtype, n, [&](auto ut) {
-      using U = decltype(ut);
-      const T* x = in[0].data<T>();
-      U* y = out[0].data<U>();
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        A* p = row_of<A>(ctx.workspace, t);
-        probabilities(x + r * w, w, p);
-        for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>(p[j]));
-      }
-    });
+  parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
+    softmax_rows(n, t.dtype, out[0].type().dtype, in[0].bytes(), out[0].bytes(), w, lo, hi, row_of(ctx.workspace, t));
   });
 }
 
@@ -96,28 +136,9 @@ void kernel_softmax_grad(const ir::Node& n, std::span<const Array> in, std::span
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
   ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(t));  // a row per thread
-  dispatch_float(t.dtype, n, [&](auto xt) {
-    using T = decltype(xt);
-    using A = Acc<T>;
-    dispatch_float(in[1].type().dtype, n, [&](auto gt) {
-      using G = decltype(gt);
-      const T* x = in[0].data<T>();
-      const G* g = in[1].data<G>();
-      T* dx = out[0].data<T>();
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        A* p = row_of<A>(ctx.workspace, t);
-        probabilities(x + r * w, w, p);
-        const G* gr = g + r * w;
-        A lane[kLanes] = {};
-        int64_t j = 0;
-        for (; j + kLanes <= w; j += kLanes)
-          for (int64_t l = 0; l < kLanes; ++l) lane[l] += static_cast<A>(load(gr[j + l])) * p[j + l];
-        for (; j < w; ++j) lane[0] += static_cast<A>(load(gr[j])) * p[j];
-        const A d = combine(lane);
-        for (j = 0; j < w; ++j) dx[r * w + j] = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
-      }
-    });
+  parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
+    softmax_grad_rows(n, t.dtype, in[1].type().dtype, in[0].bytes(), in[1].bytes(), out[0].bytes(), w, lo, hi,
+                      row_of(ctx.workspace, t));
   });
 }
 
