@@ -236,6 +236,16 @@ std::vector<Cot> vjp_softmax_grad(Builder&, size_t, const Node& n, Cots, Context
   CHECK(false, "cannot differentiate softmax_grad (scope '{}'): second derivatives of softmax are not built", n.scope);
   return {};
 }
+// From log_softmax's result: exp(y) is the softmax, so the backward keeps y (x may die at the forward).
+std::vector<Cot> vjp_log_softmax(Builder& b, size_t, const Node& n, Cots c, Context&) {
+  if (!c[0]) return {std::nullopt};
+  return {log_softmax_grad(out(b, n), *c[0])};
+}
+std::vector<Cot> vjp_log_softmax_grad(Builder&, size_t, const Node& n, Cots, Context&) {
+  CHECK(false, "cannot differentiate log_softmax_grad (scope '{}'): second derivatives of log_softmax are not built",
+        n.scope);
+  return {};
+}
 
 // A value as the backward should read it: through its checkpoint name when the forward gave it one (the kernel's
 // residuals are named where the model names them, so policies decide them by that name).

@@ -40,7 +40,8 @@ class Cpu final : public Backend {
       case ir::Op::attention_grad: return workspace_attention(n, in);
       case ir::Op::fusion: return workspace_fusion(n, in);
       case ir::Op::softmax:
-      case ir::Op::softmax_grad: return workspace_softmax(n, in);
+      case ir::Op::softmax_grad:
+      case ir::Op::log_softmax: return workspace_softmax(n, in);
       case ir::Op::reduce_sum:
       case ir::Op::reduce_max:
       case ir::Op::sum_of_squares: return workspace_reduction(n, in);

@@ -138,6 +138,7 @@ std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, doubl
   return {out[0], out[1]};
 }
 Tensor softmax_grad(Tensor x, Tensor g) { return x.b->emit1(Op::softmax_grad, std::array{x, g}, Attrs()); }
+Tensor log_softmax_grad(Tensor y, Tensor g) { return y.b->emit1(Op::log_softmax_grad, std::array{y, g}, Attrs()); }
 
 std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor context, Tensor lse, Tensor dcontext,
                                      bool causal, double scale) {
@@ -314,23 +315,10 @@ Tensor mean(Tensor x, const IntList& axes) {
   return reduce_sum(x, axes) * (1.0 / static_cast<double>(n));
 }
 
-namespace {
-// Broadcasts a reduction over `axis` back to x's shape.
-Tensor expand_reduced(Tensor r, Tensor x, int64_t axis) {
-  IntList dims;
-  for (int64_t d = 0; d < x.rank(); ++d)
-    if (d != axis) dims.push_back(d);
-  return broadcast_in_dim(r, x.shape(), dims);
-}
-}  // namespace
-
 Tensor softmax(Tensor x, std::optional<DType> dtype) {
   return x.b->emit1(Op::softmax, std::array{x}, Attrs().set("dtype", dtype.value_or(x.dtype())));
 }
 
-Tensor log_softmax(Tensor x, int64_t axis) {
-  Tensor shifted = x - expand_reduced(reduce_max(x, {axis}), x, axis);
-  return shifted - expand_reduced(log(reduce_sum(exp(shifted), {axis})), x, axis);
-}
+Tensor log_softmax(Tensor x) { return x.b->emit1(Op::log_softmax, std::array{x}, Attrs()); }
 
 }  // namespace remat::ir

@@ -108,6 +108,7 @@ Tensor sum_of_squares(Tensor x, const IntList& axes, std::optional<Tensor> divis
 // Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T] (f32, f64 for f64); its VJP.
 std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
 Tensor softmax_grad(Tensor x, Tensor g);  // softmax's VJP from its input x and the cotangent g
+Tensor log_softmax_grad(Tensor y, Tensor g);  // log_softmax's VJP from its result y and the cotangent g
 std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor context, Tensor lse, Tensor dcontext,
                                      bool causal, double scale);
 
@@ -186,6 +187,6 @@ Tensor square(Tensor x);
 Tensor mean(Tensor x, const IntList& axes);
 // softmax along the last axis (the `softmax` op), its result in `dtype` (x's when unset).
 Tensor softmax(Tensor x, std::optional<DType> dtype = std::nullopt);
-Tensor log_softmax(Tensor x, int64_t axis);
+Tensor log_softmax(Tensor x);  // along the last axis (the `log_softmax` op), in x's dtype
 
 }  // namespace remat::ir

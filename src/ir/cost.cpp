@@ -20,7 +20,10 @@ double flops(const Graph& g, const Node& n) {
       const double pairs = n.attrs.boolean("causal") ? T * (T + 1) / 2 : T * S;
       return (n.op == Op::attention ? 4 : 10) * static_cast<double>(q[0] * q[2] * q[3]) * pairs;
     }
-    case OpCost::softmax: return (n.op == Op::softmax ? 5 : 9) * elements(n.inputs[0]);
+    case OpCost::softmax: {  // per element, as ops.h counts them
+      const double per = n.op == Op::softmax ? 5 : n.op == Op::softmax_grad ? 9 : n.op == Op::log_softmax ? 5 : 4;
+      return per * elements(n.inputs[0]);
+    }
     case OpCost::body: return (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0) * flops(*n.body);
   }
   return 0;

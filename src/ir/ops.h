@@ -43,6 +43,9 @@
 // recomputed as softmax computes them, then p·(g − Σ g·p) in x's dtype; g (the probabilities' cotangent, in their
 // dtype) is read as it is, so a bf16 cotangent never becomes an f32 array. The max is held constant, as
 // jax.nn.softmax's stop_gradient does (its cotangent would be zero up to rounding). Not differentiable itself.
+// `log_softmax` (x) is (x − max) − log Σ exp(x − max) over x's last axis, in f32 (f64 for f64 x), its result in x's
+// dtype (the loss's log-probabilities: one pass, no exp array). `log_softmax_grad` (y, g) is its VJP from its
+// result y: g − exp(y)·Σ g, in y's dtype (the max held constant as for softmax). Not differentiable itself.
 // `fusion` runs its body graph as one kernel over tiles of its results (the fusion pass, ir/fuse.h, makes it
 // after autodiff and remat): the body holds elementwise ops of one shape, the shape of every result, broadcasts
 // of its params to that shape, and iotas and fulls of it; no intermediate, broadcast or constant is stored whole.
@@ -57,7 +60,8 @@
 //   cost    FLOPs (ir/cost.h): none, per_output (one per result element), per_input (one per operand
 //           element), per_update (one per element of operand 2), contraction (2·M·N·K), attention (its
 //           matmuls over the (query, key) pairs it visits: 4·Dh per pair forward, 10·Dh backward), softmax (per
-//           element: 5 forward — max, subtract, exp, sum, divide — and 9 backward: those, g·p summed, g − Σ, times p),
+//           element: 5 forward — max, subtract, exp, sum, divide — and 9 backward: those, g·p summed, g − Σ, times p;
+//           log_softmax 5 — max, subtract, exp, sum, subtract the log — and 4 backward: Σ g, exp, times, subtract),
 //           body (its graph)
 // Every column must be answered: a row with a missing one does not compile.
 #pragma once
@@ -103,6 +107,8 @@ namespace remat::ir {
   X(sum_of_squares, -1, reduction, pure, per_input)                            \
   X(softmax, 1, reduction, pure, softmax)                                     \
   X(softmax_grad, 2, reduction, pure, softmax)                                \
+  X(log_softmax, 1, reduction, pure, softmax)                                 \
+  X(log_softmax_grad, 2, reduction, pure, softmax)                            \
   X(convert_element_type, 1, elementwise, pure, none)                         \
   X(convert_group, -1, group, pure, none)                                     \
   X(iota, 0, constant, pure, none)                                            \
@@ -165,9 +171,12 @@ constexpr int op_arity(Op op) { return op_traits(op).arity; }
 // Element i of the result depends only on element i of each operand (safe to compute in place).
 constexpr bool is_elementwise(Op op) { return op_traits(op).cls == OpClass::elementwise; }
 // The operand whose storage the op's kernel may write its result over, when nothing reads it afterwards (the
-// planner's in-place reuse): softmax_grad's x, since each row of x is read whole before that row of the result is
+// planner's in-place reuse): softmax_grad's x, log_softmax's x and log_softmax_grad's y, since each row of that
+// operand is read whole (or element j before result element j is written) before that row of the result is
 // written. -1: none.
-constexpr int in_place_operand(Op op) { return op == Op::softmax_grad ? 0 : -1; }
+constexpr int in_place_operand(Op op) {
+  return op == Op::softmax_grad || op == Op::log_softmax || op == Op::log_softmax_grad ? 0 : -1;
+}
 // The result is the operand's storage, retyped: planned and executed without a buffer of its own.
 constexpr bool is_view(Op op) { return op_traits(op).cls == OpClass::view; }
 // Kept by DCE though nothing reads it, and never moved by the scheduler.

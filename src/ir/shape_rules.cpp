@@ -283,6 +283,17 @@ std::vector<Type> rule_softmax_grad(const Ctx& c) {
         c.where, types_str(c.in));
   return {c.in[0]};
 }
+std::vector<Type> rule_log_softmax(const Ctx& c) {
+  CHECK(is_float(c.in[0].dtype) && c.in[0].rank() >= 1,
+        "{}: log_softmax needs a floating-point operand of rank >= 1, got {}", c.where, type_str(c.in[0]));
+  return {c.in[0]};
+}
+std::vector<Type> rule_log_softmax_grad(const Ctx& c) {
+  CHECK(is_float(c.in[0].dtype) && c.in[0] == c.in[1] && c.in[0].rank() >= 1,
+        "{}: log_softmax_grad takes log_softmax's result y and its cotangent, floats of one type, got {}", c.where,
+        types_str(c.in));
+  return {c.in[0]};
+}
 
 // p, m, v, g of one float type; scale, lr, bias1, bias2 f32 scalars; optionally finite, a bool scalar, and then
 // the loss scale, an f32 scalar.

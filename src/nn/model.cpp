@@ -446,7 +446,7 @@ Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p,
 Tensor target_log_probs(Builder& b, Tensor logits, Tensor targets) {
   auto s = b.scope("loss");
   const int64_t v = logits.rank() - 1;
-  Tensor logp = log_softmax(logits, v);
+  Tensor logp = log_softmax(logits);
   Tensor vocab = iota(b, DType::i32, logits.shape(), v);
   IntList dims(static_cast<size_t>(v));
   std::iota(dims.begin(), dims.end(), int64_t{0});

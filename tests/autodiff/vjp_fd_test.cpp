@@ -103,6 +103,15 @@ std::vector<Case> cases() {
                  Tensor visible = compare(iota(b, DType::i32, {2, 4}, 1), iota(b, DType::i32, {2, 4}, 0), "le");
                  return softmax(select(visible, x, full(b, x.type(), -std::numeric_limits<double>::infinity())));
                }, -2, 2});
+  // log_softmax over the last axis (its VJP is log_softmax_grad): rows of 6, and a row with masked (-inf) entries
+  // whose log-probabilities are -inf (weighted by zero: their cotangent is zero, as the loss's one-hot gives).
+  c.push_back({"log_softmax", [=](Builder& b) { return log_softmax(p(b, "x", {3, 6})) * p(b, "w", {3, 6}); }, -2, 2});
+  c.push_back({"log_softmax_masked", [=](Builder& b) {
+                 Tensor x = p(b, "x", {2, 4});
+                 Tensor visible = compare(iota(b, DType::i32, {2, 4}, 1), iota(b, DType::i32, {2, 4}, 0), "le");
+                 Tensor y = log_softmax(select(visible, x, full(b, x.type(), -std::numeric_limits<double>::infinity())));
+                 return select(visible, y, zeros_like(y));
+               }, -2, 2});
   // Flash attention, grouped-query (4 query heads over 2 kv heads), causal and not; its VJP is attention_grad.
   for (bool causal : {true, false})
     c.push_back({causal ? "attention_causal" : "attention", [=](Builder& b) {
@@ -246,6 +255,7 @@ TEST(VjpFiniteDifference, EveryOpHasACase) {
   covered.insert(Op::adamw);  // the optimizer's update: differentiating through it is an error (below)
   covered.insert(Op::attention_grad);  // attention's VJP: checked by attention's cases
   covered.insert(Op::softmax_grad);    // softmax's VJP: checked by softmax's cases
+  covered.insert(Op::log_softmax_grad);  // log_softmax's VJP: checked by log_softmax's cases
   covered.insert(Op::fusion);  // made after differentiation (ir::fuse): differentiating one is an error (below)
   for (int i = 0; i < kNumOps; ++i)
     EXPECT_TRUE(covered.count(static_cast<Op>(i))) << "op " << op_name(static_cast<Op>(i))

@@ -1,7 +1,7 @@
 // The softmax kernels (exec/kernels/softmax.cpp) against plain loops in f64 (an independent route: libm's exp,
 // one accumulator, no lanes): probabilities and the VJP p·(g − Σ g·p), for rows shorter and longer than the 8 lanes,
 // with masked (−inf) entries, a NaN row, in f32, f64 and bf16 (probabilities rounded to bf16, a bf16 cotangent), and
-// one row per thread or many.
+// one row per thread or many. log_softmax and its VJP g − exp(y)·Σ g likewise.
 #include "exec/exec.h"
 #include "ir/ir.h"
 
@@ -83,6 +83,56 @@ TEST(Softmax, EqualsTheFormulaInF64) {
     check(DType::bf16, DType::bf16, 5, w, 1.0 / 128);
   }
   check(DType::f32, DType::f32, 300, 64, 1e-5);  // many rows: every thread gets some
+}
+
+// log_softmax of rows of length w (dtype t) against (x − max) − log Σ exp(x − max) in f64, and its VJP, given the
+// kernel's y, against g − exp(y)·Σ g in f64. Row 1 is causal-masked (its −inf entries stay −inf, their gradient is
+// g), row 2 holds a NaN (the whole row NaN).
+void check_log_softmax(DType t, int64_t rows, int64_t w, double rel) {
+  Graph gr;
+  Builder b(gr);
+  Tensor x = b.param("x", {t, {rows, w}}), g = b.param("g", {t, {rows, w}});
+  Tensor y = log_softmax(x);
+  b.result(y);
+  b.result(log_softmax_grad(y, g));
+  std::mt19937 rng(static_cast<unsigned>(rows * 17 + w));
+  std::uniform_real_distribution<double> dist(-6, 6);
+  std::vector<exec::Array> args{exec::Array(gr.type(gr.params[0])), exec::Array(gr.type(gr.params[1]))};
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < rows * w; ++i) {
+    const int64_t row = i / w, j = i % w;
+    args[0].set(i, row == 1 && j > row ? -inf : row == 2 && j == w / 2 ? std::numeric_limits<double>::quiet_NaN()
+                                                                       : dist(rng));
+    args[1].set(i, dist(rng));
+  }
+  const std::vector<exec::Array> out = exec::run(gr, args);
+  const std::string label = fmt::format("log_softmax {}, {} rows of {}", dtype_name(t), rows, w);
+  for (int64_t row = 0; row < rows; ++row) {
+    double m = -inf, s = 0, sum_g = 0;
+    bool nan = false;
+    for (int64_t j = 0; j < w; ++j) nan = nan || std::isnan(args[0].get(row * w + j)), m = std::max(m, args[0].get(row * w + j));
+    for (int64_t j = 0; j < w; ++j) s += std::exp(args[0].get(row * w + j) - m), sum_g += args[1].get(row * w + j);
+    for (int64_t j = 0; j < w; ++j) {
+      const int64_t i = row * w + j;
+      const double want_y = nan ? std::numeric_limits<double>::quiet_NaN() : (args[0].get(i) - m) - std::log(s);
+      if (std::isinf(want_y)) {
+        EXPECT_EQ(out[0].get(i), want_y) << label << ": y[" << i << "]";
+      } else {
+        expect_near(out[0].get(i), want_y, rel, rel * (std::abs(m) + 1), fmt::format("{}: y[{}]", label, i));
+      }
+      const double want_dx = args[1].get(i) - std::exp(out[0].get(i)) * sum_g;
+      expect_near(out[1].get(i), want_dx, rel, rel * (std::abs(sum_g) + 6), fmt::format("{}: dx[{}]", label, i));
+    }
+  }
+}
+
+TEST(LogSoftmax, EqualsTheFormulaInF64) {
+  for (int64_t w : {1, 3, 8, 13, 40, 2051}) {
+    check_log_softmax(DType::f32, 5, w, 1e-5);
+    check_log_softmax(DType::f64, 5, w, 1e-13);
+    check_log_softmax(DType::bf16, 5, w, 1.0 / 128);
+  }
+  check_log_softmax(DType::f32, 300, 64, 1e-5);  // many rows: every thread gets some
 }
 
 TEST(Softmax, RefusesAnIntegerOperandNamingTheOp) {

@@ -402,6 +402,27 @@ TEST(Plan, SoftmaxGradWritesOverItsDyingInput) {
   EXPECT_GE(q.buffer_of[static_cast<size_t>(h.results[0])], 0);
 }
 
+// log_softmax writes over its dying input and log_softmax_grad over its dying y: the loss's chain x -> y -> dx
+// takes one buffer, and the planned run equals the reference executor (separate buffers) bit for bit.
+TEST(Plan, LogSoftmaxAndItsGradWriteOverTheirDyingOperands) {
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor s = b.param("s", {DType::f32, {6, 37}}), dy = b.param("dy", {DType::f32, {6, 37}});
+  ir::Tensor x = ir::tanh(s) * 4.0f;  // a temporary of the plan
+  ir::Tensor y = ir::log_softmax(x);
+  ir::Tensor dx = ir::log_softmax_grad(y, dy);
+  b.result(ir::exp(dx));
+  plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
+  const int bx = p.buffer_of[static_cast<size_t>(x.id)];
+  ASSERT_GE(bx, 0);
+  EXPECT_EQ(p.buffer_of[static_cast<size_t>(y.id)], bx);
+  EXPECT_EQ(p.buffer_of[static_cast<size_t>(dx.id)], bx);
+  expect_no_overlap(p);
+  std::vector<exec::Array> args{exec::Array({DType::f32, {6, 37}}), exec::Array({DType::f32, {6, 37}})};
+  for (int64_t i = 0; i < 6 * 37; ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i))), args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+  expect_planned_run_is_exact(g, p, args, "in place");
+}
+
 // A convert_group member that is a donated result goes into its argument's buffer, not the group's.
 TEST(Plan, DonatedConvertGroupMemberIsWrittenIntoItsArgument) {
   ir::Graph g;

@@ -2,10 +2,12 @@
 // each thread whole rows, each row's arithmetic in A = f32 (f64 for f64 x) in a fixed order, so the results do
 // not depend on the thread count. A row: its max; exp(x − max) into the thread's row of the workspace, summed in
 // 8 lanes combined pairwise; then each exp divided by the sum. The VJP recomputes those probabilities the same
-// way (the same bits softmax had before rounding to its dtype), then dx = p·(g − Σ g·p).
+// way (the same bits softmax had before rounding to its dtype), then dx = p·(g − Σ g·p). log_softmax: the row's
+// max and Σ exp(x − max) as softmax has them, then (x − max) − log Σ; its VJP g − exp(y)·Σ g from its result y.
 #include "exec/kernels/exp.h"
 #include "exec/kernels/kernels.h"
 
+#include <cmath>
 #include <limits>
 
 namespace remat::exec {
@@ -43,20 +45,31 @@ A row_max(const T* x, int64_t w) {
   return m;
 }
 
-// p[j] = exp(x[j] − max) / Σ exp(x[k] − max) for the row x[0, w): the exps in one vectorised pass, then summed.
-template <class A, class T>
-void probabilities(const T* x, int64_t w, A* p) {
-  const A m = row_max<A>(x, w);
-#pragma omp simd
-  for (int64_t j = 0; j < w; ++j) p[j] = exp_of(static_cast<A>(load(x[j])) - m);
+// Σ f(j) over j in [0, w) in 8 lanes (lane l takes j ≡ l mod 8, the tail lane 0), combined pairwise.
+template <class A, class F>
+A lane_sum(int64_t w, F f) {
   A lane[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= w; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] += p[j + l];
-  for (; j < w; ++j) lane[0] += p[j];
-  const A s = combine(lane);
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] += f(j + l);
+  for (; j < w; ++j) lane[0] += f(j);
+  return combine(lane);
+}
+
+// p[j] = exp(x[j] − m) for the row x[0, w) in one vectorised pass; returns their sum.
+template <class A, class T>
+A exps(const T* x, int64_t w, A m, A* p) {
 #pragma omp simd
-  for (j = 0; j < w; ++j) p[j] /= s;
+  for (int64_t j = 0; j < w; ++j) p[j] = exp_of(static_cast<A>(load(x[j])) - m);
+  return lane_sum<A>(w, [p](int64_t j) { return p[j]; });
+}
+
+// p[j] = exp(x[j] − max) / Σ exp(x[k] − max) for the row x[0, w).
+template <class A, class T>
+void probabilities(const T* x, int64_t w, A* p) {
+  const A s = exps(x, w, row_max<A>(x, w), p);
+#pragma omp simd
+  for (int64_t j = 0; j < w; ++j) p[j] /= s;
 }
 
 // Rows of length w (the last dim) and the thread's row of the workspace.
@@ -103,17 +116,57 @@ REMAT_WIDEST_CLONES void softmax_grad_rows(const ir::Node& n, DType xt, DType gt
       for (int64_t r = lo; r < hi; ++r) {
         probabilities(x + r * w, w, p);
         const G* gr = g + r * w;
-        A lane[kLanes] = {};
-        int64_t j = 0;
-        for (; j + kLanes <= w; j += kLanes)
-          for (int64_t l = 0; l < kLanes; ++l) lane[l] += static_cast<A>(load(gr[j + l])) * p[j + l];
-        for (; j < w; ++j) lane[0] += static_cast<A>(load(gr[j])) * p[j];
-        const A d = combine(lane);
+        const A d = lane_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])) * p[j]; });
 #pragma omp simd
-        for (j = 0; j < w; ++j)
+        for (int64_t j = 0; j < w; ++j)
           dx[r * w + j] = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
       }
     });
+  });
+}
+
+// Rows [lo, hi) of log_softmax: x into y (both dtype xt; y may be x), through p, the thread's row of A.
+REMAT_WIDEST_CLONES void log_softmax_rows(const ir::Node& n, DType xt, const std::byte* x_bytes, std::byte* y_bytes,
+                                          int64_t w, int64_t lo, int64_t hi, std::byte* p_bytes) {
+  dispatch_float(xt, n, [&](auto x_type) {
+    using T = decltype(x_type);
+    using A = Acc<T>;
+    const T* x = reinterpret_cast<const T*>(x_bytes);
+    T* y = reinterpret_cast<T*>(y_bytes);
+    A* p = reinterpret_cast<A*>(p_bytes);
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* xr = x + r * w;
+      const A m = row_max<A>(xr, w);
+      // The log in f64 rounded once: the same bits from every libm variant (glibc's logf differs with FMA).
+      const A log_sum = static_cast<A>(std::log(static_cast<double>(exps(xr, w, m, p))));
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) {
+        const A shifted = static_cast<A>(load(xr[j])) - m;
+        y[r * w + j] = store<T>(static_cast<Compute<T>>(shifted - log_sum));
+      }
+    }
+  });
+}
+
+// Rows [lo, hi) of log_softmax_grad: dx = g − exp(y)·Σ g (dtype yt; dx may be y).
+REMAT_WIDEST_CLONES void log_softmax_grad_rows(const ir::Node& n, DType yt, const std::byte* y_bytes,
+                                               const std::byte* g_bytes, std::byte* dx_bytes, int64_t w, int64_t lo,
+                                               int64_t hi) {
+  dispatch_float(yt, n, [&](auto y_type) {
+    using T = decltype(y_type);
+    using A = Acc<T>;
+    const T* y = reinterpret_cast<const T*>(y_bytes);
+    const T* g = reinterpret_cast<const T*>(g_bytes);
+    T* dx = reinterpret_cast<T*>(dx_bytes);
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* gr = g + r * w;
+      const A s = lane_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])); });
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) {
+        const A p = exp_of(static_cast<A>(load(y[r * w + j])));
+        dx[r * w + j] = store<T>(static_cast<Compute<T>>(static_cast<A>(load(gr[j])) - p * s));
+      }
+    }
   });
 }
 
@@ -139,6 +192,23 @@ void kernel_softmax_grad(const ir::Node& n, std::span<const Array> in, std::span
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
     softmax_grad_rows(n, t.dtype, in[1].type().dtype, in[0].bytes(), in[1].bytes(), out[0].bytes(), w, lo, hi,
                       row_of(ctx.workspace, t));
+  });
+}
+
+void kernel_log_softmax(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
+  const ir::Type& t = in[0].type();
+  const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
+  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(t));  // a row per thread
+  parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
+    log_softmax_rows(n, t.dtype, in[0].bytes(), out[0].bytes(), w, lo, hi, row_of(ctx.workspace, t));
+  });
+}
+
+void kernel_log_softmax_grad(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
+  const ir::Type& t = in[0].type();
+  const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
+  parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
+    log_softmax_grad_rows(n, t.dtype, in[0].bytes(), in[1].bytes(), out[0].bytes(), w, lo, hi);
   });
 }
 
