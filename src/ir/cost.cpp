@@ -1,6 +1,23 @@
 #include "ir/cost.h"
 
+#include "base/check.h"
+
 namespace remat::ir {
+namespace {
+
+// The row ops' operations per element, as ops.h counts them.
+double softmax_flops_per_element(Op op) {
+  switch (op) {
+    case Op::softmax: return 5;
+    case Op::softmax_grad: return 9;
+    case Op::log_softmax: return 5;
+    case Op::log_softmax_grad: return 4;
+    default: ASSERT(false);
+  }
+  return 0;
+}
+
+}  // namespace
 
 double flops(const Graph& g, const Node& n) {
   auto elements = [&](ValueId v) { return static_cast<double>(g.type(v).num_elements()); };
@@ -20,10 +37,7 @@ double flops(const Graph& g, const Node& n) {
       const double pairs = n.attrs.boolean("causal") ? T * (T + 1) / 2 : T * S;
       return (n.op == Op::attention ? 4 : 10) * static_cast<double>(q[0] * q[2] * q[3]) * pairs;
     }
-    case OpCost::softmax: {  // per element, as ops.h counts them
-      const double per = n.op == Op::softmax ? 5 : n.op == Op::softmax_grad ? 9 : n.op == Op::log_softmax ? 5 : 4;
-      return per * elements(n.inputs[0]);
-    }
+    case OpCost::softmax: return softmax_flops_per_element(n.op) * elements(n.inputs[0]);
     case OpCost::body: return (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0) * flops(*n.body);
   }
   return 0;

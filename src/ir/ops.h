@@ -45,7 +45,8 @@
 // jax.nn.softmax's stop_gradient does (its cotangent would be zero up to rounding). Not differentiable itself.
 // `log_softmax` (x) is (x − max) − log Σ exp(x − max) over x's last axis, in f32 (f64 for f64 x), its result in x's
 // dtype (the loss's log-probabilities: one pass, no exp array). `log_softmax_grad` (y, g) is its VJP from its
-// result y: g − exp(y)·Σ g, in y's dtype (the max held constant as for softmax). Not differentiable itself.
+// result y: g − exp(y)·Σ g, in y's dtype (the max held constant as for softmax; in bf16 or f16, exp(y) inherits y's
+// rounding: a relative error up to |y|·2⁻⁹ in p, at most 2⁻⁹/e of |Σ g| in dx). Not differentiable itself.
 // `fusion` runs its body graph as one kernel over tiles of its results (the fusion pass, ir/fuse.h, makes it
 // after autodiff and remat): the body holds elementwise ops of one shape, the shape of every result, broadcasts
 // of its params to that shape, and iotas and fulls of it; no intermediate, broadcast or constant is stored whole.

@@ -91,7 +91,7 @@ TEST(Executor, RowReductionsEqualAPlainLoopForEveryWindowLength) {
 
 // iota over each dim of a few shapes, written range by range as unfused kernels' threads and fusion tiles ask for it
 // (every start and length), in i32, f32 and bf16: each element holds its coordinate along that dim, computed
-// from its flat index by dividing through the shape.
+// from its flat index by dividing through the shape; elements outside the range keep their sentinel.
 TEST(Executor, IotaRangesHoldTheirCoordinate) {
   for (const Shape& shape : {Shape{7}, Shape{3, 4, 5}, Shape{2, 1, 6}}) {
     for (int64_t dim = 0; dim < static_cast<int64_t>(shape.size()); ++dim) {
@@ -104,7 +104,13 @@ TEST(Executor, IotaRangesHoldTheirCoordinate) {
         for (int64_t lo = 0; lo < n; ++lo) {
           for (int64_t len = 0; lo + len <= n; ++len) {
             exec::Array out(t);
+            for (int64_t i = 0; i < n; ++i) out.set(i, -3);
             exec::constant_range(g.nodes.back(), t, lo, len, out.bytes() + lo * dtype_size(dt));
+            for (int64_t i = 0; i < n; ++i) {
+              if (i < lo || i >= lo + len) {
+                ASSERT_EQ(out.get(i), -3) << "range [" << lo << ", " << lo + len << ") wrote " << i;
+              }
+            }
             for (int64_t i = lo; i < lo + len; ++i) {
               int64_t coordinate = i;
               for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d > dim; --d) coordinate /= shape[d];

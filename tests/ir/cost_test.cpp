@@ -31,6 +31,21 @@ TEST(Cost, HandDerivedCounts) {
   EXPECT_EQ(flops(g), 420 + 432 + 42 + 42 + 42 + 54);
 }
 
+// The row ops count per element of their first operand as ops.h lists them: softmax 5, softmax_grad 9,
+// log_softmax 5, log_softmax_grad 4.
+TEST(Cost, RowOpsCountTheirPerElementOperations) {
+  Graph g;
+  Builder b(g);
+  Tensor x = b.param("x", {DType::f32, {3, 5}}), d = b.param("d", {DType::f32, {3, 5}});
+  b.result(softmax(x));
+  b.result(softmax_grad(x, d));
+  b.result(log_softmax(x));
+  b.result(log_softmax_grad(x, d));
+  std::vector<double> each;
+  for (const Node& n : g.nodes) each.push_back(flops(g, n));
+  EXPECT_EQ(each, (std::vector<double>{75, 135, 75, 60}));
+}
+
 TEST(Cost, ScanCountsItsBodyTimesItsLength) {
   Graph g;
   Builder b(g);

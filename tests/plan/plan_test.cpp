@@ -403,24 +403,30 @@ TEST(Plan, SoftmaxGradWritesOverItsDyingInput) {
 }
 
 // log_softmax writes over its dying input and log_softmax_grad over its dying y: the loss's chain x -> y -> dx
-// takes one buffer, and the planned run equals the reference executor (separate buffers) bit for bit.
+// takes one buffer (also in bf16, and with y as its own cotangent), and the planned run equals the reference
+// executor (separate buffers) bit for bit. x or y read later keeps its own buffer.
 TEST(Plan, LogSoftmaxAndItsGradWriteOverTheirDyingOperands) {
-  ir::Graph g;
-  ir::Builder b(g);
-  ir::Tensor s = b.param("s", {DType::f32, {6, 37}}), dy = b.param("dy", {DType::f32, {6, 37}});
-  ir::Tensor x = ir::tanh(s) * 4.0f;  // a temporary of the plan
-  ir::Tensor y = ir::log_softmax(x);
-  ir::Tensor dx = ir::log_softmax_grad(y, dy);
-  b.result(ir::exp(dx));
-  plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
-  const int bx = p.buffer_of[static_cast<size_t>(x.id)];
-  ASSERT_GE(bx, 0);
-  EXPECT_EQ(p.buffer_of[static_cast<size_t>(y.id)], bx);
-  EXPECT_EQ(p.buffer_of[static_cast<size_t>(dx.id)], bx);
-  expect_no_overlap(p);
-  std::vector<exec::Array> args{exec::Array({DType::f32, {6, 37}}), exec::Array({DType::f32, {6, 37}})};
-  for (int64_t i = 0; i < 6 * 37; ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i))), args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
-  expect_planned_run_is_exact(g, p, args, "in place");
+  enum Case { chain, chain_bf16, y_as_cotangent, x_read_later, y_read_later };
+  for (Case c : {chain, chain_bf16, y_as_cotangent, x_read_later, y_read_later}) {
+    const DType dt = c == chain_bf16 ? DType::bf16 : DType::f32;
+    ir::Graph g;
+    ir::Builder b(g);
+    ir::Tensor s = b.param("s", {dt, {6, 37}}), dy = b.param("dy", {dt, {6, 37}});
+    ir::Tensor x = ir::tanh(s) * 4.0f;  // a temporary of the plan
+    ir::Tensor y = ir::log_softmax(x);
+    ir::Tensor dx = ir::log_softmax_grad(y, c == y_as_cotangent ? y : dy);
+    ir::Tensor r = ir::exp(dx);
+    b.result(c == x_read_later ? r + x : c == y_read_later ? r + y : r);
+    plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
+    const int bx = p.buffer_of[static_cast<size_t>(x.id)], by = p.buffer_of[static_cast<size_t>(y.id)];
+    ASSERT_GE(bx, 0);
+    EXPECT_EQ(by == bx, c != x_read_later) << c;
+    EXPECT_EQ(p.buffer_of[static_cast<size_t>(dx.id)] == by, c != y_read_later) << c;
+    expect_no_overlap(p);
+    std::vector<exec::Array> args{exec::Array({dt, {6, 37}}), exec::Array({dt, {6, 37}})};
+    for (int64_t i = 0; i < 6 * 37; ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i))), args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+    expect_planned_run_is_exact(g, p, args, fmt::format("case {}", static_cast<int>(c)));
+  }
 }
 
 // A convert_group member that is a donated result goes into its argument's buffer, not the group's.

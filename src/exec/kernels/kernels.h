@@ -37,9 +37,11 @@ REMAT_OPS(X)
 #undef X
 
 // Before a kernel's inner function: compiled for baseline x86-64 and again for AVX2 and AVX-512 (x86-64-v4), the
-// loader picking the widest the CPU has; everything the function calls is inlined into each clone (flatten), so
-// its loops vectorise at that width. Without FMA contraction (-ffp-contract=off) or reassociation, every clone
-// computes the same bits. GCC 12 or later on x86-64 (arch=x86-64-v4); elsewhere one baseline copy.
+// loader picking the widest the CPU has; everything the function calls is inlined into each clone (flatten; calls
+// into libm stay calls, the same function from every clone), so its loops vectorise at that width. Without FMA
+// contraction (-ffp-contract=off) or reassociation, every clone computes the same bits: by construction, and
+// tested for elementwise_range (Exp.EveryKernelCloneGivesTheBaselineBits). GCC 12 or later on x86-64
+// (arch=x86-64-v4); elsewhere one baseline copy.
 #if defined(__GNUC__) && __GNUC__ >= 12 && !defined(__clang__) && defined(__x86_64__)
 #define REMAT_WIDEST_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4"), flatten))
 #else

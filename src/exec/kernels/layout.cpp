@@ -160,7 +160,7 @@ void constant_range(const ir::Node& n, const ir::Type& type, int64_t lo, int64_t
   const size_t dim = static_cast<size_t>(n.attrs.integer("dim"));
   const int64_t inner = strides_of(Dims(type.shape))[dim], size = type.shape[dim];
   int64_t value = (lo / inner) % size, run = inner - lo % inner;
-  if (inner == 1 && type.dtype == DType::i32) {  // iota along the last dim: ramps 0, 1, ..., size - 1
+  if (inner == 1 && type.dtype == DType::i32) {  // no dims of size > 1 after `dim`: ramps 0, 1, ..., size - 1
     int32_t* d = reinterpret_cast<int32_t*>(out);
     for (int64_t i = 0, ramp = std::min(size - value, len); i < len;
          i += ramp, value = 0, ramp = std::min(size, len - i))

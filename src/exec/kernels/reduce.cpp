@@ -62,38 +62,83 @@ Acc reduce_window(const T* x, int64_t n, Acc init, Combine combine, Pre pre) {
 }
 
 // `pre` maps each element (in the compute type) before it is accumulated: the identity, or sum_of_squares' square
-// (of the quotient by its divisor) rounded to T.
+// (of the quotient by its divisor) rounded to T. Outputs [lo, hi) when x is not viewed as [window, outputs].
 template <class T, class Acc, class Combine, class Pre>
-void reduce_loop(const Array& x, Array& y, const Plan& p, std::span<std::byte> workspace, Acc init, Combine combine,
-                 Pre pre) {
-  const T* a = x.data<T>();
-  T* o = y.data<T>();
-  if (p.leading) {  // x viewed as [window, outputs]: accumulate whole rows, vectorised over outputs
-    Acc* acc = reinterpret_cast<Acc*>(take(workspace, p.outputs * static_cast<int64_t>(sizeof(Acc))));
-    std::fill(acc, acc + p.outputs, init);
-    for (int64_t r = 0; r < p.window; ++r) {
-      const T* row = a + r * p.outputs;
-      parallel_ranges(p.outputs, p.outputs >= kParallelMin, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-        for (int64_t i = lo; i < hi; ++i) acc[i] = combine(acc[i], static_cast<Acc>(pre(load(row[i]))));
-      });
+void reduce_outputs(const T* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc init, Combine combine, Pre pre) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
+    Acc acc = init;
+    if (p.contiguous) {
+      acc = reduce_window<T, Acc>(base, p.window, init, combine, pre);
+    } else {
+      for (int64_t r = 0; r < p.window; ++r)
+        acc = combine(acc, static_cast<Acc>(pre(load(base[unravel(r, p.red_shape, p.red_strides)]))));
     }
-    for (int64_t i = 0; i < p.outputs; ++i) o[i] = store<T>(static_cast<Compute<T>>(acc[i]));
-    return;
+    o[i] = store<T>(static_cast<Compute<T>>(acc));
   }
-  parallel_ranges(p.outputs, p.outputs * p.window >= kParallelMin, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
-      Acc acc = init;
-      if (p.contiguous) {
-        acc = reduce_window<T, Acc>(base, p.window, init, combine, pre);
-      } else {
-        for (int64_t r = 0; r < p.window; ++r)
-          acc = combine(acc, static_cast<Acc>(pre(load(base[unravel(r, p.red_shape, p.red_strides)]))));
-      }
-      o[i] = store<T>(static_cast<Compute<T>>(acc));
-    }
+}
+
+template <class T, class Acc, class Combine, class Pre>
+void reduce_leading(const T* a, T* o, const Plan& p, std::span<std::byte> workspace, Acc init, Combine combine,
+                    Pre pre) {  // x viewed as [window, outputs]: accumulate whole rows, vectorised over outputs
+  Acc* acc = reinterpret_cast<Acc*>(take(workspace, p.outputs * static_cast<int64_t>(sizeof(Acc))));
+  std::fill(acc, acc + p.outputs, init);
+  for (int64_t r = 0; r < p.window; ++r) {
+    const T* row = a + r * p.outputs;
+    parallel_ranges(p.outputs, p.outputs >= kParallelMin, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+      for (int64_t i = lo; i < hi; ++i) acc[i] = combine(acc[i], static_cast<Acc>(pre(load(row[i]))));
+    });
+  }
+  for (int64_t i = 0; i < p.outputs; ++i) o[i] = store<T>(static_cast<Compute<T>>(acc[i]));
+}
+
+// Outputs [lo, hi) of the reduction n (reduce_sum, reduce_max or sum_of_squares; workspace: the leading case's
+// accumulator row, which runs whole when lo = 0 and hi = outputs), at the CPU's widest vectors.
+REMAT_WIDEST_CLONES void reduce_range(const ir::Node& n, std::span<const Array> in, Array& y, const Plan& p,
+                                      std::span<std::byte> workspace, int64_t lo, int64_t hi) {
+  auto run = [&](auto t, auto init, auto combine, auto pre) {
+    using T = decltype(t);
+    if (p.leading) return reduce_leading<T>(in[0].data<T>(), y.data<T>(), p, workspace, init, combine, pre);
+    reduce_outputs<T>(in[0].data<T>(), y.data<T>(), p, lo, hi, init, combine, pre);
+  };
+  if (n.op == ir::Op::reduce_max) {
+    return dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
+      using C = Compute<decltype(t)>;
+      C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::lowest();
+      run(t, lowest, [](C a, C b) { return (b > a) | (b != b) ? b : a; }, [](C x) { return x; });
+    });
+  }
+  if (n.op == ir::Op::reduce_sum) {
+    return dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
+      using T = decltype(t);
+      using Acc = std::conditional_t<std::is_same_v<Compute<T>, float>, double, T>;  // f32, bf16, f16 sum in f64
+      run(t, Acc(0), [](Acc a, Acc b) { return a + b; }, [](Compute<T> x) { return x; });
+    });
+  }
+  // sum_of_squares: reduce_sum(mul(x, x)), the square rounded to T as mul stores it, then summed as reduce_sum
+  // sums; with a divisor d (f32), of x / d in the compute type rounded to T (an f16 gradient is divided by a scale
+  // f16 cannot hold).
+  ASSERT(n.op == ir::Op::sum_of_squares);
+  dispatch_float(in[0].type().dtype, n, [&](auto t) {
+    using T = decltype(t);
+    using C = Compute<T>;
+    using Acc = std::conditional_t<std::is_same_v<C, float>, double, T>;
+    auto sum = [](Acc a, Acc b) { return a + b; };
+    if (in.size() == 1) return run(t, Acc(0), sum, [](C x) { return load(store<T>(x * x)); });
+    const C d = static_cast<C>(in[1].data<float>()[0]);
+    run(t, Acc(0), sum, [d](C x) {
+      const C u = load(store<T>(x / d));
+      return load(store<T>(u * u));
+    });
   });
+}
+
+void reduce(const ir::Node& n, std::span<const Array> in, Array& y, std::span<std::byte> workspace) {
+  const Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
+  if (p.leading) return reduce_range(n, in, y, p, workspace, 0, p.outputs);  // parallel over outputs inside
+  parallel_ranges(p.outputs, p.outputs * p.window >= kParallelMin,
+                  [&](int64_t lo, int64_t hi) { reduce_range(n, in, y, p, workspace, lo, hi); });
 }
 
 }  // namespace
@@ -109,46 +154,15 @@ int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in) {
 }
 
 void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
-  Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
-  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
-    using T = decltype(t);
-    using Acc = std::conditional_t<std::is_same_v<Compute<T>, float>, double, T>;  // f32, bf16, f16 sum in f64
-    reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), [](Acc a, Acc b) { return a + b; },
-                        [](Compute<T> x) { return x; });
-  });
+  reduce(n, in, out[0], ctx.workspace);
 }
 
-// reduce_sum(mul(x, x)) in one pass: the square rounded to T as mul stores it, then summed as reduce_sum sums;
-// with a divisor d (f32), of x / d in the compute type rounded to T (an f16 gradient is divided by a scale f16
-// cannot hold).
 void kernel_sum_of_squares(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
-  Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
-  dispatch_float(in[0].type().dtype, n, [&](auto t) {
-    using T = decltype(t);
-    using C = Compute<T>;
-    using Acc = std::conditional_t<std::is_same_v<C, float>, double, T>;
-    auto sum = [](Acc a, Acc b) { return a + b; };
-    if (in.size() == 1) {
-      reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), sum, [](C x) { return load(store<T>(x * x)); });
-      return;
-    }
-    const C d = static_cast<C>(in[1].data<float>()[0]);
-    reduce_loop<T, Acc>(in[0], out[0], p, ctx.workspace, Acc(0), sum, [d](C x) {
-      const C u = load(store<T>(x / d));
-      return load(store<T>(u * u));
-    });
-  });
+  reduce(n, in, out[0], ctx.workspace);
 }
 
 void kernel_reduce_max(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
-  Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
-  dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
-    using T = decltype(t);
-    using C = Compute<T>;
-    C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::lowest();
-    reduce_loop<T, C>(in[0], out[0], p, ctx.workspace, lowest, [](C a, C b) { return (b > a) | (b != b) ? b : a; },
-                      [](C x) { return x; });
-  });
+  reduce(n, in, out[0], ctx.workspace);
 }
 
 }  // namespace remat::exec

@@ -137,7 +137,8 @@ REMAT_WIDEST_CLONES void log_softmax_rows(const ir::Node& n, DType xt, const std
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = x + r * w;
       const A m = row_max<A>(xr, w);
-      // The log in f64 rounded once: the same bits from every libm variant (glibc's logf differs with FMA).
+      // The log in f64, rounded once to f32: glibc's logf differs between its FMA and plain variants (chosen per
+      // CPU), the f64 log far less, and its rounding to f32 hides that. f64 rows keep f64 log's variance.
       const A log_sum = static_cast<A>(std::log(static_cast<double>(exps(xr, w, m, p))));
 #pragma omp simd
       for (int64_t j = 0; j < w; ++j) {
