@@ -100,6 +100,136 @@ void scores(Tiles<A>& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0,
   }
 }
 
+// Heads [lo, hi) of the (batch, head) pairs of attention, in the calling thread's tiles.
+REMAT_WIDEST_CLONES void attention_heads(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
+                                         const Problem& z, std::span<std::byte> workspace, int64_t bytes_per_thread,
+                                         int64_t lo, int64_t hi) {
+  dispatch_float(in[0].type().dtype, n, [&](auto type) {
+    using T = decltype(type);
+    using A = Acc<T>;
+    const T *q = in[0].data<T>(), *k = in[1].data<T>(), *v = in[2].data<T>();
+    T* o = out[0].data<T>();
+    A* lse = out[1].data<A>();
+    const int64_t rep = z.H / z.KV;
+    Tiles<A>& t = tiles_of<A>(workspace, bytes_per_thread);
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / z.H, h = bh % z.H, g = h / rep;
+      for (int64_t i0 = 0; i0 < z.T; i0 += kRows) {
+        const int64_t rows = std::min(kRows, z.T - i0), keys = z.causal ? i0 + rows : z.S;
+        load_rows(q, t.q, z, b, h, i0, rows, static_cast<A>(z.scale));
+        for (int64_t r = 0; r < rows; ++r) {
+          t.m[r] = -std::numeric_limits<A>::infinity(), t.l[r] = 0;
+          std::fill(t.acc[r], t.acc[r] + z.D, A(0));
+        }
+        for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
+          const int64_t cols = std::min(kBlock, keys - s0);
+          load_keys(t, k, v, z, b, g, s0, cols);
+          scores(t, z, i0, rows, s0, cols);
+          for (int64_t r = 0; r < rows; ++r) {
+            A* sr = t.s[r];
+            const A m_new = std::max(t.m[r], *std::max_element(sr, sr + cols));
+            const A correction = exp_of(t.m[r] - m_new);  // 0 at the first block (exp(-inf))
+            t.l[r] *= correction;
+#pragma omp simd
+            for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] *= correction;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; ++j) sr[j] = exp_of(sr[j] - m_new);
+            for (int64_t j = 0; j < cols; ++j) t.l[r] += sr[j];  // in key order, as one loop summed them
+            t.m[r] = m_new;
+            for (int64_t j = 0; j < cols; ++j) {
+              const A p = sr[j];
+#pragma omp simd
+              for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] += p * t.vb[j][d];
+            }
+          }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          T* orow = o + ((b * z.T + i0 + r) * z.H + h) * z.D;
+          for (int64_t d = 0; d < z.D; ++d) orow[d] = store<T>(static_cast<Compute<T>>(t.acc[r][d] / t.l[r]));
+          lse[(b * z.H + h) * z.T + i0 + r] = t.m[r] + std::log(t.l[r]);
+        }
+      }
+    }
+  });
+}
+
+// kv heads [lo, hi) of the (batch, kv head) pairs of attention_grad, in the calling thread's tiles.
+REMAT_WIDEST_CLONES void attention_grad_heads(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
+                                              const Problem& z, std::span<std::byte> workspace, int64_t lo,
+                                              int64_t hi) {
+  dispatch_float(in[0].type().dtype, n, [&](auto type) {
+    using T = decltype(type);
+    using A = Acc<T>;
+    const A scale = static_cast<A>(z.scale);
+    const T *q = in[0].data<T>(), *k = in[1].data<T>(), *v = in[2].data<T>(), *o = in[3].data<T>(), *dout = in[5].data<T>();
+    const A* lse = in[4].data<A>();
+    T *dq = out[0].data<T>(), *dk = out[1].data<T>(), *dv = out[2].data<T>();
+    const int64_t rep = z.H / z.KV, bytes_per_thread = per_thread(n, in[0].type().dtype, z.S, z.D);
+    Tiles<A>& t = tiles_of<A>(workspace, bytes_per_thread);
+    A* dk_acc = reinterpret_cast<A*>(reinterpret_cast<std::byte*>(&t) + tiles_bytes(in[0].type().dtype));
+    A* dv_acc = dk_acc + z.S * z.D;
+    for (int64_t bg = lo; bg < hi; ++bg) {
+      const int64_t b = bg / z.KV, g = bg % z.KV;
+      std::fill(dk_acc, dk_acc + 2 * z.S * z.D, A(0));
+      for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
+        for (int64_t i0 = 0; i0 < z.T; i0 += kRows) {
+          const int64_t rows = std::min(kRows, z.T - i0), keys = z.causal ? i0 + rows : z.S;
+          load_rows(q, t.q, z, b, h, i0, rows, scale);
+          load_rows(dout, t.dout, z, b, h, i0, rows, A(1));
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t row = (b * z.T + i0 + r) * z.H + h;
+            t.delta[r] = dot<A>(dout + row * z.D, o + row * z.D, z.D);
+            t.l[r] = lse[(b * z.H + h) * z.T + i0 + r];
+            std::fill(t.acc[r], t.acc[r] + z.D, A(0));
+          }
+          for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {
+            const int64_t cols = std::min(kBlock, keys - s0);
+            load_keys(t, k, v, z, b, g, s0, cols);
+            scores(t, z, i0, rows, s0, cols);
+            for (int64_t r = 0; r < rows; ++r) {  // p = exp(s - lse); ds = p (dout . v - delta) · scale
+              A* dsr = t.ds[r];
+              times_block(t.dout[r], t.vt, dsr, z.D, cols);
+#pragma omp simd
+              for (int64_t j = 0; j < cols; ++j) {
+                t.s[r][j] = exp_of(t.s[r][j] - t.l[r]);
+                dsr[j] = t.s[r][j] * (dsr[j] - t.delta[r]) * scale;
+              }
+            }
+            for (int64_t j = 0; j < cols; ++j) {  // dv += pᵀ dout, dk += dsᵀ q (the tile's q is scaled: ds / scale)
+              A* dvj = dv_acc + (s0 + j) * z.D;
+              A* dkj = dk_acc + (s0 + j) * z.D;
+              for (int64_t r = 0; r < rows; ++r) {
+                const A p = t.s[r][j], ds = t.ds[r][j] / scale;
+#pragma omp simd
+                for (int64_t d = 0; d < z.D; ++d) {
+                  dvj[d] += p * t.dout[r][d];
+                  dkj[d] += ds * t.q[r][d];
+                }
+              }
+            }
+            for (int64_t r = 0; r < rows; ++r)  // dq += ds k
+              for (int64_t j = 0; j < cols; ++j) {
+                const A ds = t.ds[r][j];
+#pragma omp simd
+                for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] += ds * t.kb[j][d];
+              }
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            T* dqr = dq + ((b * z.T + i0 + r) * z.H + h) * z.D;
+            for (int64_t d = 0; d < z.D; ++d) dqr[d] = store<T>(static_cast<Compute<T>>(t.acc[r][d]));
+          }
+        }
+      }
+      for (int64_t j = 0; j < z.S; ++j)
+        for (int64_t d = 0; d < z.D; ++d) {
+          const int64_t at = ((b * z.S + j) * z.KV + g) * z.D + d;
+          dk[at] = store<T>(static_cast<Compute<T>>(dk_acc[j * z.D + d]));
+          dv[at] = store<T>(static_cast<Compute<T>>(dv_acc[j * z.D + d]));
+        }
+    }
+  });
+}
+
 }  // namespace
 
 // Per thread: its tiles (and, backward, the dk and dv accumulators of one kv head), in A.
@@ -110,127 +240,15 @@ int64_t workspace_attention(const ir::Node& n, std::span<const ir::Type> in) {
 void kernel_attention(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   const Problem z = problem_of(n, in);
   const int64_t bytes_per_thread = per_thread(n, in[0].type().dtype, z.S, z.D);
-  dispatch_float(in[0].type().dtype, n, [&](auto type) {
-    using T = decltype(type);
-    using A = Acc<T>;
-    const T *q = in[0].data<T>(), *k = in[1].data<T>(), *v = in[2].data<T>();
-    T* o = out[0].data<T>();
-    A* lse = out[1].data<A>();
-    const int64_t rep = z.H / z.KV;
-    parallel_ranges(z.B * z.H, z.B * z.H * z.T * z.S * z.D >= kParallelMin, [&](int64_t lo, int64_t hi) {
-      Tiles<A>& t = tiles_of<A>(ctx.workspace, bytes_per_thread);
-      for (int64_t bh = lo; bh < hi; ++bh) {
-        const int64_t b = bh / z.H, h = bh % z.H, g = h / rep;
-        for (int64_t i0 = 0; i0 < z.T; i0 += kRows) {
-          const int64_t rows = std::min(kRows, z.T - i0), keys = z.causal ? i0 + rows : z.S;
-          load_rows(q, t.q, z, b, h, i0, rows, static_cast<A>(z.scale));
-          for (int64_t r = 0; r < rows; ++r) {
-            t.m[r] = -std::numeric_limits<A>::infinity(), t.l[r] = 0;
-            std::fill(t.acc[r], t.acc[r] + z.D, A(0));
-          }
-          for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
-            const int64_t cols = std::min(kBlock, keys - s0);
-            load_keys(t, k, v, z, b, g, s0, cols);
-            scores(t, z, i0, rows, s0, cols);
-            for (int64_t r = 0; r < rows; ++r) {
-              A* sr = t.s[r];
-              const A m_new = std::max(t.m[r], *std::max_element(sr, sr + cols));
-              const A correction = exp_of(t.m[r] - m_new);  // 0 at the first block (exp(-inf))
-              t.l[r] *= correction;
-              for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] *= correction;
-              for (int64_t j = 0; j < cols; ++j) t.l[r] += sr[j] = exp_of(sr[j] - m_new);
-              t.m[r] = m_new;
-              for (int64_t j = 0; j < cols; ++j) {
-                const A p = sr[j];
-#pragma omp simd
-                for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] += p * t.vb[j][d];
-              }
-            }
-          }
-          for (int64_t r = 0; r < rows; ++r) {
-            T* orow = o + ((b * z.T + i0 + r) * z.H + h) * z.D;
-            for (int64_t d = 0; d < z.D; ++d) orow[d] = store<T>(static_cast<Compute<T>>(t.acc[r][d] / t.l[r]));
-            lse[(b * z.H + h) * z.T + i0 + r] = t.m[r] + std::log(t.l[r]);
-          }
-        }
-      }
-    });
+  parallel_ranges(z.B * z.H, z.B * z.H * z.T * z.S * z.D >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    attention_heads(n, in, out, z, ctx.workspace, bytes_per_thread, lo, hi);
   });
 }
 
 void kernel_attention_grad(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   const Problem z = problem_of(n, in);
-  dispatch_float(in[0].type().dtype, n, [&](auto type) {
-    using T = decltype(type);
-    using A = Acc<T>;
-    const A scale = static_cast<A>(z.scale);
-    const T *q = in[0].data<T>(), *k = in[1].data<T>(), *v = in[2].data<T>(), *o = in[3].data<T>(), *dout = in[5].data<T>();
-    const A* lse = in[4].data<A>();
-    T *dq = out[0].data<T>(), *dk = out[1].data<T>(), *dv = out[2].data<T>();
-    const int64_t rep = z.H / z.KV, bytes_per_thread = per_thread(n, in[0].type().dtype, z.S, z.D);
-    parallel_ranges(z.B * z.KV, z.B * z.H * z.T * z.S * z.D >= kParallelMin, [&](int64_t lo, int64_t hi) {
-      Tiles<A>& t = tiles_of<A>(ctx.workspace, bytes_per_thread);
-      A* dk_acc = reinterpret_cast<A*>(reinterpret_cast<std::byte*>(&t) + tiles_bytes(in[0].type().dtype));
-      A* dv_acc = dk_acc + z.S * z.D;
-      for (int64_t bg = lo; bg < hi; ++bg) {
-        const int64_t b = bg / z.KV, g = bg % z.KV;
-        std::fill(dk_acc, dk_acc + 2 * z.S * z.D, A(0));
-        for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
-          for (int64_t i0 = 0; i0 < z.T; i0 += kRows) {
-            const int64_t rows = std::min(kRows, z.T - i0), keys = z.causal ? i0 + rows : z.S;
-            load_rows(q, t.q, z, b, h, i0, rows, scale);
-            load_rows(dout, t.dout, z, b, h, i0, rows, A(1));
-            for (int64_t r = 0; r < rows; ++r) {
-              const int64_t row = (b * z.T + i0 + r) * z.H + h;
-              t.delta[r] = dot<A>(dout + row * z.D, o + row * z.D, z.D);
-              t.l[r] = lse[(b * z.H + h) * z.T + i0 + r];
-              std::fill(t.acc[r], t.acc[r] + z.D, A(0));
-            }
-            for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {
-              const int64_t cols = std::min(kBlock, keys - s0);
-              load_keys(t, k, v, z, b, g, s0, cols);
-              scores(t, z, i0, rows, s0, cols);
-              for (int64_t r = 0; r < rows; ++r) {  // p = exp(s - lse); ds = p (dout . v - delta) · scale
-                A* dsr = t.ds[r];
-                times_block(t.dout[r], t.vt, dsr, z.D, cols);
-                for (int64_t j = 0; j < cols; ++j) {
-                  t.s[r][j] = exp_of(t.s[r][j] - t.l[r]);
-                  dsr[j] = t.s[r][j] * (dsr[j] - t.delta[r]) * scale;
-                }
-              }
-              for (int64_t j = 0; j < cols; ++j) {  // dv += pᵀ dout, dk += dsᵀ q (the tile's q is scaled: ds / scale)
-                A* dvj = dv_acc + (s0 + j) * z.D;
-                A* dkj = dk_acc + (s0 + j) * z.D;
-                for (int64_t r = 0; r < rows; ++r) {
-                  const A p = t.s[r][j], ds = t.ds[r][j] / scale;
-#pragma omp simd
-                  for (int64_t d = 0; d < z.D; ++d) {
-                    dvj[d] += p * t.dout[r][d];
-                    dkj[d] += ds * t.q[r][d];
-                  }
-                }
-              }
-              for (int64_t r = 0; r < rows; ++r)  // dq += ds k
-                for (int64_t j = 0; j < cols; ++j) {
-                  const A ds = t.ds[r][j];
-#pragma omp simd
-                  for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] += ds * t.kb[j][d];
-                }
-            }
-            for (int64_t r = 0; r < rows; ++r) {
-              T* dqr = dq + ((b * z.T + i0 + r) * z.H + h) * z.D;
-              for (int64_t d = 0; d < z.D; ++d) dqr[d] = store<T>(static_cast<Compute<T>>(t.acc[r][d]));
-            }
-          }
-        }
-        for (int64_t j = 0; j < z.S; ++j)
-          for (int64_t d = 0; d < z.D; ++d) {
-            const int64_t at = ((b * z.S + j) * z.KV + g) * z.D + d;
-            dk[at] = store<T>(static_cast<Compute<T>>(dk_acc[j * z.D + d]));
-            dv[at] = store<T>(static_cast<Compute<T>>(dv_acc[j * z.D + d]));
-          }
-      }
-    });
+  parallel_ranges(z.B * z.KV, z.B * z.H * z.T * z.S * z.D >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    attention_grad_heads(n, in, out, z, ctx.workspace, lo, hi);
   });
 }
 
