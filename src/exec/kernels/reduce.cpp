@@ -78,28 +78,30 @@ void reduce_outputs(const T* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc
   }
 }
 
+// Outputs [lo, hi) when x is viewed as [window, outputs]: their accumulators (acc, the workspace's row) take the
+// rows in order, vectorised over outputs.
 template <class T, class Acc, class Combine, class Pre>
-void reduce_leading(const T* a, T* o, const Plan& p, std::span<std::byte> workspace, Acc init, Combine combine,
-                    Pre pre) {  // x viewed as [window, outputs]: accumulate whole rows, vectorised over outputs
-  Acc* acc = reinterpret_cast<Acc*>(take(workspace, p.outputs * static_cast<int64_t>(sizeof(Acc))));
-  std::fill(acc, acc + p.outputs, init);
+void reduce_leading(const T* a, T* o, const Plan& p, Acc* acc, int64_t lo, int64_t hi, Acc init, Combine combine,
+                    Pre pre) {
+  std::fill(acc + lo, acc + hi, init);
   for (int64_t r = 0; r < p.window; ++r) {
     const T* row = a + r * p.outputs;
-    parallel_ranges(p.outputs, p.outputs >= kParallelMin, [&](int64_t lo, int64_t hi) {
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) acc[i] = combine(acc[i], static_cast<Acc>(pre(load(row[i]))));
-    });
+    for (int64_t i = lo; i < hi; ++i) acc[i] = combine(acc[i], static_cast<Acc>(pre(load(row[i]))));
   }
-  for (int64_t i = 0; i < p.outputs; ++i) o[i] = store<T>(static_cast<Compute<T>>(acc[i]));
+  for (int64_t i = lo; i < hi; ++i) o[i] = store<T>(static_cast<Compute<T>>(acc[i]));
 }
 
-// Outputs [lo, hi) of the reduction n (reduce_sum, reduce_max or sum_of_squares; workspace: the leading case's
-// accumulator row, which runs whole when lo = 0 and hi = outputs), at the CPU's widest vectors.
+// Outputs [lo, hi) of the reduction n (reduce_sum, reduce_max or sum_of_squares; acc_row: the leading case's
+// accumulators, one per output), at the CPU's widest vectors.
 REMAT_WIDEST_CLONES void reduce_range(const ir::Node& n, std::span<const Array> in, Array& y, const Plan& p,
-                                      std::span<std::byte> workspace, int64_t lo, int64_t hi) {
+                                      std::byte* acc_row, int64_t lo, int64_t hi) {
   auto run = [&](auto t, auto init, auto combine, auto pre) {
     using T = decltype(t);
-    if (p.leading) return reduce_leading<T>(in[0].data<T>(), y.data<T>(), p, workspace, init, combine, pre);
+    using Acc = decltype(init);
+    if (p.leading)
+      return reduce_leading<T>(in[0].data<T>(), y.data<T>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init,
+                               combine, pre);
     reduce_outputs<T>(in[0].data<T>(), y.data<T>(), p, lo, hi, init, combine, pre);
   };
   if (n.op == ir::Op::reduce_max) {
@@ -136,9 +138,10 @@ REMAT_WIDEST_CLONES void reduce_range(const ir::Node& n, std::span<const Array> 
 
 void reduce(const ir::Node& n, std::span<const Array> in, Array& y, std::span<std::byte> workspace) {
   const Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
-  if (p.leading) return reduce_range(n, in, y, p, workspace, 0, p.outputs);  // parallel over outputs inside
+  const std::span<const ir::Type> x_type(&in[0].type(), 1);
+  std::byte* acc_row = p.leading ? take(workspace, workspace_reduction(n, x_type)) : nullptr;
   parallel_ranges(p.outputs, p.outputs * p.window >= kParallelMin,
-                  [&](int64_t lo, int64_t hi) { reduce_range(n, in, y, p, workspace, lo, hi); });
+                  [&](int64_t lo, int64_t hi) { reduce_range(n, in, y, p, acc_row, lo, hi); });
 }
 
 }  // namespace
