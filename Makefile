@@ -39,7 +39,8 @@ test-fuzz: setup $(FUZZ_BUILD)/build.ninja
 	ninja -C $(FUZZ_BUILD) -j $(JOBS)
 	bash scripts/fuzz_smoke.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
-test: test-asan test-fast test-fuzz
+test:  # each part's wall time printed at the end
+	@bash scripts/test.sh test-asan test-fast test-fuzz
 
 bench: build
 	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(BUILD)/remat_bench

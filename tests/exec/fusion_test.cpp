@@ -6,6 +6,7 @@
 #include "compile/compile.h"
 #include "exec/executable.h"
 #include "exec/kernels/exp.h"
+#include "support/training_steps.h"
 
 #include <gtest/gtest.h>
 
@@ -17,16 +18,10 @@ namespace remat {
 namespace {
 
 using namespace ir;
-
-bool same_bits(const exec::Array& a, const exec::Array& b) {
-  return a.type() == b.type() && std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())) == 0;
-}
-
-int count_ops(const Graph& g, Op op) {
-  int k = 0;
-  for (const Node& n : g.nodes) k += (n.op == op) + (n.body ? count_ops(*n.body, op) : 0);
-  return k;
-}
+using testing_support::count_ops;
+using testing_support::same_bits;
+using testing_support::StepRun;
+using testing_support::train_steps;
 
 // y = exp(x · c[i,j]) + r[k];  z = (y > u[i,0,k] ? y : s) as bf16, over [3,1000,7]: 21000 elements, ten tiles
 // of 2048 that start mid-row, on every thread.
@@ -92,45 +87,12 @@ TEST(FusionKernel, APlanWithoutItsWorkspaceIsRefusedUpFront) {
   }
 }
 
-struct StepRun {
-  std::vector<exec::Array> results;
-  int64_t peak = 0;  // the planned device arena
-  int fusions = 0;
-};
-
-// Two training steps of the config's program, from the same initial state and batch.
-StepRun train_two_steps(const std::vector<std::string>& overrides) {
-  cli::Config c = cli::load_config("", overrides);
-  compile::Compiled s = compile::compile(
-      {.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer, .fuse = c.run.fusion});
-  std::vector<exec::Array> args;
-  for (ValueId p : s.program.params) args.push_back(exec::Array::zeros(s.program.type(p)));
-  std::vector<exec::Array> params;
-  for (size_t i = 0; i < args.size(); ++i)
-    if (s.signature.args[i].role == Role::parameter) params.push_back(args[i]);
-  nn::init_params(c.run.model, 0, params);
-  for (int k = 0; k < 2; ++k) {
-    exec::Array& t = args[static_cast<size_t>(s.signature.arg(k == 0 ? "inputs" : "targets"))];
-    for (int64_t i = 0; i < t.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + k * 7) % 256);
-  }
-  StepRun run{.results = {}, .peak = s.plan.arena[0], .fusions = count_ops(s.program, Op::fusion)};
-  exec::Executable step(s.program, s.plan, {.poison = true});
-  for (int k = 0; k < 2; ++k) {
-    const std::vector<exec::Array>& out = step.run(args);
-    EXPECT_EQ(step.measured_peak(plan::Space::device), s.plan.lower_bound[0]) << "planned = measured";
-    if (k == 0) args[static_cast<size_t>(s.signature.arg("step"))] = exec::Array::from<int32_t>({}, {1});
-    run.results.clear();
-    for (const exec::Array& a : out) run.results.push_back(a.clone());
-  }
-  return run;
-}
-
 class FusedStep : public testing::TestWithParam<std::vector<std::string>> {};
 
 TEST_P(FusedStep, IsBitIdenticalToTheUnfusedStepAndPlansLess) {
   std::vector<std::string> on = GetParam(), off = GetParam();
   off.push_back("fusion=false");
-  const StepRun fused = train_two_steps(on), unfused = train_two_steps(off);
+  const StepRun fused = train_steps(on, 2), unfused = train_steps(off, 2);
   EXPECT_EQ(unfused.fusions, 0);
   EXPECT_GT(fused.fusions, 10);
   ASSERT_EQ(fused.results.size(), unfused.results.size());

@@ -2,7 +2,7 @@
 // threads not pinned to one core, root allowed when root, one OpenMP thread per rank: with more ranks than
 // cores, a rank's spinning OpenMP threads take the cores the other ranks wait for, 10-20x slower) and, in
 // the sanitizer build, without leak reports (Open MPI's own allocations outlive MPI_Finalize: not the
-// engine's leaks).
+// engine's leaks). run_command's time limit covers every launch: a deadlock fails the test instead of hanging.
 //   run_command(fmt::format("{} '{}' train ...", testing_support::mpirun(2), REMAT_BINARY));
 #pragma once
 
@@ -21,6 +21,11 @@ inline std::string mpirun(int ranks) {
                      exec::kAddressSanitizer ? "env ASAN_OPTIONS=detect_leaks=0 " : "",
                      geteuid() == 0 ? " --allow-run-as-root" : "", ranks);
 }
+
+// The one-process reference the ranks are compared with: a fixed number of OpenMP threads (not the machine's
+// core count) unlike the ranks' one, so that every bit-identity comparison also shows that the thread count
+// changes no bits (tests/exec/thread_count_test.cpp checks it in one process).
+inline std::string one_process() { return "env OMP_NUM_THREADS=3"; }
 
 // scripts/setup.sh installs it; the MPI tests fail without it.
 inline bool mpirun_installed() { return run_command("command -v mpirun").status == 0; }

@@ -9,6 +9,7 @@
 #include "exec/kernels/kernels.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 
 #include <algorithm>
 #include <map>
@@ -115,6 +116,9 @@ bool uses_onednn(DType dt, const Options& options) {
 struct Entry {
   ir::Type lhs, rhs;           // the operand types and dimension numbers it was made for: a node address
   ir::IntLists contract, batch;  // reused by another graph, or new shapes, remake it
+  // oneDNN fixes a primitive's thread decomposition, and so its scratchpad size, when it is made: a primitive
+  // made under another OpenMP thread count would run with that count and need another workspace than planned.
+  int threads = 0;
   Layout a_layout, b_layout;
   dnnl::matmul matmul;
   dnnl::memory a, b, c, pad;
@@ -129,6 +133,7 @@ Entry make_entry(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   e.rhs = rhs;
   e.contract = n.attrs.int_lists("contract");
   e.batch = n.attrs.int_lists("batch");
+  e.threads = omp_get_max_threads();
   e.a_layout = x.a_layout;
   e.b_layout = x.b_layout;
   e.matmul = dnnl::matmul(x.pd);
@@ -167,13 +172,14 @@ int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in) {
 void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   // f32 and bf16 (f32 accumulation, native AVX512_BF16) go to oneDNN; f64, f16 and i32 to the reference.
   if (!uses_onednn(in[0].type().dtype, ctx.options)) return ref::dot_general(n, in, out, ctx);
-  // One entry per node; a different graph at the same address, or new shapes, remakes it.
+  // One entry per node; a different graph at the same address, new shapes or another thread count remake it.
   static std::mutex mutex;
   static std::map<const ir::Node*, Entry> cache;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(&n);
   if (it == cache.end() || !(it->second.lhs == in[0].type()) || !(it->second.rhs == in[1].type()) ||
-      it->second.contract != n.attrs.int_lists("contract") || it->second.batch != n.attrs.int_lists("batch"))
+      it->second.contract != n.attrs.int_lists("contract") || it->second.batch != n.attrs.int_lists("batch") ||
+      it->second.threads != omp_get_max_threads())
     it = cache.insert_or_assign(&n, make_entry(n, in[0].type(), in[1].type())).first;
   Entry& e = it->second;
   std::span<std::byte> workspace = ctx.workspace;
