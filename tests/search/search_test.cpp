@@ -208,6 +208,7 @@ TEST(AutoPolicy, TheMemoryBoundSparesThePlannerTheCandidatesItRejects) {
   const std::vector<std::string> names = search::searched_names(r, &bytes);
   const double small = 4 * t.L * t.N * t.Q, wide = 4 * t.L * t.N * t.F;
   EXPECT_EQ(bytes, (std::vector<double>{small, small, small, small, small, wide, wide}));
+  ASSERT_EQ(wide, 4 * small) << "the rejected set described above";
   const std::vector<search::Candidate>& all = brute_force({"model=tiny"});
   auto device_bytes = [&](const search::Candidate& c) {
     double b = 0;
