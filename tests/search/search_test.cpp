@@ -136,10 +136,10 @@ TEST_P(AutoPolicy, EqualsTheBruteForceOptimumUnderEveryBudget) {
   for (Residency x : no_host.best->placement) EXPECT_NE(x, Residency::offload);
 }
 
-// Not searched: a name on a region input, kept with it (decoder_layer_input of a layer scan); one the backward
-// never reads: mlpwo (only the residual add reads it), and under grouped-query attention key_proj and value_proj
-// (the backward reads their heads repeated, not them); in the double scan out_proj (its residuals there hold the
-// sum x + out_proj, as `remat explain` lists).
+// Not searched: a name on a region input, kept with it (decoder_layer_input of a layer scan), and one the
+// backward never reads: mlpwo (only the residual add reads it). In the double scan with grouped-query attention
+// also key_proj, value_proj and out_proj: inside a group the backward reads the repeated k and v heads and
+// x + out_proj, so placing those names changes neither the saved bytes nor the recompute (`remat explain`).
 const std::vector<std::string> kUnfusedNames = {"query_proj", "key_proj", "value_proj", "context", "out_proj",
                                                 "mlpwi_0",    "mlpwi_1"};
 INSTANTIATE_TEST_SUITE_P(
