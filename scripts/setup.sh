@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
   libopenmpi-dev openmpi-bin
+  python3
 )
 
 missing=()

@@ -1,13 +1,19 @@
 // remat_policy=auto (search::search) against brute force over every placement of the searched names, planned
 // by the real planner: the same optimum (least estimated cost, then least peak) under three budgets per model,
-// one of them tight; the memory bound of the search (the lemma) below every plan.
+// one of them tight; the memory bound of the search (the lemma) below every plan. The cost model itself is
+// checked apart from the code: recompute FLOPs of three placements of the tiny model derived from its shapes,
+// and the placements the memory bound spares the planner counted from residual bytes derived by hand.
 #include "cli/config.h"
+#include "remat/layer_flops.h"
 #include "search/search.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
+#include <set>
 
 namespace remat {
 namespace {
@@ -19,28 +25,39 @@ compile::Request request_of(const std::vector<std::string>& keys) {
   return {.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer};
 }
 
-// Every placement, planned (3^k plans).
-std::vector<search::Candidate> brute_force(const compile::Request& r, const std::vector<std::string>& names,
-                                           const search::Rates& rates) {
-  std::vector<search::Candidate> all;
+const search::Rates kRates{.gemm_flops = 2e11, .other_flops = 5e9, .host_bandwidth = 2e10};
+
+// Every placement of the model `keys` configure, planned (3^k plans), once per test program.
+const std::vector<search::Candidate>& brute_force(const std::vector<std::string>& keys) {
+  static std::map<std::vector<std::string>, std::vector<search::Candidate>> planned;
+  if (planned.contains(keys)) return planned[keys];
+  const compile::Request r = request_of(keys);
+  const std::vector<std::string> names = search::searched_names(r);
+  std::vector<search::Candidate>& all = planned[keys];
   std::vector<Residency> p(names.size(), Residency::recompute);
   std::function<void(size_t)> each = [&](size_t i) {
-    if (i == names.size()) return all.push_back(search::evaluate(r, names, p, {}, rates));
+    if (i == names.size()) return all.push_back(search::evaluate(r, names, p, {}, kRates));
     for (Residency x : {Residency::recompute, Residency::save, Residency::offload}) p[i] = x, each(i + 1);
   };
   each(0);
   return all;
 }
 
-class AutoPolicy : public testing::TestWithParam<std::vector<std::string>> {};
+// A model: its config keys and the names a search over it decides, in the order of checkpoint_names.h.
+struct Model {
+  std::string name;
+  std::vector<std::string> keys, searched;
+};
+
+class AutoPolicy : public testing::TestWithParam<Model> {};
 
 TEST_P(AutoPolicy, EqualsTheBruteForceOptimumUnderEveryBudget) {
-  const compile::Request r = request_of(GetParam());
-  const search::Rates rates{.gemm_flops = 2e11, .other_flops = 5e9, .host_bandwidth = 2e10};
+  const compile::Request r = request_of(GetParam().keys);
+  const search::Rates& rates = kRates;
   std::vector<double> bytes;
   const std::vector<std::string> names = search::searched_names(r, &bytes);
-  ASSERT_GE(names.size(), 5u);
-  const std::vector<search::Candidate> all = brute_force(r, names, rates);
+  EXPECT_EQ(names, GetParam().searched);
+  const std::vector<search::Candidate>& all = brute_force(GetParam().keys);
   // The lemma, on every placement: peak >= (peak - device bytes of the all-device placement) + device bytes.
   auto device_bytes = [&](const search::Candidate& c) {
     double b = 0;
@@ -103,21 +120,129 @@ TEST_P(AutoPolicy, EqualsTheBruteForceOptimumUnderEveryBudget) {
     EXPECT_TRUE(std::any_of(f.points.begin(), f.points.end(),
                             [&](const search::Candidate& p) { return p.peak <= q.peak && p.seconds <= q.seconds; }))
         << q.policy << " lies below the frontier";
-  // A host limit below every offloading placement's host bytes: the answer offloads nothing.
-  const search::Result no_host = search::search(r, {.device = peaks[peaks.size() / 2], .host = 1}, rates);
-  if (no_host.best) {
-    for (Residency x : no_host.best->placement) EXPECT_NE(x, Residency::offload);
-  }
+  // A host limit below every offloading placement's host bytes: the answer is the brute force's best placement
+  // that offloads nothing.
+  const int64_t middle = peaks[peaks.size() / 2];
+  const search::Candidate* on_device = nullptr;
+  for (const search::Candidate& c : all)
+    if (c.peak <= middle && std::count(c.placement.begin(), c.placement.end(), Residency::offload) == 0 &&
+        (!on_device || std::pair(c.seconds, c.peak) < std::pair(on_device->seconds, on_device->peak)))
+      on_device = &c;
+  ASSERT_TRUE(on_device != nullptr);
+  const search::Result no_host = search::search(r, {.device = middle, .host = 1}, rates);
+  ASSERT_TRUE(no_host.best.has_value()) << "budget " << middle << ": " << on_device->policy << " fits";
+  EXPECT_EQ(no_host.best->seconds, on_device->seconds) << no_host.best->policy << " vs " << on_device->policy;
+  EXPECT_EQ(no_host.best->peak, on_device->peak) << no_host.best->policy << " vs " << on_device->policy;
+  for (Residency x : no_host.best->placement) EXPECT_NE(x, Residency::offload);
 }
 
+// Not searched: a name on a region input, kept with it (decoder_layer_input of a layer scan), and one the
+// backward never reads: mlpwo (only the residual add reads it). In the double scan with grouped-query attention
+// also key_proj, value_proj and out_proj: inside a group the backward reads the repeated k and v heads and
+// x + out_proj, so placing those names changes neither the saved bytes nor the recompute (`remat explain`).
+const std::vector<std::string> kUnfusedNames = {"query_proj", "key_proj", "value_proj", "context", "out_proj",
+                                                "mlpwi_0",    "mlpwi_1"};
 INSTANTIATE_TEST_SUITE_P(
     Models, AutoPolicy,
-    testing::Values(std::vector<std::string>{"model=tiny"},
-                    std::vector<std::string>{"model=tiny", "base_num_kv_heads=2", "layers_per_group=2", "max_target_length=512"},
-                    std::vector<std::string>{"model=llama2-7b", "per_device_batch_size=1", "max_target_length=4096"}),
-    [](const testing::TestParamInfo<std::vector<std::string>>& i) {
-      return i.index == 0 ? std::string("tiny") : i.index == 1 ? std::string("gqa_double_scan") : std::string("llama2_7b_4096");
-    });
+    testing::Values(Model{"tiny", {"model=tiny"}, kUnfusedNames},
+                    Model{"gqa_double_scan",
+                          {"model=tiny", "base_num_kv_heads=2", "layers_per_group=2", "max_target_length=512"},
+                          {"decoder_layer_input", "query_proj", "context", "mlpwi_0", "mlpwi_1"}},
+                    Model{"llama2_7b_4096", {"model=llama2-7b", "per_device_batch_size=1", "max_target_length=4096"},
+                          kUnfusedNames}),
+    [](const testing::TestParamInfo<Model>& i) { return i.param.name; });
+
+// Recompute FLOPs (GEMM and the rest) of three placements of the tiny model, derived from its shapes, equal
+// the search's. The backward reads the normed inputs h of every projection, the softmax's probs, the context
+// (for Wo's gradient), x + out_proj (the second norm's input) and silu(gate)·up (for Wo of the MLP).
+TEST(AutoPolicy, RecomputeFlopsOfTinyPlacementsAreTheOnesDerivedFromItsShapes) {
+  const compile::Request r = request_of({"model=tiny"});
+  const search::Rates rates;
+  const testing_support::LayerFlops t(r.model, r.shape);
+  const std::vector<std::string> names = search::searched_names(r);
+  using R = Residency;
+  const auto placed = [&](const std::vector<std::pair<std::string, R>>& choice) {
+    std::vector<R> p;
+    for (const std::string& n : names)
+      p.push_back(std::find_if(choice.begin(), choice.end(), [&](const auto& c) { return c.first == n; })->second);
+    return search::evaluate(r, names, p, {}, rates);
+  };
+  // Every name recomputed: the whole layer forward again but Wo of the MLP and the last residual add.
+  const search::Candidate none = placed({{"query_proj", R::recompute}, {"key_proj", R::recompute},
+                                         {"value_proj", R::recompute}, {"context", R::recompute},
+                                         {"out_proj", R::recompute}, {"mlpwi_0", R::recompute}, {"mlpwi_1", R::recompute}});
+  EXPECT_EQ(none.recompute_gemm_flops,
+            t.L * (t.qkv_gemms() + t.scores_gemm() + t.context_gemm() + t.out_gemm() + 2 * t.wi_gemm()));
+  EXPECT_EQ(none.recompute_flops - none.recompute_gemm_flops,
+            t.L * (2 * t.norm() + t.rope(t.Q) + t.rope(t.K) + t.probs() + t.residual_add() +
+                   t.silu_times_up()));
+  // q, k, v, out_proj and the MLP's inputs kept (offloaded or on device: the same FLOPs), the context recomputed:
+  // the norms, the probs from q and k, the context from them and v, x + out_proj, silu(gate)·up.
+  const search::Candidate kept = placed({{"query_proj", R::offload}, {"key_proj", R::save}, {"value_proj", R::save},
+                                         {"context", R::recompute}, {"out_proj", R::save}, {"mlpwi_0", R::save},
+                                         {"mlpwi_1", R::offload}});
+  EXPECT_EQ(kept.recompute_gemm_flops, t.L * (t.scores_gemm() + t.context_gemm()));
+  EXPECT_EQ(kept.recompute_flops - kept.recompute_gemm_flops,
+            t.L * (2 * t.norm() + t.probs() + t.residual_add() + t.silu_times_up()));
+  // Offloaded per step: query_proj [B,T,H,Dh] and mlpwi_1 [B,T,F] of every layer, f32.
+  EXPECT_EQ(kept.offloaded_bytes, t.L * 4 * (t.N * t.Q + t.N * t.F));
+  // Unlimited memory: the search keeps every name on device, and only the probs' scores product is a GEMM left.
+  const search::Result all = search::search(r, {}, rates);
+  ASSERT_TRUE(all.best.has_value());
+  EXPECT_EQ(all.best->placement, std::vector<R>(names.size(), R::save)) << all.best->policy;
+  EXPECT_EQ(all.best->recompute_gemm_flops, t.L * t.scores_gemm());
+  EXPECT_EQ(all.best->recompute_flops - all.best->recompute_gemm_flops,
+            t.L * (2 * t.norm() + t.probs() + t.residual_add() + t.silu_times_up()));
+}
+
+// A budget where the memory bound prunes. Per step (f32, every layer) q, k, v, context and out_proj hold
+// 4·N·H·Dh bytes each and mlpwi_0, mlpwi_1 4·N·F; the bound rejects, unplanned, every placement whose device bytes
+// exceed the budget less the all-device plan's other bytes: here whatever keeps both MLP inputs on device, or one
+// of them and 4 of the 5 others. The search plans exactly the all-device placement, each placement no dearer than
+// its answer that the bound admits, and the cheaper one-name changes of the answer it prints.
+TEST(AutoPolicy, TheMemoryBoundSparesThePlannerTheCandidatesItRejects) {
+  const compile::Request r = request_of({"model=tiny"});
+  const search::Rates& rates = kRates;
+  const testing_support::LayerFlops t(r.model, r.shape);
+  std::vector<double> bytes;
+  const std::vector<std::string> names = search::searched_names(r, &bytes);
+  const double small = 4 * t.L * t.N * t.Q, wide = 4 * t.L * t.N * t.F;
+  EXPECT_EQ(bytes, (std::vector<double>{small, small, small, small, small, wide, wide}));
+  ASSERT_EQ(wide, 4 * small) << "the rejected set described above";
+  const std::vector<search::Candidate>& all = brute_force({"model=tiny"});
+  auto device_bytes = [&](const search::Candidate& c) {
+    double b = 0;
+    for (size_t i = 0; i < names.size(); ++i) b += c.placement[i] == Residency::save ? bytes[i] : 0;
+    return b;
+  };
+  const search::Candidate& all_device = *std::find_if(all.begin(), all.end(), [&](const search::Candidate& c) {
+    return device_bytes(c) == 5 * small + 2 * wide;
+  });
+  const double base = static_cast<double>(all_device.peak) - device_bytes(all_device);
+  const int64_t budget = static_cast<int64_t>(base + 2 * wide) - 1;
+  const auto rejected = [&](const search::Candidate& c) { return base + device_bytes(c) > static_cast<double>(budget); };
+  const search::Candidate* want = nullptr;
+  for (const search::Candidate& c : all)
+    if (c.peak <= budget && (!want || std::pair(c.seconds, c.peak) < std::pair(want->seconds, want->peak))) want = &c;
+  ASSERT_TRUE(want != nullptr);
+  std::set<std::string> planned = {all_device.policy}, spared;
+  for (const search::Candidate& c : all) {
+    if (rejected(c)) {
+      EXPECT_GT(c.peak, budget) << c.policy << ": the bound rejected a placement that fits";
+    }
+    if (c.seconds <= want->seconds) (rejected(c) ? spared : planned).insert(c.policy);
+    int changed = 0;
+    for (size_t i = 0; i < names.size(); ++i) changed += c.placement[i] != want->placement[i];
+    if (changed == 1 && c.seconds < want->seconds) planned.insert(c.policy);
+  }
+  EXPECT_TRUE(spared.contains(all_device.policy));
+  EXPECT_GE(spared.size(), 10u) << "placements cheaper than the answer that the bound rejects";
+  const search::Result got = search::search(r, {.device = budget}, rates);
+  ASSERT_TRUE(got.best.has_value());
+  EXPECT_EQ(got.best->seconds, want->seconds) << got.best->policy << " vs " << want->policy;
+  EXPECT_TRUE(got.lemma_held);
+  EXPECT_EQ(got.planned, static_cast<int>(planned.size())) << spared.size() << " spared by the bound";
+}
 
 }  // namespace
 }  // namespace remat

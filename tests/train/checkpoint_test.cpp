@@ -80,10 +80,10 @@ TEST(Safetensors, AnIndependentParserReadsWhatTheWriterWrote) {
     EXPECT_EQ(std::memcmp(back.tensors.at(a.name).bytes(), a.array.bytes(), static_cast<size_t>(a.array.type().bytes())), 0);
 }
 
-// Python's standard library, where it is installed: struct for the header size and the values, json for
-// the header. It prints each tensor's first element exactly (repr), compared here with the engine's.
+// Python's standard library (scripts/setup.sh installs python3): struct for the header size and the values, json
+// for the header. It prints each tensor's first element exactly (repr), compared here with the engine's.
 TEST(Safetensors, PythonReadsTheFile) {
-  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "no /usr/bin/python3 on this machine";
+  ASSERT_TRUE(fs::exists("/usr/bin/python3")) << "no /usr/bin/python3: run scripts/setup.sh (it installs python3)";
   TempDir t;
   const fs::path file = t.path / "a.safetensors", script = t.path / "read.py";
   train::write_safetensors(file, sample_tensors(), {});
