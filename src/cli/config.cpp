@@ -259,7 +259,9 @@ std::vector<std::pair<std::string, std::string>> parse_yaml(const std::string& t
 }
 
 std::vector<std::pair<std::string, std::string>> read_yaml(const std::string& path) {
-  CHECK(fs::is_regular_file(path), "cannot read config file '{}': no such file", path);
+  std::error_code ec;
+  CHECK(fs::is_regular_file(path, ec), "cannot read config file '{}': {}", path,
+        ec ? ec.message() : "not a regular file");
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -313,7 +315,8 @@ Config load_config(const std::string& config_path, const std::vector<std::string
   const fs::path preset_dir = config_path.empty() ? fs::path() : fs::path(config_path).parent_path() / "models";
   const fs::path beside = preset_dir / (c.model + ".yml");
   const auto built_in = embedded_configs().find("models/" + c.model + ".yml");
-  if (!config_path.empty() && fs::is_regular_file(beside)) {
+  std::error_code ec;  // an unreadable preset folder: the built-in preset
+  if (!config_path.empty() && fs::is_regular_file(beside, ec)) {
     apply(read_yaml(beside.string()), beside.string());
   } else {
     CHECK(built_in != embedded_configs().end(), "config key 'model' has no preset '{}'{}; available: {}", c.model,

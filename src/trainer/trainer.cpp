@@ -192,7 +192,10 @@ std::vector<int64_t> checkpoint_steps(const RunConfig& c) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(checkpoints_of(c), ec)) {
     const std::string name = e.path().filename().string();
-    if (e.is_directory() && !name.empty() && std::all_of(name.begin(), name.end(), ::isdigit)) steps.push_back(std::stoll(name));
+    int64_t step = -1;  // a name of digits beyond int64 is no step folder either
+    const auto [end, bad] = std::from_chars(name.data(), name.data() + name.size(), step);
+    if (e.is_directory(ec) && !name.empty() && bad == std::errc() && end == name.data() + name.size() && step >= 0)
+      steps.push_back(step);
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
@@ -238,7 +241,7 @@ bool of_mesh(const std::string& file, const RunConfig& c) {
 // Whether a step folder holds every file of a checkpoint of this mesh.
 bool complete(const fs::path& dir, const RunConfig& c) {
   for (const std::string& f : checkpoint_files(c))
-    if (!fs::is_regular_file(dir / f)) return false;
+    if (std::error_code ec; !fs::is_regular_file(dir / f, ec)) return false;
   return true;
 }
 
@@ -390,7 +393,7 @@ Progress start_state(const RunConfig& c, const exec::Mesh& ranks, Runner& step, 
   if (c.optimizer.loss_scale.enabled) step.arg("loss_scale").set(0, c.optimizer.loss_scale.initial);
   if (!c.load_parameters_path.empty()) {  // saved parameters, a fresh optimizer
     fs::path file = c.load_parameters_path;
-    if (fs::is_directory(file)) file /= state_file(c, ranks);
+    if (std::error_code ec; fs::is_directory(file, ec)) file /= state_file(c, ranks);
     restore(c, step, train::read_safetensors(file), file, true);
   }
   return c.enable_checkpointing ? resume(c, ranks, step, batcher) : Progress{};

@@ -473,6 +473,18 @@ TEST(CliErrors, AnUnwritableOutputIsOneLineNamingThePathAndTheReason) {
                         {"cannot write file '/proc/remat_frontier.svg'"});
 }
 
+// A folder under checkpoints/ named by digits beyond int64 is not a step (std::stoll threw out_of_range
+// past main): the run ignores it and leaves it.
+TEST(CliErrors, AStepFolderBeyondInt64IsIgnored) {
+  TempDir dir;
+  const fs::path odd = dir.path / "r" / "checkpoints" / "99999999999999999999";
+  fs::create_directories(odd);
+  const Output o = remat_cli(one_step(dir.path) + " enable_checkpointing=true");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_TRUE(fs::exists(odd));
+  EXPECT_TRUE(fs::exists(dir.path / "r" / "checkpoints" / "1" / "state.safetensors"));
+}
+
 // A metrics file that is not JSON, met when a run resumes (its rows after the checkpoint are dropped): one
 // line naming the file and the line.
 TEST(CliErrors, MalformedJsonIsOneLineNamingTheFileAndLine) {

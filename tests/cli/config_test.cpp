@@ -85,7 +85,10 @@ TEST(Config, MixedPrecisionKeys) {
 }
 
 TEST(Config, MissingFileAndMalformedArgument) {
-  expect_contains(error_of("no/such/base.yml", {}), "cannot read config file 'no/such/base.yml': no such file");
+  expect_contains(error_of("no/such/base.yml", {}), "cannot read config file 'no/such/base.yml': No such file or directory");
+  expect_contains(error_of(REMAT_TEST_DATA, {}), fmt::format("cannot read config file '{}': not a regular file", REMAT_TEST_DATA));
+  const std::string too_long = std::string(300, 'a') + "/base.yml";  // the file system's error, not an exception
+  expect_contains(error_of(too_long, {}), fmt::format("cannot read config file '{}': File name too long", too_long));
   expect_contains(error_of(base(), {"steps"}), "argument 'steps' is not key=value");
 }
 
