@@ -96,20 +96,31 @@ TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
   testing_support::TempDir temp;
   const fs::path dir = temp.path;
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(finish(start(dir, "whole")), 0);
-  const double whole_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const auto ms_since_start = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+  const pid_t whole = start(dir, "whole");
+  // When the first checkpoint appears (compiling comes before it): half the instants fall after it. The
+  // process, once it ended, stays unreaped (WNOWAIT) for finish to read its status.
+  const auto running = [&] {
+    siginfo_t info{};
+    return waitid(P_PID, static_cast<id_t>(whole), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
+  };
+  while (!fs::exists(dir / "runs" / "whole" / "checkpoints" / "1" / "state.safetensors") && running())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double first_ms = ms_since_start();
+  ASSERT_EQ(finish(whole), 0);
+  const double whole_ms = ms_since_start();
   const auto want = metrics(dir / "runs" / "whole");
   ASSERT_EQ(want.size(), 24u);
   const train::SafeTensors last = train::read_safetensors(dir / "runs" / "whole" / "checkpoints" / "24" / "state.safetensors");
   const int instants = exec::kAddressSanitizer ? 5 : 20;
   std::mt19937 rng(2026);
-  std::uniform_real_distribution<double> when(0.0, 0.8 * whole_ms);  // mostly before the run ends
+  std::uniform_real_distribution<double> before(0.0, first_ms), after(first_ms, 0.8 * whole_ms);  // mostly before the end
   int killed_midway = 0;
   std::set<int64_t> resumed;  // the steps restarts continued from, inside the run
   for (int i = 0; i < instants; ++i) {
     const std::string name = fmt::format("killed{}", i);
     const pid_t pid = start(dir, name);
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(when(rng)));
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(i % 2 == 0 ? before(rng) : after(rng)));
     kill(pid, SIGKILL);
     killed_midway += finish(pid) == -1;
     const fs::path log = dir / (name + ".log");
@@ -119,8 +130,8 @@ TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
     EXPECT_EQ(metrics(run), want) << name << ": losses and gradient norms, every step";
     expect_same_state(last, run, name);
   }
-  std::printf("%d of %d runs were killed before they finished (whole run %.0f ms); resumed from steps %s\n",
-              killed_midway, instants, whole_ms, fmt::format("{}", fmt::join(resumed, " ")).c_str());
+  std::printf("%d of %d runs were killed before they finished (whole run %.0f ms, first checkpoint at %.0f ms); resumed "
+              "from steps %s\n", killed_midway, instants, whole_ms, first_ms, fmt::format("{}", fmt::join(resumed, " ")).c_str());
   EXPECT_GE(killed_midway, 1) << "an instant fell inside a run";
   EXPECT_GE(resumed.size(), exec::kAddressSanitizer ? 1u : 3u) << "restarts continued from several steps inside the run";
 }
