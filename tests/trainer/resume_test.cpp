@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <regex>
 #include <set>
@@ -203,32 +204,39 @@ TEST(Resume, ACorruptLatestCheckpointFallsBackToThePreviousOne) {
     EXPECT_EQ(std::memcmp(a.bytes(), got.tensors.at(tensor).bytes(), static_cast<size_t>(a.type().bytes())), 0) << tensor;
 }
 
-// Rewrites the safetensors file `from` into `to` with every element of the tensors named opt_* (Adam's
-// moments, f32) set to `marker`, read and written here by the format's definition (an u64 little-endian
-// header length, a JSON header of dtype / shape / data_offsets, the data) rather than by train/checkpoint.cpp;
-// the metadata's checksum, which covers the data, is dropped (a file of another writer has none).
-void mark_moments(const fs::path& from, const fs::path& to, float marker) {
+// Rewrites the safetensors file `from` into `to` after `edit` changed its JSON header and its data, read and
+// written here by the format's definition (an u64 little-endian header length, a JSON header of dtype /
+// shape / data_offsets, the data) rather than by train/checkpoint.cpp. The metadata's checksum, which covers
+// the data, is dropped (a file of another writer has none).
+void rewrite(const fs::path& from, const fs::path& to, const std::function<void(nlohmann::json&, std::string&)>& edit) {
   std::ifstream in(from, std::ios::binary);
   std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[static_cast<size_t>(i)])) << (8 * i);
   nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
   std::string data = bytes.substr(8 + n);
-  int marked = 0;
-  for (const auto& [name, t] : header.items()) {
-    if (name.rfind("opt_", 0) != 0) continue;
-    ASSERT_EQ(t.at("dtype"), "F32") << name;
-    for (uint64_t at = t.at("data_offsets")[0]; at < t.at("data_offsets")[1].get<uint64_t>(); at += 4)
-      std::memcpy(data.data() + at, &marker, 4);
-    ++marked;
-  }
-  ASSERT_GT(marked, 0) << "the file holds moments";
+  edit(header, data);
   header["__metadata__"].erase("checksum");
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string length(8, '\0');
   for (int i = 0; i < 8; ++i) length[static_cast<size_t>(i)] = static_cast<char>(text.size() >> (8 * i));
   std::ofstream(to, std::ios::binary) << length << text << data;
+}
+
+// Sets every element of the tensors named opt_* (Adam's moments, f32) to `marker`.
+void mark_moments(const fs::path& from, const fs::path& to, float marker) {
+  int marked = 0;
+  rewrite(from, to, [&](nlohmann::json& header, std::string& data) {
+    for (const auto& [name, t] : header.items()) {
+      if (name.rfind("opt_", 0) != 0) continue;
+      ASSERT_EQ(t.at("dtype"), "F32") << name;
+      for (uint64_t at = t.at("data_offsets")[0]; at < t.at("data_offsets")[1].get<uint64_t>(); at += 4)
+        std::memcpy(data.data() + at, &marker, 4);
+      ++marked;
+    }
+  });
+  ASSERT_GT(marked, 0) << "the file holds moments";
 }
 
 // load_parameters_path: the parameters come from the file, the optimizer starts fresh. With learning rate 0
@@ -264,6 +272,28 @@ TEST(Resume, LoadParametersPathStartsFromSavedParametersWithAFreshOptimizer) {
   }
   EXPECT_GT(parameters, 0);
   EXPECT_GT(moments, 0);
+}
+
+// A checkpoint another safetensors writer left in the run's folder, without remat's metadata (or with a config
+// that is not JSON), is refused naming the file and the field (std::out_of_range and a JSON parse error
+// escaped main).
+TEST(Resume, ACheckpointWithoutRematsMetadataIsRefusedNamingIt) {
+  testing_support::TempDir temp;
+  const fs::path dir = temp.path;
+  ASSERT_EQ(finish(start(dir, "r")), 0);
+  const fs::path file = fs::path("runs") / "r" / "checkpoints" / "24" / "state.safetensors";
+  std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
+  for (const std::string& a : kArgs) cmd += " " + a;
+  cmd += " run_name=r 2>&1 >/dev/null";
+  rewrite(dir / file, dir / file, [](nlohmann::json& header, std::string&) { header["__metadata__"].erase("step"); });
+  testing_support::Output o = testing_support::run_command(cmd);
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_EQ(o.text, fmt::format("error: checkpoint '{}' has no metadata 'step': not a checkpoint remat wrote\n", file.string()));
+  rewrite(dir / file, dir / file, [](nlohmann::json& header, std::string&) { header["__metadata__"]["config"] = "{steps"; });
+  o = testing_support::run_command(cmd);
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_EQ(o.text.rfind(fmt::format("error: checkpoint '{}': its metadata 'config' is not a JSON object of strings", file.string()), 0),
+            0u) << o.text;
 }
 
 // Every checkpoint of the run unreadable: the run refuses (exit 2, one line naming them and the choices)
