@@ -57,6 +57,12 @@ pid_t start(const fs::path& dir, const std::string& name, const fs::path& log = 
   return pid;
 }
 
+// Whether the process is still running; one that ended stays unreaped (WNOWAIT) for finish to read its status.
+bool running(pid_t pid) {
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
+}
+
 int finish(pid_t pid) {
   int status = 0;
   waitpid(pid, &status, 0);
@@ -99,13 +105,8 @@ TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto ms_since_start = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
   const pid_t whole = start(dir, "whole");
-  // When the first checkpoint appears (compiling comes before it): half the instants fall after it. The
-  // process, once it ended, stays unreaped (WNOWAIT) for finish to read its status.
-  const auto running = [&] {
-    siginfo_t info{};
-    return waitid(P_PID, static_cast<id_t>(whole), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
-  };
-  while (!fs::exists(dir / "runs" / "whole" / "checkpoints" / "1" / "state.safetensors") && running())
+  // When the first checkpoint appears (compiling comes before it): half the instants fall after it.
+  while (!fs::exists(dir / "runs" / "whole" / "checkpoints" / "1" / "state.safetensors") && running(whole))
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const double first_ms = ms_since_start();
   ASSERT_EQ(finish(whole), 0);
@@ -148,12 +149,18 @@ TEST(Resume, KilledWhileWritingACheckpointResumesFromThePreviousOne) {
   const fs::path tmp = folder / "state.safetensors.tmp";
   ASSERT_EQ(mkfifo(tmp.c_str(), 0644), 0);
   const pid_t pid = start(dir, "torn");
-  const int pipe = open(tmp.c_str(), O_RDONLY);  // waits for the writer of step 5
+  const int pipe = open(tmp.c_str(), O_RDONLY | O_NONBLOCK);  // the writer of step 5 opens the other end
   ASSERT_GE(pipe, 0);
   std::string part(4096, '\0');  // the header and the first bytes of the data; the rest fills the pipe and blocks
-  ASSERT_EQ(read(pipe, part.data(), part.size()), static_cast<ssize_t>(part.size()));
+  size_t got = 0;
+  while (got < part.size() && running(pid)) {
+    const ssize_t n = read(pipe, part.data() + got, part.size() - got);
+    if (n > 0) got += static_cast<size_t>(n);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no writer yet, or nothing written yet
+  }
+  ASSERT_EQ(got, part.size()) << "the run ended before it wrote step 5's checkpoint";
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << "the writer is still inside its write";
+  ASSERT_TRUE(running(pid)) << "the writer is still inside its write";
   kill(pid, SIGKILL);
   EXPECT_EQ(finish(pid), -1);
   close(pipe);
