@@ -164,7 +164,14 @@ const std::vector<Key>& keys() {
       bind<int64_t>("eval_interval", [](Config& c) -> int64_t& { return c.run.eval_interval; }, at_least(1)),
       bind<int64_t>("eval_steps", [](Config& c) -> int64_t& { return c.run.eval_steps; }, at_least(1)),
       bind<int64_t>("log_period", [](Config& c) -> int64_t& { return c.run.log_period; }, at_least(1)),
-      bind<std::string>("run_name", [](Config& c) -> std::string& { return c.run_name; }),
+      Key{"run_name", "a folder name", [](Config& c, const std::string& raw, const std::string& where) {
+            // A name, not a path: the run's files stay inside base_output_directory ("" = the model's name).
+            CHECK(raw.find('/') == std::string::npos && raw != "." && raw != "..",
+                  "config key 'run_name' expects a folder name without '/' and not '.' or '..', got '{}' ({}): a run "
+                  "writes into <base_output_directory>/<run_name>; choose the folder with base_output_directory",
+                  raw, where);
+            c.run_name = raw;
+          }},
       bind<std::string>("base_output_directory", [](Config& c) -> std::string& { return c.base_output_directory; }),
       bind<std::string>("hbm_limit", [](Config& c) -> std::string& { return c.hbm_limit; }),
       bind<std::string>("host_limit", [](Config& c) -> std::string& { return c.host_limit; }),
@@ -236,10 +243,14 @@ std::vector<std::pair<std::string, std::string>> parse_yaml(const std::string& t
   std::vector<std::pair<std::string, std::string>> out;
   if (root.IsNull()) return out;
   CHECK(root.IsMap(), "config file '{}' must be a mapping of key: value lines", where);
+  std::map<std::string, int> line_of;  // yaml-cpp keeps both entries of a key set twice
   for (const auto& kv : root) {
     CHECK(kv.first.IsScalar(), "config file '{}': the key at line {} is not a plain name (a YAML complex key?)", where,
           kv.first.Mark().line + 1);
     std::string key = kv.first.as<std::string>();
+    const int line = kv.first.Mark().line + 1;
+    const auto [first, fresh] = line_of.emplace(key, line);
+    CHECK(fresh, "config key '{}' is set twice in '{}', at lines {} and {}: keep one", key, where, first->second, line);
     CHECK(kv.second.IsScalar() || kv.second.IsNull(), "config key '{}' in '{}' must be a single value (line {})", key,
           where, kv.second.Mark().line + 1);
     out.emplace_back(key, kv.second.IsNull() ? "" : kv.second.as<std::string>());
@@ -248,7 +259,9 @@ std::vector<std::pair<std::string, std::string>> parse_yaml(const std::string& t
 }
 
 std::vector<std::pair<std::string, std::string>> read_yaml(const std::string& path) {
-  CHECK(fs::is_regular_file(path), "cannot read config file '{}': no such file", path);
+  std::error_code ec;
+  CHECK(fs::is_regular_file(path, ec), "cannot read config file '{}': {}", path,
+        ec ? ec.message() : "not a regular file");
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
@@ -302,7 +315,8 @@ Config load_config(const std::string& config_path, const std::vector<std::string
   const fs::path preset_dir = config_path.empty() ? fs::path() : fs::path(config_path).parent_path() / "models";
   const fs::path beside = preset_dir / (c.model + ".yml");
   const auto built_in = embedded_configs().find("models/" + c.model + ".yml");
-  if (!config_path.empty() && fs::is_regular_file(beside)) {
+  std::error_code ec;  // an unreadable preset folder: the built-in preset
+  if (!config_path.empty() && fs::is_regular_file(beside, ec)) {
     apply(read_yaml(beside.string()), beside.string());
   } else {
     CHECK(built_in != embedded_configs().end(), "config key 'model' has no preset '{}'{}; available: {}", c.model,

@@ -11,8 +11,11 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
+#include <new>
 
 namespace {
 
@@ -66,16 +69,27 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--seed", demo.seed, "random seed");
   demo_cmd->add_option("--lr", demo.learning_rate, "learning rate")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  // Every error a user can cause ends here as one line and exit 2: remat's own (CHECK), and the kinds that
+  // the places naming their path do not catch (a file-system call, a JSON text, memory).
+  std::string error;
   try {
     if (train_cmd->parsed()) return train_command(train_args);
     if (plan_cmd->parsed()) return remat::cli::run_plan(config_from(plan_args), plan_json, timeline, frontier);
     if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args), explain_json);
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
+    return 0;
   } catch (const remat::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
-    std::fflush(stderr);
-    remat::exec::Mesh::abort_launch(2);  // under mpirun: the other ranks would wait for this one forever
-    return 2;
+    error = e.what();
+  } catch (const std::filesystem::filesystem_error& e) {  // names the call, the reason and the path(s)
+    error = fmt::format("{} (check base_output_directory and the paths given)", e.what());
+  } catch (const nlohmann::json::exception& e) {
+    error = fmt::format("malformed JSON: {}", e.what());
+  } catch (const std::bad_alloc&) {
+    error = "out of memory (an allocation failed): check the sizes the config asks for (per_device_batch_size, "
+            "max_target_length, eval_steps, ...); `remat plan` with the same keys shows the bytes the step needs";
   }
-  return 0;
+  fmt::print(stderr, "error: {}\n", error);
+  std::fflush(stderr);
+  remat::exec::Mesh::abort_launch(2);  // under mpirun: the other ranks would wait for this one forever
+  return 2;
 }

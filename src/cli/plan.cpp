@@ -2,13 +2,13 @@
 #include "cli/config.h"
 
 #include "plan/report.h"
+#include "train/checkpoint.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -55,9 +55,7 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
   const parallel::Costs costs = train::chunk_costs(model, s.shape, shape.batch, shape.seq);
   const parallel::Simulation t = parallel::simulate(s, costs);
   if (!timeline.empty()) {
-    std::ofstream out(timeline);
-    CHECK(out.good(), "cannot write the schedule's timeline to '{}'", timeline);
-    out << parallel::svg(s, t);
+    train::write_text(timeline, parallel::svg(s, t));
   }
   const int64_t limit = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit");
   nlohmann::json ranks = nlohmann::json::array();
@@ -117,10 +115,8 @@ void write_frontier(const Config& config, const std::string& path, bool table) {
   const trainer::RunConfig& run = config.run;
   const SearchInputs in = search_inputs(config, "--frontier");
   const search::Frontier f = search::frontier(in.request, in.limits, in.rates);  // limits.device is ignored
-  std::ofstream out(path);
-  CHECK(out.good(), "cannot write the frontier to '{}'", path);
-  out << f.svg(fmt::format("model {}, batch {} x {}: least recompute + transfer time per device peak", config.model,
-                           run.shape.batch, run.shape.seq));
+  train::write_text(path, f.svg(fmt::format("model {}, batch {} x {}: least recompute + transfer time per device peak",
+                                            config.model, run.shape.batch, run.shape.seq)));
   if (!table) return;
   fmt::print("Pareto frontier of the placements ({} points, written to {}):\n  {:>11} {:>14} {:>11}  {}\n", f.points.size(), path,
              "peak", "recompute", "offloaded", "policy");
@@ -166,9 +162,7 @@ std::string plan_report(const Config& config, bool json, const std::string& time
   plan::Report r = plan::report(step.plan, step.program, step.signature, o);
   if (fits) *fits = r.fits();
   if (!timeline.empty()) {
-    std::ofstream out(timeline);
-    CHECK(out.good(), "cannot write the timeline to '{}'", timeline);
-    out << r.svg();
+    train::write_text(timeline, r.svg());
   }
   return json ? r.json().dump(2) + "\n" : r.text();
 }

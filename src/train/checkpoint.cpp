@@ -44,6 +44,20 @@ void sync_folder(const fs::path& folder) {
   CHECK(rc == 0, "cannot sync folder '{}' to disk: {}", folder.string(), std::strerror(errno));
 }
 
+void make_folder(const fs::path& folder, const std::string& hint) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  CHECK(!ec, "cannot create folder '{}': {}; {}", folder.string(), ec.message(), hint);
+}
+
+void write_text(const fs::path& file, const std::string& text) {
+  std::ofstream out(file, std::ios::trunc);
+  CHECK(out.good(), "cannot write file '{}': {}", file.string(), std::strerror(errno));
+  out << text;
+  out.flush();
+  CHECK(out.good(), "cannot write file '{}' (disk full?): {}", file.string(), std::strerror(errno));
+}
+
 std::string safetensors_dtype(DType d) {
   switch (d) {
     case DType::f64: return "F64";

@@ -44,6 +44,12 @@ SafeTensors read_safetensors(std::istream& in, uint64_t size, const std::string&
 // Makes `folder`'s entries durable (fsync of the folder): after creating a folder, sync its parent.
 void sync_folder(const std::filesystem::path& folder);
 
+// Creates `folder` and its parents. A failure is a CHECK naming the folder, the reason and `hint` (how to fix it).
+void make_folder(const std::filesystem::path& folder, const std::string& hint);
+
+// Writes `text` to `file`, replacing it. A failure is a CHECK naming the file and the reason.
+void write_text(const std::filesystem::path& file, const std::string& text);
+
 // The safetensors dtype string of a dtype ("F32", "BF16", "I32", "BOOL", ...).
 std::string safetensors_dtype(DType d);
 

@@ -9,11 +9,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 namespace remat::trainer {
 namespace {
@@ -166,6 +169,16 @@ struct Progress {
   int64_t skipped = 0;  // steps skipped by loss scaling
 };
 
+// The checkpoints this run may delete: its history up to the one it resumed from, and those it wrote since.
+// A newer one it did not write (a corrupt one it passed over, a step of another period) stays.
+struct Owned {
+  int64_t resumed = 0;
+  std::set<int64_t> written;
+  bool operator()(int64_t step) const { return step <= resumed || written.count(step) > 0; }
+};
+
+const std::string kWritableOutput = "set base_output_directory (and run_name) to a folder this process can write";
+
 // A checkpoint's tensors: every argument of the step that carries state from one step to the next.
 bool saved(ir::Role role) {
   return role == ir::Role::parameter || role == ir::Role::optimizer_state || role == ir::Role::loss_scale;
@@ -179,7 +192,10 @@ std::vector<int64_t> checkpoint_steps(const RunConfig& c) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(checkpoints_of(c), ec)) {
     const std::string name = e.path().filename().string();
-    if (e.is_directory() && !name.empty() && std::all_of(name.begin(), name.end(), ::isdigit)) steps.push_back(std::stoll(name));
+    int64_t step = -1;  // a name of digits beyond int64 is no step folder either
+    const auto [end, bad] = std::from_chars(name.data(), name.data() + name.size(), step);
+    if (e.is_directory(ec) && !name.empty() && bad == std::errc() && end == name.data() + name.size() && step >= 0)
+      steps.push_back(step);
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
@@ -225,18 +241,20 @@ bool of_mesh(const std::string& file, const RunConfig& c) {
 // Whether a step folder holds every file of a checkpoint of this mesh.
 bool complete(const fs::path& dir, const RunConfig& c) {
   for (const std::string& f : checkpoint_files(c))
-    if (!fs::is_regular_file(dir / f)) return false;
+    if (std::error_code ec; !fs::is_regular_file(dir / f, ec)) return false;
   return true;
 }
 
 // Every rank calls it: the first rank of each shard's replicas writes the shard's file; once all are written,
 // rank 0 deletes the checkpoints beyond the newest max_num_checkpoints_to_keep complete ones.
 void save_checkpoint(const RunConfig& c, const exec::Mesh& ranks, Runner& step, const Batcher& batcher,
-                     const Progress& p) {
+                     const Progress& p, Owned& owned) {
   const fs::path dir = checkpoints_of(c) / std::to_string(p.step);
+  owned.written.insert(p.step);
   if (ranks.axis("data").rank == 0) {
-    if (!fs::exists(dir)) {  // the new folder's entry reaches the disk before the file in it is trusted
-      fs::create_directories(dir);
+    std::error_code ec;
+    if (!fs::exists(dir, ec)) {  // the new folder's entry reaches the disk before the file in it is trusted
+      train::make_folder(dir, kWritableOutput);
       train::sync_folder(checkpoints_of(c));
     }
     std::vector<train::NamedArray> tensors;
@@ -258,8 +276,14 @@ void save_checkpoint(const RunConfig& c, const exec::Mesh& ranks, Runner& step, 
   int64_t kept = 0;
   for (int64_t s : checkpoint_steps(c)) {
     const fs::path d = checkpoints_of(c) / std::to_string(s);
-    if (complete(d, c) && (c.max_checkpoints <= 0 || kept < c.max_checkpoints)) ++kept;
-    else if (s < p.step) fs::remove_all(d);
+    if (complete(d, c) && (c.max_checkpoints <= 0 || kept < c.max_checkpoints)) {
+      ++kept;
+    } else if (s < p.step && owned(s)) {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+      CHECK(!ec, "cannot delete old checkpoint '{}' (max_num_checkpoints_to_keep {}): {}", d.string(), c.max_checkpoints,
+            ec.message());
+    }
   }
 }
 
@@ -268,7 +292,13 @@ void save_checkpoint(const RunConfig& c, const exec::Mesh& ranks, Runner& step, 
 void restore(const RunConfig& c, Runner& step, const train::SafeTensors& s, const fs::path& file, bool parameters_only) {
   std::vector<std::string> differing;
   if (auto it = s.metadata.find("config"); it != s.metadata.end()) {
-    const auto saved_config = nlohmann::json::parse(it->second).get<std::map<std::string, std::string>>();
+    std::map<std::string, std::string> saved_config;
+    try {
+      saved_config = nlohmann::json::parse(it->second).get<std::map<std::string, std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      CHECK(false, "checkpoint '{}': its metadata 'config' is not a JSON object of strings ({}): not a file remat wrote",
+            file.string(), e.what());
+    }
     for (const auto& [k, v] : c.config_values)
       if (auto j = saved_config.find(k); j != saved_config.end() && j->second != v)
         differing.push_back(fmt::format("{}: {} (checkpoint) vs {} (now)", k, j->second, v));
@@ -290,8 +320,10 @@ void restore(const RunConfig& c, Runner& step, const train::SafeTensors& s, cons
 }
 
 // Continues from the run's latest complete checkpoint: a torn, truncated or corrupt one is reported and
-// the previous one used. Returns the progress it holds (step 0 when there is none).
+// the previous one used. Returns the progress it holds (step 0 when there is none). Refuses when every
+// complete checkpoint is unreadable: starting again from step 0 would overwrite them under the same name.
 Progress resume(const RunConfig& c, const exec::Mesh& ranks, Runner& step, Batcher& batcher) {
+  std::vector<std::string> unreadable;  // this rank's
   for (int64_t s : checkpoint_steps(c)) {
     const fs::path dir = checkpoints_of(c) / std::to_string(s), file = dir / state_file(c, ranks);
     // Decided from the folder's listing, the same on every rank: files of this mesh, even some missing (a
@@ -310,16 +342,38 @@ Progress resume(const RunConfig& c, const exec::Mesh& ranks, Runner& step, Batch
         saved_state = train::read_safetensors(file);
       } catch (const Error& e) {
         fmt::print("warning: {}; trying the previous checkpoint\n", e.what());
+        unreadable.push_back(file.string());
         ok = false;
       }
     }
     if (!ranks.all(ok)) continue;  // every rank resumes from the same step, or none does
     restore(c, step, saved_state, file, false);
-    batcher.restore(saved_state.metadata.at("train_sampler"));
-    Progress p{std::stoll(saved_state.metadata.at("step")), std::stoll(saved_state.metadata.at("skipped_steps"))};
+    // A file another safetensors writer left here may lack remat's metadata.
+    const auto field = [&](const std::string& key) {
+      const auto it = saved_state.metadata.find(key);
+      CHECK(it != saved_state.metadata.end(), "checkpoint '{}' has no metadata '{}': not a checkpoint remat wrote",
+            file.string(), key);
+      return it->second;
+    };
+    const auto count = [&](const std::string& key) {
+      const std::string text = field(key);
+      int64_t n = -1;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+      CHECK(ec == std::errc() && end == text.data() + text.size() && n >= 0,
+            "checkpoint '{}': metadata '{}' is '{}', not a count: not a checkpoint remat wrote", file.string(), key, text);
+      return n;
+    };
+    batcher.restore(field("train_sampler"));
+    Progress p{count("step"), count("skipped_steps")};
     fmt::print("resumed from {} (step {})\n", file.string(), p.step);
     return p;
   }
+  CHECK(ranks.all(unreadable.empty()),
+        "every checkpoint of run '{}' is unreadable{}: {}; remat does not start the run again from step 0 over them. "
+        "Choose another run_name, or delete them (or the folder {}) to start this run afresh",
+        c.run_dir, ranks.size() > 1 ? fmt::format(" (rank {})", ranks.rank()) : "",
+        unreadable.empty() ? std::string("another rank's files") : fmt::format("{}", fmt::join(unreadable, ", ")),
+        checkpoints_of(c).string());
   return {};
 }
 
@@ -339,7 +393,7 @@ Progress start_state(const RunConfig& c, const exec::Mesh& ranks, Runner& step, 
   if (c.optimizer.loss_scale.enabled) step.arg("loss_scale").set(0, c.optimizer.loss_scale.initial);
   if (!c.load_parameters_path.empty()) {  // saved parameters, a fresh optimizer
     fs::path file = c.load_parameters_path;
-    if (fs::is_directory(file)) file /= state_file(c, ranks);
+    if (std::error_code ec; fs::is_directory(file, ec)) file /= state_file(c, ranks);
     restore(c, step, train::read_safetensors(file), file, true);
   }
   return c.enable_checkpointing ? resume(c, ranks, step, batcher) : Progress{};
@@ -401,8 +455,8 @@ const std::vector<exec::Array>& run_step(const RunConfig& c, const exec::Mesh& m
 // for checkpoints) and prints where it is and each rank's bubble.
 void write_trace(const RunConfig& c, const exec::Mesh& mesh, const RankTrace& mine, int64_t done) {
   const fs::path dir = c.run_dir, part = dir / fmt::format("trace.rank{}.json", mesh.rank());
-  fs::create_directories(dir);
-  std::ofstream(part) << to_json(mine).dump();
+  train::make_folder(dir, kWritableOutput);
+  train::write_text(part, to_json(mine).dump());
   mesh.all(true);  // every part written
   if (mesh.rank() != 0) return;
   std::vector<RankTrace> ranks;
@@ -411,12 +465,14 @@ void write_trace(const RunConfig& c, const exec::Mesh& mesh, const RankTrace& mi
     std::ifstream in(f);
     CHECK(in.good(), "trace part {} is missing: the ranks do not share base_output_directory ({})", f.string(), c.run_dir);
     ranks.push_back(rank_trace_from(nlohmann::json::parse(in)));
-    fs::remove(f);
+    std::error_code ec;
+    fs::remove(f, ec);
+    CHECK(!ec, "cannot delete trace part '{}': {}", f.string(), ec.message());
   }
   std::vector<std::string> idle;
   for (double b : bubbles(ranks)) idle.push_back(fmt::format("{:.1f}%", 100 * b));
   const fs::path trace = dir / "trace.json";
-  std::ofstream(trace) << chrome_trace(ranks).dump();
+  train::write_text(trace, chrome_trace(ranks).dump());
   fmt::print("trace of step {}: {} (chrome://tracing or ui.perfetto.dev); idle per rank{}: {}\n", done, trace.string(),
              c.ici_pipeline_parallelism > 1 ? " (the pipeline's bubble)" : "", fmt::join(idle, " "));
 }
@@ -425,10 +481,21 @@ void write_trace(const RunConfig& c, const exec::Mesh& mesh, const RankTrace& mi
 void truncate_metrics(const std::string& path, int64_t step) {
   std::ifstream in(path);
   std::string kept;
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty() && nlohmann::json::parse(line).at("step").get<int64_t>() <= step) kept += line + "\n";
+  int64_t at = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++at;
+    if (line.empty()) continue;
+    int64_t row_step = 0;
+    try {
+      row_step = nlohmann::json::parse(line).at("step").get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      CHECK(false, "metrics file '{}' line {} is not a row remat wrote ({}): repair or delete the file to resume", path,
+            at, e.what());
+    }
+    if (row_step <= step) kept += line + "\n";
+  }
   in.close();
-  std::ofstream(path) << kept;
+  train::write_text(path, kept);
 }
 
 }  // namespace
@@ -566,15 +633,16 @@ RunResult run(const RunConfig& config) {
   const train::LossScaleConfig& ls = c.optimizer.loss_scale;
   if (!c.load_parameters_path.empty()) fmt::print("parameters from {}\n", c.load_parameters_path);
   const Progress resumed = start_state(c, mesh, step, batcher);
+  Owned owned{.resumed = resumed.step, .written = {}};
 
   std::string metrics_path = (fs::path(c.run_dir) / "metrics.jsonl").string();
   std::ofstream metrics;
   if (lead) {
-    fs::create_directories(c.run_dir);
+    train::make_folder(c.run_dir, kWritableOutput);
     if (resumed.step > 0) truncate_metrics(metrics_path, resumed.step);
     metrics.open(metrics_path, resumed.step > 0 ? std::ios::app : std::ios::trunc);
   }
-  CHECK(!lead || metrics.good(), "cannot write metrics file '{}' (config keys base_output_directory, run_name)", metrics_path);
+  CHECK(!lead || metrics.good(), "cannot write metrics file '{}': {}; {}", metrics_path, std::strerror(errno), kWritableOutput);
   auto result_of = [&](const char* name) { return static_cast<size_t>(sig.result(name)); };
   const size_t loss_at = result_of("loss"), norm_at = result_of("grad_norm"), lr_at = result_of("lr");
   int64_t skipped = resumed.skipped;
@@ -634,7 +702,7 @@ RunResult run(const RunConfig& config) {
       metrics.flush();
     }
     if (c.enable_checkpointing && (done % c.checkpoint_period == 0 || done == c.steps))
-      save_checkpoint(c, mesh, step, batcher, {done, skipped});
+      save_checkpoint(c, mesh, step, batcher, {done, skipped}, owned);
   }
   if (resumed.step >= c.steps) {  // a finished run, resumed: nothing to train
     result.validation_loss = evaluator.loss();

@@ -19,6 +19,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -421,6 +422,90 @@ TEST(Cli, ProfilerBreakdownAddsUpToTheProgram) {
     sum += std::stoll((*it)[1].str());
   EXPECT_EQ(sum, calls) << table;
   EXPECT_NE(o.text.find("in matmuls and attention"), std::string::npos);
+}
+
+// What `remat ARGS` writes to stderr alone, in `folder`; the status is its exit status.
+Output remat_errors(const std::string& args, const std::string& folder) {
+  return testing_support::run_command(fmt::format("cd '{}' && '{}' {} 2>&1 >/dev/null", folder, REMAT_BINARY, args));
+}
+
+// The error a run ends with: exit 2 and one line on stderr, "error: " and the words expected.
+void expect_one_line_error(const Output& o, const std::vector<std::string>& words) {
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_EQ(o.text.rfind("error: ", 0), 0u) << o.text;
+  EXPECT_EQ(std::count(o.text.begin(), o.text.end(), '\n'), 1) << "one line: " << o.text;
+  for (const std::string& w : words) EXPECT_NE(o.text.find(w), std::string::npos) << "names " << w << ": " << o.text;
+}
+
+// A short training run's keys (one step, no sample) writing under `out`.
+std::string one_step(const fs::path& out) {
+  return fmt::format("train {} steps=1 eval_steps=1 sample_length=0 base_output_directory='{}' run_name=r", kSmall,
+                     out.string());
+}
+
+// File-system failures (tests may run as root, whom a read-only folder does not stop: the paths are under
+// /proc, or below a regular file, or a folder where a file goes) end as one line naming the path and the reason.
+TEST(CliErrors, AnUnwritableOutputIsOneLineNamingThePathAndTheReason) {
+  TempDir dir;
+  std::ofstream(dir.path / "file") << "a regular file\n";
+  const std::string root = std::string(REMAT_TEST_DATA) + "/..";
+  expect_one_line_error(remat_errors(one_step("/proc/remat_runs"), root),
+                        {"cannot create folder '/proc/remat_runs/r'", "base_output_directory"});
+  expect_one_line_error(remat_errors(one_step(dir.path / "file" / "runs"), root),
+                        {fmt::format("cannot create folder '{}'", (dir.path / "file" / "runs" / "r").string()), "Not a directory"});
+  // The run folder can be made, its checkpoints folder cannot (a file has its name).
+  fs::create_directories(dir.path / "ck" / "r");
+  std::ofstream(dir.path / "ck" / "r" / "checkpoints") << "";
+  expect_one_line_error(remat_errors(one_step(dir.path / "ck") + " enable_checkpointing=true", root),
+                        {fmt::format("cannot create folder '{}'", (dir.path / "ck" / "r" / "checkpoints" / "1").string())});
+  // The trace's file is a folder.
+  fs::create_directories(dir.path / "tr" / "r" / "trace.json");
+  expect_one_line_error(remat_errors(one_step(dir.path / "tr") + " enable_profiler=true", root),
+                        {fmt::format("cannot write file '{}'", (dir.path / "tr" / "r" / "trace.json").string()), "Is a directory"});
+  // The metrics file is a folder.
+  fs::create_directories(dir.path / "me" / "r" / "metrics.jsonl");
+  expect_one_line_error(remat_errors(one_step(dir.path / "me"), root),
+                        {fmt::format("cannot write metrics file '{}'", (dir.path / "me" / "r" / "metrics.jsonl").string())});
+  // The plots of `remat plan`.
+  expect_one_line_error(remat_errors("plan --timeline /proc/remat_timeline.svg", root),
+                        {"cannot write file '/proc/remat_timeline.svg'"});
+  expect_one_line_error(remat_errors("plan --frontier /proc/remat_frontier.svg", root),
+                        {"cannot write file '/proc/remat_frontier.svg'"});
+}
+
+// A folder under checkpoints/ named by digits beyond int64 is not a step (std::stoll threw out_of_range
+// past main): the run ignores it and leaves it.
+TEST(CliErrors, AStepFolderBeyondInt64IsIgnored) {
+  TempDir dir;
+  const fs::path odd = dir.path / "r" / "checkpoints" / "99999999999999999999";
+  fs::create_directories(odd);
+  const Output o = remat_cli(one_step(dir.path) + " enable_checkpointing=true");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_TRUE(fs::exists(odd));
+  EXPECT_TRUE(fs::exists(dir.path / "r" / "checkpoints" / "1" / "state.safetensors"));
+}
+
+// A metrics file that is not JSON, met when a run resumes (its rows after the checkpoint are dropped): one
+// line naming the file and the line.
+TEST(CliErrors, MalformedJsonIsOneLineNamingTheFileAndLine) {
+  TempDir dir;
+  const std::string root = std::string(REMAT_TEST_DATA) + "/..";
+  ASSERT_EQ(remat_cli(one_step(dir.path) + " enable_checkpointing=true").status, 0);
+  std::ofstream(dir.path / "r" / "metrics.jsonl", std::ios::app) << "{\"step\": 2, \"loss\": nan}\n";
+  expect_one_line_error(remat_errors(one_step(dir.path) + " enable_checkpointing=true steps=2", root),
+                        {fmt::format("metrics file '{}' line 2 is not a row remat wrote", (dir.path / "r" / "metrics.jsonl").string()),
+                         "parse_error"});
+}
+
+// An allocation that fails (2^40 evaluation batches held for the run, a typo'd eval_steps): one line, no abort.
+TEST(CliErrors, AnAllocationThatFailsIsOneLine) {
+  TempDir dir;
+  // ASan would stop the process itself at the first huge allocation; let it answer like the C++ allocator.
+  const std::string asan = exec::kAddressSanitizer ? "ASAN_OPTIONS=\"${ASAN_OPTIONS}:allocator_may_return_null=1\" " : "";
+  const Output o = testing_support::run_command(fmt::format(
+      "cd '{}' && {}'{}' {} eval_steps=1099511627776 2>&1 >/dev/null", dir.path.string(), asan, REMAT_BINARY,
+      one_step(dir.path)));
+  expect_one_line_error(o, {"out of memory (an allocation failed)", "eval_steps"});
 }
 
 }  // namespace

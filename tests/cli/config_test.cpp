@@ -3,6 +3,7 @@
 
 #include "support/temp_dir.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
@@ -84,7 +85,10 @@ TEST(Config, MixedPrecisionKeys) {
 }
 
 TEST(Config, MissingFileAndMalformedArgument) {
-  expect_contains(error_of("no/such/base.yml", {}), "cannot read config file 'no/such/base.yml': no such file");
+  expect_contains(error_of("no/such/base.yml", {}), "cannot read config file 'no/such/base.yml': No such file or directory");
+  expect_contains(error_of(REMAT_TEST_DATA, {}), fmt::format("cannot read config file '{}': not a regular file", REMAT_TEST_DATA));
+  const std::string too_long = std::string(300, 'a') + "/base.yml";  // the file system's error, not an exception
+  expect_contains(error_of(too_long, {}), fmt::format("cannot read config file '{}': File name too long", too_long));
   expect_contains(error_of(base(), {"steps"}), "argument 'steps' is not key=value");
 }
 
@@ -103,6 +107,26 @@ TEST(Config, AKeyThatIsNotAPlainNameIsAnErrorNamingItsLine) {
   testing_support::TempDir dir;
   std::ofstream(dir.path / "c.yml") << "steps: 3\n? [a, b]\n: 1\n";
   expect_contains(error_of((dir.path / "c.yml").string(), {}), "the key at line 2 is not a plain name");
+}
+
+// A run name is a folder inside base_output_directory: no path that leads out of it (or is it).
+TEST(Config, ARunNameThatIsAPathIsRefusedNamingTheKey) {
+  for (const char* name : {"../../x", "a/b", "/abs", "..", "."}) {
+    const std::string e = error_of(base(), {fmt::format("run_name={}", name)});
+    expect_contains(e, fmt::format("config key 'run_name' expects a folder name without '/' and not '.' or '..', got '{}'", name));
+  }
+  EXPECT_EQ(load_config(base(), {"run_name=..x"}).run.run_dir, (fs::path("runs") / "..x").string()) << "a name with dots";
+  EXPECT_EQ(load_config(base(), {"run_name="}).run.run_dir, (fs::path("runs") / "tiny").string()) << "\"\" = the model";
+}
+
+// A key set twice in one file is a mistake (yaml-cpp would let the last win): both lines are named.
+TEST(Config, AKeySetTwiceInAFileIsAnErrorNamingBothLines) {
+  testing_support::TempDir dir;
+  std::ofstream(dir.path / "c.yml") << "steps: 3\nlearning_rate: 0.1\n# a comment\nsteps: 4\n";
+  expect_contains(error_of((dir.path / "c.yml").string(), {}),
+                  fmt::format("config key 'steps' is set twice in '{}', at lines 1 and 4", (dir.path / "c.yml").string()));
+  std::ofstream(dir.path / "d.yml") << "steps: 3\nlearning_rate: 0.1\n";
+  EXPECT_EQ(error_of((dir.path / "d.yml").string(), {"steps=5", "steps=6"}), "") << "overrides over the file are fine";
 }
 
 TEST(Config, BaseYmlDocumentsExactlyTheKnownKeys) {
@@ -195,7 +219,7 @@ const Bound kBounds[] = {
     {"eval_interval", "0", "an integer >= 1", "1"},
     {"eval_steps", "0", "an integer >= 1", "1"},
     {"log_period", "0", "an integer >= 1", "1"},
-    {"run_name", "", "", "any name"},
+    {"run_name", "../x", "a folder name without '/'", "any name"},
     {"base_output_directory", "", "", "/any/where"},
     {"hbm_limit", "", "", "16GiB"},  // sizes are parsed where they are used (remat plan, remat_policy=auto)
     {"host_limit", "", "", "512GiB"},

@@ -1,7 +1,8 @@
 // Checkpoints and resume, end to end: a training process killed with SIGKILL at random instants (inside
-// steps and inside checkpoint writes, every step writes one) and started again with the same run name
-// continues from its latest complete checkpoint, and its losses, gradient norms and final parameters and
-// moments are bit-identical to a run never interrupted.
+// steps and inside checkpoint writes, every step writes one), or on purpose in the middle of writing one,
+// and started again with the same run name continues from its latest complete checkpoint (the step it
+// prints), and its losses, gradient norms and final parameters and moments are bit-identical to a run never
+// interrupted.
 #include "exec/exec.h"
 #include "support/command.h"
 #include "support/temp_dir.h"
@@ -12,14 +13,19 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <regex>
+#include <set>
 #include <thread>
 
 namespace remat {
@@ -32,16 +38,16 @@ const std::vector<std::string> kArgs = {
     "head_dim=16", "base_mlp_dim=64", "per_device_batch_size=2", "max_target_length=32", "steps=24",
     "eval_interval=8", "eval_steps=1", "sample_length=2", "enable_checkpointing=true", "checkpoint_period=1"};
 
-// Starts `remat train ... run_name=<name>` in `dir`, output discarded; returns its pid.
-pid_t start(const fs::path& dir, const std::string& name) {
+// Starts `remat train ... run_name=<name>` in `dir`, its output into `log` (else discarded); returns its pid.
+pid_t start(const fs::path& dir, const std::string& name, const fs::path& log = "/dev/null") {
   std::vector<std::string> args = kArgs;
   args.push_back("run_name=" + name);
   const pid_t pid = fork();
   if (pid == 0) {
     if (chdir(dir.c_str()) != 0) _exit(126);
-    const int null = open("/dev/null", O_WRONLY);
-    dup2(null, 1);
-    dup2(null, 2);
+    const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out, 1);
+    dup2(out, 2);
     std::vector<char*> argv{const_cast<char*>(REMAT_BINARY)};
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -51,10 +57,35 @@ pid_t start(const fs::path& dir, const std::string& name) {
   return pid;
 }
 
+// Whether the process is still running; one that ended stays unreaped (WNOWAIT) for finish to read its status.
+bool running(pid_t pid) {
+  siginfo_t info{};
+  return waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
+}
+
 int finish(pid_t pid) {
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The step a run's output says it resumed from ("resumed from <file> (step N)"); 0 when it started afresh.
+int64_t resumed_step(const fs::path& log) {
+  std::ifstream in(log);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::smatch m;
+  return std::regex_search(text, m, std::regex(R"(\nresumed from \S+ \(step ([0-9]+)\)\n)")) ? std::stoll(m[1].str()) : 0;
+}
+
+// Whether `run`'s final checkpoint holds the same bytes in every tensor as `want`.
+void expect_same_state(const train::SafeTensors& want, const fs::path& run, const std::string& name) {
+  const train::SafeTensors got = train::read_safetensors(run / "checkpoints" / "24" / "state.safetensors");
+  ASSERT_EQ(got.tensors.size(), want.tensors.size());
+  for (const auto& [tensor, a] : want.tensors) {
+    const exec::Array& b = got.tensors.at(tensor);
+    ASSERT_EQ(a.type(), b.type());
+    EXPECT_EQ(std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())), 0) << name << ": " << tensor;
+  }
 }
 
 // (step, loss, grad_norm) of every row of a run's metrics.jsonl, exactly as written.
@@ -72,34 +103,87 @@ TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
   testing_support::TempDir temp;
   const fs::path dir = temp.path;
   const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(finish(start(dir, "whole")), 0);
-  const double whole_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const auto ms_since_start = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
+  const pid_t whole = start(dir, "whole");
+  // When the first checkpoint appears (compiling comes before it): half the instants fall after it.
+  while (!fs::exists(dir / "runs" / "whole" / "checkpoints" / "1" / "state.safetensors") && running(whole))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double first_ms = ms_since_start();
+  ASSERT_EQ(finish(whole), 0);
+  const double whole_ms = ms_since_start();
   const auto want = metrics(dir / "runs" / "whole");
   ASSERT_EQ(want.size(), 24u);
   const train::SafeTensors last = train::read_safetensors(dir / "runs" / "whole" / "checkpoints" / "24" / "state.safetensors");
   const int instants = exec::kAddressSanitizer ? 5 : 20;
   std::mt19937 rng(2026);
-  std::uniform_real_distribution<double> when(0.0, 0.8 * whole_ms);  // mostly before the run ends
+  std::uniform_real_distribution<double> before(0.0, first_ms), after(first_ms, 0.8 * whole_ms);  // mostly before the end
   int killed_midway = 0;
+  std::set<int64_t> resumed;  // the steps restarts continued from, inside the run
   for (int i = 0; i < instants; ++i) {
     const std::string name = fmt::format("killed{}", i);
     const pid_t pid = start(dir, name);
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(when(rng)));
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(i % 2 == 0 ? before(rng) : after(rng)));
     kill(pid, SIGKILL);
     killed_midway += finish(pid) == -1;
-    ASSERT_EQ(finish(start(dir, name)), 0) << name << ": the resumed run failed";
+    const fs::path log = dir / (name + ".log");
+    ASSERT_EQ(finish(start(dir, name, log)), 0) << name << ": the resumed run failed";
+    if (const int64_t s = resumed_step(log); s > 0 && s < 24) resumed.insert(s);
     const fs::path run = dir / "runs" / name;
     EXPECT_EQ(metrics(run), want) << name << ": losses and gradient norms, every step";
-    const train::SafeTensors got = train::read_safetensors(run / "checkpoints" / "24" / "state.safetensors");
-    ASSERT_EQ(got.tensors.size(), last.tensors.size());
-    for (const auto& [tensor, a] : last.tensors) {
-      const exec::Array& b = got.tensors.at(tensor);
-      ASSERT_EQ(a.type(), b.type());
-      EXPECT_EQ(std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())), 0) << name << ": " << tensor;
-    }
+    expect_same_state(last, run, name);
   }
-  std::printf("%d of %d runs were killed before they finished (whole run %.0f ms)\n", killed_midway, instants, whole_ms);
+  std::printf("%d of %d runs were killed before they finished (whole run %.0f ms, first checkpoint at %.0f ms); resumed "
+              "from steps %s\n", killed_midway, instants, whole_ms, first_ms, fmt::format("{}", fmt::join(resumed, " ")).c_str());
   EXPECT_GE(killed_midway, 1) << "an instant fell inside a run";
+  EXPECT_GE(resumed.size(), exec::kAddressSanitizer ? 1u : 3u) << "restarts continued from several steps inside the run";
+}
+
+// Killed while it writes the checkpoint of step 5: the file's temporary name is a pipe the test reads, so the
+// writer is stopped inside write() with part of the file out, deterministically. The part becomes the
+// temporary file a crash leaves; the restart ignores it, continues from step 4 and ends bit-identical.
+TEST(Resume, KilledWhileWritingACheckpointResumesFromThePreviousOne) {
+  testing_support::TempDir temp;
+  const fs::path dir = temp.path, folder = dir / "runs" / "torn" / "checkpoints" / "5";
+  ASSERT_EQ(finish(start(dir, "whole")), 0);
+  fs::create_directories(folder);
+  const fs::path tmp = folder / "state.safetensors.tmp";
+  ASSERT_EQ(mkfifo(tmp.c_str(), 0644), 0);
+  const pid_t pid = start(dir, "torn");
+  const int pipe = open(tmp.c_str(), O_RDONLY | O_NONBLOCK);  // the writer of step 5 opens the other end
+  ASSERT_GE(pipe, 0);
+  std::string part(4096, '\0');  // the header and the first bytes of the data; the rest fills the pipe and blocks
+  size_t got = 0;
+  while (got < part.size() && running(pid)) {
+    const ssize_t n = read(pipe, part.data() + got, part.size() - got);
+    if (n > 0) got += static_cast<size_t>(n);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no writer yet, or nothing written yet
+  }
+  ASSERT_EQ(got, part.size()) << "the run ended before it wrote step 5's checkpoint";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(running(pid)) << "the writer is still inside its write";
+  kill(pid, SIGKILL);
+  EXPECT_EQ(finish(pid), -1);
+  close(pipe);
+  ASSERT_FALSE(fs::exists(folder / "state.safetensors")) << "nothing takes the checkpoint's name before it is whole";
+  ASSERT_TRUE(fs::exists(folder.parent_path() / "4" / "state.safetensors"));
+  fs::remove(tmp);
+  std::ofstream(tmp, std::ios::binary) << part;
+  const fs::path log = dir / "torn.log";
+  ASSERT_EQ(finish(start(dir, "torn", log)), 0);
+  EXPECT_EQ(resumed_step(log), 4);
+  EXPECT_EQ(metrics(dir / "runs" / "torn"), metrics(dir / "runs" / "whole"));
+  expect_same_state(train::read_safetensors(dir / "runs" / "whole" / "checkpoints" / "24" / "state.safetensors"),
+                    dir / "runs" / "torn", "torn");
+}
+
+// Flips one bit of a tensor's data in `file` (its checksum no longer matches).
+void flip_a_bit(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-7, std::ios::end);
+  char c = 0;
+  f.get(c);
+  f.seekp(-7, std::ios::end);
+  f.put(static_cast<char>(c ^ 1));
 }
 
 // The latest checkpoint corrupt (one flipped bit): the run says so, resumes from the one before, and ends
@@ -112,14 +196,7 @@ TEST(Resume, ACorruptLatestCheckpointFallsBackToThePreviousOne) {
   const train::SafeTensors want = train::read_safetensors(latest);
   EXPECT_TRUE(fs::exists(run / "checkpoints" / "23")) << "max_num_checkpoints_to_keep 2";
   EXPECT_FALSE(fs::exists(run / "checkpoints" / "22"));
-  {
-    std::fstream f(latest, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-7, std::ios::end);
-    char c = 0;
-    f.get(c);
-    f.seekp(-7, std::ios::end);
-    f.put(static_cast<char>(c ^ 1));
-  }
+  flip_a_bit(latest);
   std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
   for (const std::string& a : kArgs) cmd += " " + a;
   const testing_support::Output o = testing_support::run_command(cmd + " run_name=r 2>&1");
@@ -134,32 +211,138 @@ TEST(Resume, ACorruptLatestCheckpointFallsBackToThePreviousOne) {
     EXPECT_EQ(std::memcmp(a.bytes(), got.tensors.at(tensor).bytes(), static_cast<size_t>(a.type().bytes())), 0) << tensor;
 }
 
+// Rewrites the safetensors file `from` into `to` after `edit` changed its JSON header and its data, read and
+// written here by the format's definition (an u64 little-endian header length, a JSON header of dtype /
+// shape / data_offsets, the data) rather than by train/checkpoint.cpp. The metadata's checksum, which covers
+// the data, is dropped (a file of another writer has none).
+void rewrite(const fs::path& from, const fs::path& to, const std::function<void(nlohmann::json&, std::string&)>& edit) {
+  std::ifstream in(from, std::ios::binary);
+  std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[static_cast<size_t>(i)])) << (8 * i);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  std::string data = bytes.substr(8 + n);
+  edit(header, data);
+  header["__metadata__"].erase("checksum");
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i) length[static_cast<size_t>(i)] = static_cast<char>(text.size() >> (8 * i));
+  std::ofstream(to, std::ios::binary) << length << text << data;
+}
+
+// Sets every element of the tensors named opt_* (Adam's moments, f32) to `marker`.
+void mark_moments(const fs::path& from, const fs::path& to, float marker) {
+  int marked = 0;
+  rewrite(from, to, [&](nlohmann::json& header, std::string& data) {
+    for (const auto& [name, t] : header.items()) {
+      if (name.rfind("opt_", 0) != 0) continue;
+      ASSERT_EQ(t.at("dtype"), "F32") << name;
+      for (uint64_t at = t.at("data_offsets")[0]; at < t.at("data_offsets")[1].get<uint64_t>(); at += 4)
+        std::memcpy(data.data() + at, &marker, 4);
+      ++marked;
+    }
+  });
+  ASSERT_GT(marked, 0) << "the file holds moments";
+}
+
 // load_parameters_path: the parameters come from the file, the optimizer starts fresh. With learning rate 0
-// one step keeps every parameter bit for bit (p - p*0 - u*0), while the moments are the new run's own.
+// one step keeps every parameter bit for bit (p - p*0 - u*0). The moments are the new run's own: a source
+// whose moments are all 1e30 gives the same moments as the unmarked source, bit for bit.
 TEST(Resume, LoadParametersPathStartsFromSavedParametersWithAFreshOptimizer) {
   testing_support::TempDir temp;
   const fs::path dir = temp.path;
   ASSERT_EQ(finish(start(dir, "source")), 0);
-  const fs::path saved = dir / "runs" / "source" / "checkpoints" / "24";
-  std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
-  for (const std::string& a : kArgs) cmd += " " + a;
-  cmd += fmt::format(" run_name=loaded steps=1 learning_rate=0 load_parameters_path='{}' > /dev/null 2>&1", saved.string());
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const fs::path saved = dir / "runs" / "source" / "checkpoints" / "24", marked = dir / "marked.safetensors";
+  mark_moments(saved / "state.safetensors", marked, 1e30f);
+  ASSERT_EQ(train::read_safetensors(marked).tensors.size(), train::read_safetensors(saved / "state.safetensors").tensors.size());
+  const auto load = [&](const std::string& name, const fs::path& from) {
+    std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
+    for (const std::string& a : kArgs) cmd += " " + a;
+    cmd += fmt::format(" run_name={} steps=1 learning_rate=0 load_parameters_path='{}' > /dev/null 2>&1", name, from.string());
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    return train::read_safetensors(dir / "runs" / name / "checkpoints" / "1" / "state.safetensors");
+  };
   const train::SafeTensors from = train::read_safetensors(saved / "state.safetensors");
-  const train::SafeTensors got = train::read_safetensors(dir / "runs" / "loaded" / "checkpoints" / "1" / "state.safetensors");
-  int parameters = 0, fresh_moments = 0;
+  const train::SafeTensors plain = load("plain", saved), got = load("loaded", marked);
+  int parameters = 0, moments = 0;
   for (const auto& [name, a] : from.tensors) {
     const exec::Array& b = got.tensors.at(name);
-    const bool same = std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())) == 0;
+    const size_t size = static_cast<size_t>(a.type().bytes());
     if (name.rfind("opt_", 0) == 0) {
-      fresh_moments += !same;
+      EXPECT_EQ(std::memcmp(plain.tensors.at(name).bytes(), b.bytes(), size), 0) << name << " is the new run's own";
+      ++moments;
     } else {
-      EXPECT_TRUE(same) << name << " is the saved parameter";
+      EXPECT_EQ(std::memcmp(a.bytes(), b.bytes(), size), 0) << name << " is the saved parameter";
       ++parameters;
     }
   }
   EXPECT_GT(parameters, 0);
-  EXPECT_EQ(fresh_moments, static_cast<int>(from.tensors.size()) - parameters) << "every moment is the new run's";
+  EXPECT_GT(moments, 0);
+}
+
+// A checkpoint another safetensors writer left in the run's folder, without remat's metadata (or with a config
+// that is not JSON), is refused naming the file and the field (std::out_of_range and a JSON parse error
+// escaped main).
+TEST(Resume, ACheckpointWithoutRematsMetadataIsRefusedNamingIt) {
+  testing_support::TempDir temp;
+  const fs::path dir = temp.path;
+  ASSERT_EQ(finish(start(dir, "r")), 0);
+  const fs::path file = fs::path("runs") / "r" / "checkpoints" / "24" / "state.safetensors";
+  std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
+  for (const std::string& a : kArgs) cmd += " " + a;
+  cmd += " run_name=r 2>&1 >/dev/null";
+  rewrite(dir / file, dir / file, [](nlohmann::json& header, std::string&) { header["__metadata__"].erase("step"); });
+  testing_support::Output o = testing_support::run_command(cmd);
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_EQ(o.text, fmt::format("error: checkpoint '{}' has no metadata 'step': not a checkpoint remat wrote\n", file.string()));
+  rewrite(dir / file, dir / file, [](nlohmann::json& header, std::string&) { header["__metadata__"]["config"] = "{steps"; });
+  o = testing_support::run_command(cmd);
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_EQ(o.text.rfind(fmt::format("error: checkpoint '{}': its metadata 'config' is not a JSON object of strings", file.string()), 0),
+            0u) << o.text;
+}
+
+// Every checkpoint of the run unreadable: the run refuses (exit 2, one line naming them and the choices)
+// rather than start again from step 0 and overwrite them, and leaves them as they were.
+TEST(Resume, EveryCheckpointCorruptIsRefusedNamingThem) {
+  testing_support::TempDir temp;
+  const fs::path dir = temp.path, run = dir / "runs" / "r";
+  ASSERT_EQ(finish(start(dir, "r")), 0);
+  const fs::path files[] = {fs::path("runs") / "r" / "checkpoints" / "23" / "state.safetensors",
+                            fs::path("runs") / "r" / "checkpoints" / "24" / "state.safetensors"};
+  for (const fs::path& f : files) flip_a_bit(dir / f);
+  const auto before = fs::last_write_time(dir / files[1]);
+  std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
+  for (const std::string& a : kArgs) cmd += " " + a;
+  const testing_support::Output o = testing_support::run_command(cmd + " run_name=r 2>&1 >/dev/null");
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_EQ(std::count(o.text.begin(), o.text.end(), '\n'), 1) << o.text;
+  EXPECT_NE(o.text.find(fmt::format("error: every checkpoint of run '{}' is unreadable: {}, {};",
+                                    (fs::path("runs") / "r").string(), files[1].string(), files[0].string())),
+            std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("Choose another run_name, or delete them"), std::string::npos) << o.text;
+  for (const fs::path& f : files) EXPECT_TRUE(fs::exists(dir / f)) << f;
+  EXPECT_EQ(fs::last_write_time(dir / files[1]), before);
+}
+
+// A checkpoint newer than the one the run resumed from, which it does not write again (step 24 corrupt; the run
+// continues from 23 with checkpoints every 5 steps, 25 and 30), is not the run's to delete: it stays, while
+// 23, this run's history, goes when 25 and 30 are the two kept.
+TEST(Resume, ACheckpointTheRunDidNotWriteIsNeverPruned) {
+  testing_support::TempDir temp;
+  const fs::path dir = temp.path, checkpoints = dir / "runs" / "r" / "checkpoints";
+  ASSERT_EQ(finish(start(dir, "r")), 0);
+  flip_a_bit(checkpoints / "24" / "state.safetensors");
+  std::string cmd = fmt::format("cd '{}' && '{}'", dir.string(), REMAT_BINARY);
+  for (const std::string& a : kArgs) cmd += " " + a;
+  const testing_support::Output o = testing_support::run_command(cmd + " run_name=r steps=30 checkpoint_period=5 2>&1");
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("(step 23)"), std::string::npos) << o.text;
+  EXPECT_TRUE(fs::exists(checkpoints / "30" / "state.safetensors"));
+  EXPECT_TRUE(fs::exists(checkpoints / "25" / "state.safetensors"));
+  EXPECT_TRUE(fs::exists(checkpoints / "24" / "state.safetensors")) << "the corrupt checkpoint the run passed over";
+  EXPECT_FALSE(fs::exists(checkpoints / "23")) << "the one it resumed from, beyond the 2 kept";
 }
 
 }  // namespace
