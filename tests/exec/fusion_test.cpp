@@ -6,6 +6,7 @@
 #include "compile/compile.h"
 #include "exec/executable.h"
 #include "exec/kernels/exp.h"
+#include "step_args.h"
 
 #include <gtest/gtest.h>
 
@@ -103,16 +104,7 @@ StepRun train_two_steps(const std::vector<std::string>& overrides) {
   cli::Config c = cli::load_config("", overrides);
   compile::Compiled s = compile::compile(
       {.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer, .fuse = c.run.fusion});
-  std::vector<exec::Array> args;
-  for (ValueId p : s.program.params) args.push_back(exec::Array::zeros(s.program.type(p)));
-  std::vector<exec::Array> params;
-  for (size_t i = 0; i < args.size(); ++i)
-    if (s.signature.args[i].role == Role::parameter) params.push_back(args[i]);
-  nn::init_params(c.run.model, 0, params);
-  for (int k = 0; k < 2; ++k) {
-    exec::Array& t = args[static_cast<size_t>(s.signature.arg(k == 0 ? "inputs" : "targets"))];
-    for (int64_t i = 0; i < t.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + k * 7) % 256);
-  }
+  std::vector<exec::Array> args = testing_support::step_args(s, c.run.model);
   StepRun run{.results = {}, .peak = s.plan.arena[0], .fusions = count_ops(s.program, Op::fusion)};
   exec::Executable step(s.program, s.plan, {.poison = true});
   for (int k = 0; k < 2; ++k) {
