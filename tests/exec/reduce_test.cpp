@@ -3,7 +3,8 @@
 // 1, 2 and 3 threads. The loops follow the order reduce.cpp documents: over leading axes each output takes the rows
 // in order; over trailing axes each window runs in 8 lanes (lane j takes elements j, j + 8, ...; the tail from lane
 // 0 on) combined pairwise; otherwise the window in row-major order. Sums accumulate in f64 (reduce_max in the
-// compute type); sum_of_squares squares in the compute type and rounds the square to the dtype first.
+// compute type); sum_of_squares squares in the compute type and rounds the square to the dtype first. f32, bf16 and
+// f64 (whose sums show any change of order).
 #include "exec/exec.h"
 #include "ir/ir.h"
 
@@ -21,11 +22,18 @@ namespace {
 
 using namespace ir;
 
-float to_float(float x) { return x; }
-float to_float(bf16_t x) { return bf16_to_float(x); }
-template <class T> T from_float(float x);
-template <> float from_float<float>(float x) { return x; }
-template <> bf16_t from_float<bf16_t>(float x) { return float_to_bf16(x); }
+double value(double x) { return x; }
+double value(float x) { return x; }
+double value(bf16_t x) { return bf16_to_float(x); }
+// x·x as sum_of_squares stores it: in the compute type (f32 for bf16), rounded to the dtype.
+double square(double x) { return x * x; }
+double square(float x) { return x * x; }
+double square(bf16_t x) { return bf16_to_float(float_to_bf16(bf16_to_float(x) * bf16_to_float(x))); }
+// An accumulator (exact in the compute type for max) stored as T: through the compute type, then rounded to T.
+template <class T> T rounded(double x);
+template <> double rounded<double>(double x) { return x; }
+template <> float rounded<float>(double x) { return static_cast<float>(x); }
+template <> bf16_t rounded<bf16_t>(double x) { return float_to_bf16(static_cast<float>(x)); }
 
 enum class Kind { sum, max, squares };
 
@@ -48,11 +56,8 @@ std::vector<T> reference(Kind kind, const T* x, const std::vector<int64_t>& dims
   for (int64_t k : kept) outputs *= k;
   for (int64_t r : red) window *= r;
   const bool trailing = !red.empty() && red_stride.back() == 1 && red_stride.front() * red.front() == window;
-  // Elements go in as the compute type (f32) for max and as f64 for sums; a square is rounded to T first.
-  auto element = [&](int64_t at) {
-    const float v = to_float(x[at]);
-    return kind == Kind::squares ? static_cast<double>(to_float(from_float<T>(v * v))) : static_cast<double>(v);
-  };
+  // Sums accumulate in f64; a max in the compute type, which f64 holds exactly.
+  auto element = [&](int64_t at) { return kind == Kind::squares ? square(x[at]) : value(x[at]); };
   auto combine = [&](double a, double b) {
     if (kind != Kind::max) return a + b;
     return b > a || b != b ? b : a;
@@ -75,7 +80,7 @@ std::vector<T> reference(Kind kind, const T* x, const std::vector<int64_t>& dims
     } else {  // leading axes (rows in order) and the rest (row-major): the same order
       for (int64_t r = 0; r < window; ++r) acc = combine(acc, element(base + offset(r, red, red_stride)));
     }
-    out[static_cast<size_t>(i)] = from_float<T>(static_cast<float>(acc));
+    out[static_cast<size_t>(i)] = rounded<T>(acc);
   }
   return out;
 }
@@ -84,9 +89,9 @@ template <class T>
 void check(DType dtype) {
   const std::vector<int64_t> dims{37, 29, 23};  // 24679 elements: odd sizes, every split of outputs uneven
   std::mt19937 rng(5);
-  std::uniform_real_distribution<float> dist(-3000, 3000);
+  std::uniform_real_distribution<double> dist(-3000, 3000);
   std::vector<T> x(37 * 29 * 23);
-  for (T& v : x) v = from_float<T>(dist(rng));
+  for (T& v : x) v = rounded<T>(dist(rng));
   const int threads_before = omp_get_max_threads();
   // leading (one axis, two), middle, mixed, trailing
   for (const IntList& axes : {IntList{0}, IntList{0, 1}, IntList{1}, IntList{0, 2}, IntList{2}, IntList{1, 2}}) {
@@ -120,6 +125,7 @@ void check(DType dtype) {
 TEST(Reduce, EqualsPlainLoopsBitForBitAtOneTwoAndThreeThreads) {
   check<float>(DType::f32);
   check<bf16_t>(DType::bf16);
+  check<double>(DType::f64);  // f64 sums round only in f64: the order of every addition shows
 }
 
 }  // namespace
