@@ -63,22 +63,22 @@ class IsaOverride {
 // contraction (-ffp-contract=off) or reassociation, every target computes the same bits: by construction, and
 // tested for every cloned kernel and a training step (tests/exec/isa_test.cpp).
 #if defined(__GNUC__) && __GNUC__ >= 12 && !defined(__clang__) && defined(__x86_64__)
-#define REMAT_WIDEST_CLONES(name, body)                                                                            \
-  template <class... Args> __attribute__((flatten)) void name##_baseline(Args&&... a) {                            \
-    body(std::forward<Args>(a)...);                                                                                 \
-  }                                                                                                                 \
-  template <class... Args> __attribute__((target("avx2"), flatten)) void name##_avx2(Args&&... a) {                \
-    body(std::forward<Args>(a)...);                                                                                 \
-  }                                                                                                                 \
-  template <class... Args> __attribute__((target("arch=x86-64-v4"), flatten)) void name##_v4(Args&&... a) {        \
-    body(std::forward<Args>(a)...);                                                                                 \
-  }                                                                                                                 \
-  template <class... Args> void name(Args&&... a) {                                                                 \
-    switch (kernel_isa()) {                                                                                         \
-      case Isa::x86_64_v4: return name##_v4(std::forward<Args>(a)...);                                              \
-      case Isa::avx2: return name##_avx2(std::forward<Args>(a)...);                                                 \
-      case Isa::baseline: return name##_baseline(std::forward<Args>(a)...);                                         \
-    }                                                                                                               \
+#define REMAT_WIDEST_CLONES(name, body)                                                                                \
+  template <class... Args> __attribute__((flatten)) void name##_baseline(Args&&... a) {                                \
+    body(std::forward<Args>(a)...);                                                                                    \
+  }                                                                                                                    \
+  template <class... Args> __attribute__((target("avx2"), flatten)) void name##_avx2(Args&&... a) {                    \
+    body(std::forward<Args>(a)...);                                                                                    \
+  }                                                                                                                    \
+  template <class... Args> __attribute__((target("arch=x86-64-v4"), flatten)) void name##_v4(Args&&... a) {            \
+    body(std::forward<Args>(a)...);                                                                                    \
+  }                                                                                                                    \
+  template <class... Args> void name(Args&&... a) {                                                                    \
+    switch (kernel_isa()) {                                                                                            \
+      case Isa::x86_64_v4: return name##_v4(std::forward<Args>(a)...);                                                 \
+      case Isa::avx2: return name##_avx2(std::forward<Args>(a)...);                                                    \
+      case Isa::baseline: return name##_baseline(std::forward<Args>(a)...);                                            \
+    }                                                                                                                  \
   }
 #define REMAT_HAS_ISA_CLONES 1
 #else
