@@ -8,6 +8,7 @@
 #include "remat/remat.h"
 #include "support/models.h"
 #include "support/reference_executor.h"
+#include "support/step_args.h"
 #include "compile/compile.h"
 #include "train/step.h"
 
@@ -264,16 +265,8 @@ TEST_P(TinyStep, MeasuredPeakIsThePlannedPeakByteForByte) {
   compile::Compiled s = compile::compile({.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer});
   ir::Graph& g = s.program;
   plan::Plan& p = s.plan;
-  std::vector<exec::Array> args;  // by the signature: initial parameters, zero moments and step, tokens
-  for (size_t i = 0; i < g.params.size(); ++i) args.push_back(exec::Array::zeros(g.type(g.params[i])));
-  std::vector<exec::Array> params;
-  for (size_t i = 0; i < args.size(); ++i)
-    if (s.signature.args[i].role == ir::Role::parameter) params.push_back(args[i]);
-  nn::init_params(c.run.model, 0, params);
-  for (int k = 0; k < 2; ++k) {
-    exec::Array& t = args[static_cast<size_t>(s.signature.arg(k == 0 ? "inputs" : "targets"))];
-    for (int64_t i = 0; i < t.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + k * 7) % 256);
-  }
+  // By the signature: initial parameters, zero moments and step, tokens.
+  std::vector<exec::Array> args = testing_support::step_args(s, c.run.model);
   std::vector<exec::Array> want = testing_support::reference_run(g, deep_copy(args));
   expect_planned_run_is_exact(g, p, args, fmt::format("{}", fmt::join(GetParam(), " ")));
   exec::Executable step(g, p);

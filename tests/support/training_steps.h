@@ -7,6 +7,7 @@
 #include "cli/config.h"
 #include "compile/compile.h"
 #include "exec/executable.h"
+#include "support/step_args.h"
 
 #include <gtest/gtest.h>
 
@@ -32,22 +33,13 @@ struct StepRun {
   int fusions = 0;
 };
 
-// `steps` training steps of the config's program (built-in base + overrides) from parameters initialised with
-// seed 0 and a fixed token pattern; each step's measured peak must equal its plan's.
+// `steps` training steps of the config's program (built-in base + overrides) from step_args' state and batch;
+// each step's measured peak must equal its plan's.
 inline StepRun train_steps(const std::vector<std::string>& overrides, int steps) {
   cli::Config c = cli::load_config("", overrides);
   compile::Compiled s = compile::compile(
       {.model = c.run.model, .shape = c.run.shape, .optimizer = c.run.optimizer, .fuse = c.run.fusion});
-  std::vector<exec::Array> args;
-  for (ir::ValueId p : s.program.params) args.push_back(exec::Array::zeros(s.program.type(p)));
-  std::vector<exec::Array> params;
-  for (size_t i = 0; i < args.size(); ++i)
-    if (s.signature.args[i].role == ir::Role::parameter) params.push_back(args[i]);
-  nn::init_params(c.run.model, 0, params);
-  for (int k = 0; k < 2; ++k) {
-    exec::Array& t = args[static_cast<size_t>(s.signature.arg(k == 0 ? "inputs" : "targets"))];
-    for (int64_t i = 0; i < t.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + k * 7) % 256);
-  }
+  std::vector<exec::Array> args = step_args(s, c.run.model);
   StepRun run{.results = {}, .peak = s.plan.arena[0], .fusions = count_ops(s.program, ir::Op::fusion)};
   exec::Executable step(s.program, s.plan, {.poison = true});
   for (int k = 0; k < steps; ++k) {

@@ -101,9 +101,9 @@ void scores(Tiles<A>& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0,
 }
 
 // Heads [lo, hi) of the (batch, head) pairs of attention, in the calling thread's tiles.
-REMAT_WIDEST_CLONES void attention_heads(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
-                                         const Problem& z, std::span<std::byte> workspace, int64_t bytes_per_thread,
-                                         int64_t lo, int64_t hi) {
+void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
+                          const Problem& z, std::span<std::byte> workspace, int64_t bytes_per_thread,
+                          int64_t lo, int64_t hi) {
   dispatch_float(in[0].type().dtype, n, [&](auto type) {
     using T = decltype(type);
     using A = Acc<T>;
@@ -153,10 +153,12 @@ REMAT_WIDEST_CLONES void attention_heads(const ir::Node& n, std::span<const Arra
   });
 }
 
+REMAT_WIDEST_CLONES(attention_heads, attention_heads_body)
+
 // kv heads [lo, hi) of the (batch, kv head) pairs of attention_grad, in the calling thread's tiles.
-REMAT_WIDEST_CLONES void attention_grad_heads(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
-                                              const Problem& z, std::span<std::byte> workspace, int64_t lo,
-                                              int64_t hi) {
+void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
+                               const Problem& z, std::span<std::byte> workspace, int64_t lo,
+                               int64_t hi) {
   dispatch_float(in[0].type().dtype, n, [&](auto type) {
     using T = decltype(type);
     using A = Acc<T>;
@@ -229,6 +231,8 @@ REMAT_WIDEST_CLONES void attention_grad_heads(const ir::Node& n, std::span<const
     }
   });
 }
+
+REMAT_WIDEST_CLONES(attention_grad_heads, attention_grad_heads_body)
 
 }  // namespace
 

@@ -108,14 +108,14 @@ void convert(DType from, DType to, const std::byte* x, std::byte* y, int64_t len
 }
 
 // convert at the CPU's widest vectors, for convert_group (elementwise_range inlines convert itself).
-REMAT_WIDEST_CLONES void convert_widest(DType from, DType to, const std::byte* x, std::byte* y, int64_t len) {
+void convert_widest_body(DType from, DType to, const std::byte* x, std::byte* y, int64_t len) {
   convert(from, to, x, y, len);
 }
 
-}  // namespace
+REMAT_WIDEST_CLONES(convert_widest, convert_widest_body)
 
-REMAT_WIDEST_CLONES void elementwise_range(const ir::Node& n, DType operand, DType result,
-                                           std::span<const std::byte* const> in, std::byte* out, int64_t len) {
+void elementwise_range_body(const ir::Node& n, DType operand, DType result, std::span<const std::byte* const> in,
+                            std::byte* out, int64_t len) {
   auto float_unary = [&](auto f) {
     dispatch_float(operand, n, [&](auto t) { unary<decltype(t)>(in[0], out, len, f); });
   };
@@ -133,8 +133,12 @@ REMAT_WIDEST_CLONES void elementwise_range(const ir::Node& n, DType operand, DTy
     case ir::Op::exp: return float_unary([](auto x) -> decltype(x) { return exp_of(x); });
     case ir::Op::log: return float_unary([](auto x) -> decltype(x) { return std::log(x); });
     case ir::Op::tanh: return float_unary([](auto x) -> decltype(x) { return std::tanh(x); });
-    case ir::Op::logistic:
-      return float_unary([](auto x) -> decltype(x) { using C = decltype(x); return C(1) / (C(1) + exp_of(-x)); });
+    case ir::Op::logistic:  // a NaN as it came: GCC may fold 1 + exp(−x)'s NaN into 1 − x's (another sign) in one
+                            // clone's loop and not in another's
+      return float_unary([](auto x) -> decltype(x) {
+        using C = decltype(x);
+        return x != x ? x : C(1) / (C(1) + exp_of(-x));
+      });
     case ir::Op::sqrt: return float_unary([](auto x) -> decltype(x) { return std::sqrt(x); });
     case ir::Op::rsqrt: return float_unary([](auto x) -> decltype(x) { return decltype(x)(1) / std::sqrt(x); });
     case ir::Op::sin: return float_unary([](auto x) -> decltype(x) { return std::sin(x); });
@@ -154,6 +158,15 @@ REMAT_WIDEST_CLONES void elementwise_range(const ir::Node& n, DType operand, DTy
     case ir::Op::convert_element_type: return convert(operand, result, in[0], out, len);
     default: ASSERT(false);
   }
+}
+
+REMAT_WIDEST_CLONES(elementwise_range_cloned, elementwise_range_body)
+
+}  // namespace
+
+void elementwise_range(const ir::Node& n, DType operand, DType result, std::span<const std::byte* const> in,
+                       std::byte* out, int64_t len) {
+  elementwise_range_cloned(n, operand, result, in, out, len);
 }
 
 namespace {
@@ -220,8 +233,8 @@ namespace {
 // (train/step.cpp's formula, the loss scale's division first), in their order, each rounded to T by `r` as the
 // primitive would store it. Element i is read before it is written, so p, m, v may be updated in place. A false
 // `finite` keeps p, m, v.
-REMAT_WIDEST_CLONES void adamw_range(const ir::Node& n, std::span<const Array> in, std::span<Array> out, int64_t lo,
-                                     int64_t hi) {
+void adamw_range_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out, int64_t lo,
+                      int64_t hi) {
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
     using T = decltype(t);
     using C = Compute<T>;
@@ -260,6 +273,8 @@ REMAT_WIDEST_CLONES void adamw_range(const ir::Node& n, std::span<const Array> i
     }
   });
 }
+
+REMAT_WIDEST_CLONES(adamw_range, adamw_range_body)
 
 }  // namespace
 

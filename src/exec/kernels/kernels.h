@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <span>
+#include <utility>
 
 namespace remat::exec {
 
@@ -36,16 +37,54 @@ namespace remat::exec {
 REMAT_OPS(X)
 #undef X
 
-// Before a kernel's inner function: compiled for baseline x86-64 and again for AVX2 and AVX-512 (x86-64-v4), the
-// loader picking the widest the CPU has; everything the function calls is inlined into each clone (flatten; calls
-// into libm stay calls, the same function from every clone), so its loops vectorise at that width. Without FMA
-// contraction (-ffp-contract=off) or reassociation, every clone computes the same bits: by construction, and
-// tested for elementwise_range (Exp.EveryKernelCloneGivesTheBaselineBits). GCC 12 or later on x86-64
-// (arch=x86-64-v4); elsewhere one baseline copy.
+// The instruction sets a kernel's inner function is compiled for (REMAT_WIDEST_CLONES): baseline x86-64, AVX2 and
+// AVX-512 (x86-64-v4) with GCC 12 or later on x86-64, baseline alone elsewhere.
+enum class Isa { baseline, avx2, x86_64_v4 };
+const char* isa_name(Isa isa);  // "default", "avx2", "x86-64-v4"
+// Those compiled here that this CPU runs (__builtin_cpu_supports), baseline first.
+std::span<const Isa> available_isas();
+// The one the cloned kernels run: the widest available, chosen once, unless an IsaOverride is alive.
+Isa kernel_isa();
+// For tests: while it lives, the cloned kernels run `isa` (one of available_isas()). Not while kernels run.
+class IsaOverride {
+ public:
+  explicit IsaOverride(Isa isa);
+  ~IsaOverride();
+  IsaOverride(const IsaOverride&) = delete;
+  IsaOverride& operator=(const IsaOverride&) = delete;
+
+ private:
+  Isa before_;
+};
+
+// REMAT_WIDEST_CLONES(name, body) defines `name`: it calls the function `body` (arguments forwarded) compiled for
+// kernel_isa(), one choice per call. Each target is a wrapper that inlines everything `body` calls (flatten; calls
+// into libm stay calls, the same function from every target), so its loops vectorise at that width. Without FMA
+// contraction (-ffp-contract=off) or reassociation, every target computes the same bits: by construction, and
+// tested for every cloned kernel and a training step (tests/exec/isa_test.cpp).
 #if defined(__GNUC__) && __GNUC__ >= 12 && !defined(__clang__) && defined(__x86_64__)
-#define REMAT_WIDEST_CLONES __attribute__((target_clones("default", "avx2", "arch=x86-64-v4"), flatten))
+#define REMAT_WIDEST_CLONES(name, body)                                                                                \
+  template <class... Args> __attribute__((flatten)) void name##_baseline(Args&&... a) {                                \
+    body(std::forward<Args>(a)...);                                                                                    \
+  }                                                                                                                    \
+  template <class... Args> __attribute__((target("avx2"), flatten)) void name##_avx2(Args&&... a) {                    \
+    body(std::forward<Args>(a)...);                                                                                    \
+  }                                                                                                                    \
+  template <class... Args> __attribute__((target("arch=x86-64-v4"), flatten)) void name##_v4(Args&&... a) {            \
+    body(std::forward<Args>(a)...);                                                                                    \
+  }                                                                                                                    \
+  template <class... Args> void name(Args&&... a) {                                                                    \
+    switch (kernel_isa()) {                                                                                            \
+      case Isa::x86_64_v4: return name##_v4(std::forward<Args>(a)...);                                                 \
+      case Isa::avx2: return name##_avx2(std::forward<Args>(a)...);                                                    \
+      case Isa::baseline: return name##_baseline(std::forward<Args>(a)...);                                            \
+    }                                                                                                                  \
+  }
+#define REMAT_HAS_ISA_CLONES 1
 #else
-#define REMAT_WIDEST_CLONES
+#define REMAT_WIDEST_CLONES(name, body) \
+  template <class... Args> void name(Args&&... a) { body(std::forward<Args>(a)...); }
+#define REMAT_HAS_ISA_CLONES 0
 #endif
 
 // One elementwise op `n` over `len` consecutive elements: out[i] = op(in[0][i], in[1][i], ...), each pointer at

@@ -94,8 +94,8 @@ void reduce_leading(const T* a, T* o, const Plan& p, Acc* acc, int64_t lo, int64
 
 // Outputs [lo, hi) of the reduction n (reduce_sum, reduce_max or sum_of_squares; acc_row: the leading case's
 // accumulators, one per output), at the CPU's widest vectors.
-REMAT_WIDEST_CLONES void reduce_range(const ir::Node& n, std::span<const Array> in, Array& y, const Plan& p,
-                                      std::byte* acc_row, int64_t lo, int64_t hi) {
+void reduce_range_body(const ir::Node& n, std::span<const Array> in, Array& y, const Plan& p, std::byte* acc_row,
+                       int64_t lo, int64_t hi) {
   auto run = [&](auto t, auto init, auto combine, auto pre) {
     using T = decltype(t);
     using Acc = decltype(init);
@@ -135,6 +135,8 @@ REMAT_WIDEST_CLONES void reduce_range(const ir::Node& n, std::span<const Array> 
     });
   });
 }
+
+REMAT_WIDEST_CLONES(reduce_range, reduce_range_body)
 
 void reduce(const ir::Node& n, std::span<const Array> in, Array& y, std::span<std::byte> workspace) {
   const Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));

@@ -81,8 +81,8 @@ std::byte* row_of(std::span<std::byte> workspace, const ir::Type& t) {
 }
 
 // Rows [lo, hi) of softmax: x (dtype xt) into y (dtype yt), through p, the thread's row of A.
-REMAT_WIDEST_CLONES void softmax_rows(const ir::Node& n, DType xt, DType yt, const std::byte* x_bytes,
-                                      std::byte* y_bytes, int64_t w, int64_t lo, int64_t hi, std::byte* p_bytes) {
+void softmax_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* x_bytes,
+                       std::byte* y_bytes, int64_t w, int64_t lo, int64_t hi, std::byte* p_bytes) {
   dispatch_float(xt, n, [&](auto x_type) {
     using T = decltype(x_type);
     using A = Acc<T>;
@@ -100,10 +100,12 @@ REMAT_WIDEST_CLONES void softmax_rows(const ir::Node& n, DType xt, DType yt, con
   });
 }
 
+REMAT_WIDEST_CLONES(softmax_rows, softmax_rows_body)
+
 // Rows [lo, hi) of softmax_grad: dx (dtype xt) from x (xt) and g (gt), through p, the thread's row of A.
-REMAT_WIDEST_CLONES void softmax_grad_rows(const ir::Node& n, DType xt, DType gt, const std::byte* x_bytes,
-                                           const std::byte* g_bytes, std::byte* dx_bytes, int64_t w, int64_t lo,
-                                           int64_t hi, std::byte* p_bytes) {
+void softmax_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::byte* x_bytes,
+                            const std::byte* g_bytes, std::byte* dx_bytes, int64_t w, int64_t lo,
+                            int64_t hi, std::byte* p_bytes) {
   dispatch_float(xt, n, [&](auto x_type) {
     using T = decltype(x_type);
     using A = Acc<T>;
@@ -125,9 +127,11 @@ REMAT_WIDEST_CLONES void softmax_grad_rows(const ir::Node& n, DType xt, DType gt
   });
 }
 
+REMAT_WIDEST_CLONES(softmax_grad_rows, softmax_grad_rows_body)
+
 // Rows [lo, hi) of log_softmax: x into y (both dtype xt; y may be x), through p, the thread's row of A.
-REMAT_WIDEST_CLONES void log_softmax_rows(const ir::Node& n, DType xt, const std::byte* x_bytes, std::byte* y_bytes,
-                                          int64_t w, int64_t lo, int64_t hi, std::byte* p_bytes) {
+void log_softmax_rows_body(const ir::Node& n, DType xt, const std::byte* x_bytes, std::byte* y_bytes,
+                           int64_t w, int64_t lo, int64_t hi, std::byte* p_bytes) {
   dispatch_float(xt, n, [&](auto x_type) {
     using T = decltype(x_type);
     using A = Acc<T>;
@@ -149,10 +153,12 @@ REMAT_WIDEST_CLONES void log_softmax_rows(const ir::Node& n, DType xt, const std
   });
 }
 
+REMAT_WIDEST_CLONES(log_softmax_rows, log_softmax_rows_body)
+
 // Rows [lo, hi) of log_softmax_grad: dx = g − exp(y)·Σ g (dtype yt; dx may be y).
-REMAT_WIDEST_CLONES void log_softmax_grad_rows(const ir::Node& n, DType yt, const std::byte* y_bytes,
-                                               const std::byte* g_bytes, std::byte* dx_bytes, int64_t w, int64_t lo,
-                                               int64_t hi) {
+void log_softmax_grad_rows_body(const ir::Node& n, DType yt, const std::byte* y_bytes,
+                                const std::byte* g_bytes, std::byte* dx_bytes, int64_t w, int64_t lo,
+                                int64_t hi) {
   dispatch_float(yt, n, [&](auto y_type) {
     using T = decltype(y_type);
     using A = Acc<T>;
@@ -170,6 +176,8 @@ REMAT_WIDEST_CLONES void log_softmax_grad_rows(const ir::Node& n, DType yt, cons
     }
   });
 }
+
+REMAT_WIDEST_CLONES(log_softmax_grad_rows, log_softmax_grad_rows_body)
 
 }  // namespace
 
