@@ -194,14 +194,16 @@ double parse_size(const std::string& text) {
 // kernel's VmHWM, read by the binary; an evaluation or a sampler holding its own copy of the weights,
 // or a kernel allocating its workspace outside the arena, shows here.
 TEST(Cli, PeakMemoryIsThePlansPlusTheBaseline) {
-  if (exec::kAddressSanitizer) GTEST_SKIP() << "AddressSanitizer's shadow memory and quarantine are not planned";
+  // AddressSanitizer's shadow memory and quarantine are not planned: there, one run, and only the lower bounds.
+  const std::vector<const char*> runs = {"dtype=float32 remat_policy=full", "dtype=float32 remat_policy=none",
+                                         "dtype=bfloat16 remat_policy=full", "dtype=bfloat16 remat_policy=none",
+                                         "dtype=float32 remat_policy=minimal fused_qkv=true fused_mlp=true"};
   TempDir work;
   const std::string model = "base_emb_dim=512 base_num_decoder_layers=2 base_num_query_heads=8 base_num_kv_heads=8 "
                             "head_dim=64 base_mlp_dim=2048 vocab_size=32000 max_target_length=128 "
                             "per_device_batch_size=4 steps=3 eval_steps=2 eval_interval=3 sample_length=2";
-  for (const char* run : {"dtype=float32 remat_policy=full", "dtype=float32 remat_policy=none",
-                                 "dtype=bfloat16 remat_policy=full", "dtype=bfloat16 remat_policy=none",
-                                 "dtype=float32 remat_policy=minimal fused_qkv=true fused_mlp=true"}) {
+  for (size_t r = 0; r < (exec::kAddressSanitizer ? 1 : runs.size()); ++r) {
+      const char* run = runs[r];
       Output o = remat_cli(fmt::format("train {} {}", model, run), work.path.string());
       ASSERT_EQ(o.status, 0) << o.text;
       const std::string size = "([0-9.]+ [KMG]?i?B)";
@@ -210,8 +212,10 @@ TEST(Cli, PeakMemoryIsThePlansPlusTheBaseline) {
       const double planned = parse_size(captured(o.text, "\\+ planned " + size));
       const double step = parse_size(captured(o.text, "\\(step " + size));
       EXPECT_GT(step, 4 * 41e6 * 3) << "parameters and both moments are in the step's plan";
-      EXPECT_LE(peak, planned + baseline + 64.0 * (1 << 20)) << run << "\n" << o.text;
-      EXPECT_LE(peak, step + baseline + 64.0 * (1 << 20)) << "evaluation and sampling run in the step's arenas\n" << o.text;
+      if (!exec::kAddressSanitizer) {
+        EXPECT_LE(peak, planned + baseline + 64.0 * (1 << 20)) << run << "\n" << o.text;
+        EXPECT_LE(peak, step + baseline + 64.0 * (1 << 20)) << "evaluation and sampling run in the step's arenas\n" << o.text;
+      }
       EXPECT_GE(peak, planned) << "the arenas are faulted in when created";
   }
 }

@@ -5,6 +5,7 @@
 // the same way whether the gradients are whole or sharded. Rank 0's measured arena peak equals its plan.
 #include "support/command.h"
 #include "support/mpirun.h"
+#include "support/sanitizer_subset.h"
 #include "support/temp_dir.h"
 
 #include <fmt/format.h>
@@ -84,11 +85,13 @@ TEST_P(Distributed, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatche
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, Distributed,
-    ::testing::Values(Launch{"data2", 2, "", "2 data-parallel ranks"}, Launch{"data4", 4, "", "4 data-parallel ranks"},
-                      Launch{"fsdp2", 2, "ici_fsdp_parallelism=2", "2 ranks (1 data-parallel x 2 FSDP)"},
-                      Launch{"fsdp4", 4, "ici_fsdp_parallelism=-1 dcn_data_parallelism=1", "4 ranks (1 data-parallel x 4 FSDP)"},
-                      Launch{"data2_fsdp2", 4, "ici_fsdp_parallelism=2", "4 ranks (2 data-parallel x 2 FSDP)"},
-                      Launch{"fsdp2_bf16", 2, "ici_fsdp_parallelism=2 dtype=bfloat16", "2 ranks (1 data-parallel x 2 FSDP)"}),
+    ::testing::ValuesIn(testing_support::sanitizer_subset(
+        std::vector<Launch>{Launch{"data2", 2, "", "2 data-parallel ranks"}, Launch{"data4", 4, "", "4 data-parallel ranks"},
+                            Launch{"fsdp2", 2, "ici_fsdp_parallelism=2", "2 ranks (1 data-parallel x 2 FSDP)"},
+                            Launch{"fsdp4", 4, "ici_fsdp_parallelism=-1 dcn_data_parallelism=1", "4 ranks (1 data-parallel x 4 FSDP)"},
+                            Launch{"data2_fsdp2", 4, "ici_fsdp_parallelism=2", "4 ranks (2 data-parallel x 2 FSDP)"},
+                            Launch{"fsdp2_bf16", 2, "ici_fsdp_parallelism=2 dtype=bfloat16", "2 ranks (1 data-parallel x 2 FSDP)"}},
+        {"data2", "data2_fsdp2", "fsdp2_bf16"})),
     [](const ::testing::TestParamInfo<Launch>& i) { return std::string(i.param.name); });
 
 // Pipelines: 4 stages x 8 microbatches (8 layers: 2 per stage, or 1 per chunk interleaved) train 10 steps
@@ -132,7 +135,7 @@ TEST_P(Pipelines, StagesAreBitIdenticalToTheirReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, Pipelines,
-    ::testing::Values(
+    ::testing::ValuesIn(testing_support::sanitizer_subset(std::vector<PipelineLaunch>{
         PipelineLaunch{"gpipe4", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
                                     "num_layers_per_pipeline_stage=2 pipeline_schedule=gpipe",
                        "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
@@ -150,7 +153,8 @@ INSTANTIATE_TEST_SUITE_P(
                        "per_device_batch_size=1 gradient_accumulation_steps=2 ici_fsdp_parallelism=2", 2},
         PipelineLaunch{"one_f_one_b2_data2", 4, "per_device_batch_size=1 ici_pipeline_parallelism=2 num_pipeline_microbatches=2 "
                                                 "num_layers_per_pipeline_stage=4 pipeline_schedule=1f1b ici_data_parallelism=2",
-                       "per_device_batch_size=1 gradient_accumulation_steps=2 ici_data_parallelism=2", 2}),
+                       "per_device_batch_size=1 gradient_accumulation_steps=2 ici_data_parallelism=2", 2}},
+        {"interleaved4", "one_f_one_b2_fsdp2"})),
     [](const ::testing::TestParamInfo<PipelineLaunch>& i) { return std::string(i.param.name); });
 
 // enable_profiler under a pipeline: one trace.json with a named track per rank, holding each rank's forwards
