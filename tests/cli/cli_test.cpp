@@ -503,11 +503,12 @@ TEST(CliErrors, MalformedJsonIsOneLineNamingTheFileAndLine) {
 
 // An allocation that fails (2^40 evaluation batches held for the run, a typo'd eval_steps): one line, no abort.
 TEST(CliErrors, AnAllocationThatFailsIsOneLine) {
+  // ASan's operator new cannot throw std::bad_alloc: a failed allocation aborts the process even with
+  // allocator_may_return_null=1 (g++ 12's runtime), so only the real allocator can show this.
+  if (exec::kAddressSanitizer) GTEST_SKIP() << "ASan aborts on a failed operator new instead of throwing";
   TempDir dir;
-  // ASan would stop the process itself at the first huge allocation; let it answer like the C++ allocator.
-  const std::string asan = exec::kAddressSanitizer ? "ASAN_OPTIONS=\"${ASAN_OPTIONS}:allocator_may_return_null=1\" " : "";
   const Output o = testing_support::run_command(fmt::format(
-      "cd '{}' && {}'{}' {} eval_steps=1099511627776 2>&1 >/dev/null", dir.path.string(), asan, REMAT_BINARY,
+      "cd '{}' && '{}' {} eval_steps=1099511627776 2>&1 >/dev/null", dir.path.string(), REMAT_BINARY,
       one_step(dir.path)));
   expect_one_line_error(o, {"out of memory (an allocation failed)", "eval_steps"});
 }
