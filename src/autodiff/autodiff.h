@@ -1,4 +1,4 @@
-// Reverse-mode automatic differentiation over the IR (DESIGN §3, §4).
+// Reverse-mode automatic differentiation over the IR (docs/design.md, "The stages").
 // grad() appends the backward pass to the same graph: for each node in reverse order its VJP rule emits
 // IR that maps output cotangents to input cotangents; cotangents of a value read twice are summed with
 // `add`. Backward nodes carry their forward node's scope. Only floating-point values carry cotangents.

@@ -1,4 +1,4 @@
-// Two error channels (DESIGN §8).
+// Two error channels (docs/design.md, "Invariants": errors are the user's or ours).
 //   CHECK(cond, fmt, args...)  anything a user can cause (bad config, bad shapes, bad file): throws
 //                              remat::Error whose message says what was wrong, where, and how to fix it.
 //   ASSERT(cond)               an internal invariant: a bug in remat, never the user's fault. Throws

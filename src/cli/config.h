@@ -1,4 +1,4 @@
-// Configuration in MaxText's convention (DESIGN §10): a YAML base config that documents every key,
+// Configuration in MaxText's convention: a YAML base config that documents every key,
 // a model preset (configs/models/<model>.yml) applied over it, then key=value overrides.
 //   remat train configs/base.yml model=tiny steps=200 scan_layers=false
 // Unknown keys, values of the wrong type and unknown presets are errors that name the key, where it

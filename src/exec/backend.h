@@ -1,4 +1,4 @@
-// The backend seam (DESIGN §1, §11): what the executor needs from a machine. Memory per space (device,
+// The backend seam: what the executor needs from a machine. Memory per space (device,
 // host), copies between buffers of any spaces, a kernel for every op without a body (the executor runs
 // scans itself), the workspace each kernel call needs (planned into the arena like any buffer), and
 // synchronisation. The CPU is the one implementation; a GPU backend is another implementation of this,

@@ -1,5 +1,5 @@
-// Public header of the executor (DESIGN §1, §11). One executor, exec::Executable (executable.h), runs a
-// planned graph over its arenas through a backend (backend.h: memory, copies, the kernel table, workspace
+// Public header of the executor (docs/design.md, "The stages"). One executor, exec::Executable (executable.h),
+// runs a planned graph over its arenas through a backend (backend.h: memory, copies, the kernel table, workspace
 // sizes; the CPU's kernels are plain functions per op in exec/kernels/, dot_general through oneDNN with a
 // naive reference twin in kernels/ref/). exec::run is the one-call form for tests and small programs: it
 // plans the graph (remat regions inlined) and runs it once.
@@ -18,12 +18,10 @@
 
 namespace remat::exec {
 
-// Time spent per op, accumulated over runs (scan bodies count their own ops; scan itself is not counted).
+// What the kernel calls of the runs it watches did (scan bodies count their own ops; scan itself is not counted).
 struct Profile {
-  std::map<std::string, double> seconds;
-  std::map<std::string, int64_t> calls;
-  std::map<uint64_t, int64_t> runs_by_origin;  // kernel calls per traced op (Node::origin), clones included
-  std::string table() const;  // ops by time, descending
+  // Runs per traced op (Node::origin), clones included, accumulated over runs, as ir::for_each_op_run counts them.
+  std::map<uint64_t, int64_t> runs_by_origin;
 
   // With `record`: every kernel call in order (a timeline), times in seconds of the steady clock.
   struct Call {

@@ -285,8 +285,6 @@ void Executable::call_kernel(const Graph& g, const Node& n, std::span<const Arra
   kernel(n, in, out, ctx);
   backend_.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
-  const std::string key(ir::op_name(n.op));
-  options_.profile->seconds[key] += std::chrono::duration<double>(t1 - t0).count();
   if (options_.profile->record) {
     auto since = [](auto t) { return std::chrono::duration<double>(t.time_since_epoch()).count(); };
     double bytes = 0;  // a view moves nothing
@@ -294,11 +292,7 @@ void Executable::call_kernel(const Graph& g, const Node& n, std::span<const Arra
     for (const Array& a : out) bytes += ir::is_view(n.op) ? 0 : static_cast<double>(a.type().bytes());
     options_.profile->timeline.push_back({&n, since(t0), since(t1), bytes, ir::flops(g, n)});
   }
-  options_.profile->calls[key] += 1;
-  if (n.op == Op::fusion)  // every op of its body ran once, but what it copies in (ir/fuse.h)
-    for (const Node& m : n.body->nodes) options_.profile->runs_by_origin[m.origin] += !ir::copied_into_fusions(m.op);
-  else
-    options_.profile->runs_by_origin[n.origin] += 1;
+  ir::for_each_op_run(g, n, [&](const Graph&, const Node& m, int64_t runs) { options_.profile->runs_by_origin[m.origin] += runs; });
 }
 
 void Executable::poison(const plan::Plan& p, size_t b, int64_t device_base, int64_t host_base) {

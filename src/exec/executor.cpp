@@ -65,17 +65,6 @@ std::function<int64_t(const ir::Node&, std::span<const ir::Type>)> workspace_of(
   return [&backend](const ir::Node& n, std::span<const ir::Type> in) { return backend.workspace_bytes(n, in); };
 }
 
-std::string Profile::table() const {
-  std::vector<std::pair<double, std::string>> rows;
-  double total = 0;
-  for (const auto& [op, s] : seconds) rows.emplace_back(s, op), total += s;
-  std::sort(rows.rbegin(), rows.rend());
-  std::string out = fmt::format("{:<22} {:>10} {:>7} {:>9}\n", "op", "seconds", "share", "calls");
-  for (const auto& [s, op] : rows)
-    out += fmt::format("{:<22} {:>10.3f} {:>6.1f}% {:>9}\n", op, s, 100 * s / total, calls.at(op));
-  return out;
-}
-
 std::string Profile::breakdown(int top) const {
   struct Row {
     double seconds = 0, bytes = 0, flops = 0;

@@ -1,4 +1,4 @@
-// The device mesh of a distributed run (DESIGN §9): one process per rank, launched by Open MPI's mpirun,
+// The device mesh of a distributed run (docs/parallelism.md): one process per rank, launched by Open MPI's mpirun,
 // and named axes whose sizes multiply to the number of processes. Each axis is a communicator over the
 // ranks that differ only in that axis's coordinate (the last axis varies fastest). A group of several axes,
 // named by their names joined with commas in the mesh's order ("data,fsdp"), is the communicator over the

@@ -305,7 +305,6 @@ Tensor matmul(Tensor a, Tensor b) {
   return dot_general(a, b, DotDims{{r - 1}, {r - 2}, batch, batch});
 }
 
-Tensor relu(Tensor x) { return max(x, zeros_like(x)); }
 Tensor silu(Tensor x) { return x * logistic(x); }
 Tensor square(Tensor x) { return x * x; }
 

@@ -181,7 +181,6 @@ Tensor scalar(Builder& b, DType dtype, double value);           // rank-0 consta
 Tensor broadcast_to(Tensor x, const Shape& shape);              // numpy rules, trailing alignment
 Tensor zeros_like(Tensor x);
 Tensor matmul(Tensor a, Tensor b);       // a: (..., M, K), b: (K, N) or same-batch (..., K, N)
-Tensor relu(Tensor x);
 Tensor silu(Tensor x);
 Tensor square(Tensor x);
 Tensor mean(Tensor x, const IntList& axes);

@@ -1,4 +1,4 @@
-// The cost model of the op table: floating-point operations of a node (DESIGN §2). dot_general counts
+// The cost model of the op table: floating-point operations of a node. dot_general counts
 // 2 per multiply-add; elementwise ops and reductions one per element; data movement none. Scan and remat
 // count their bodies (scan times its length).
 #pragma once

@@ -1,4 +1,4 @@
-// The IR's data structures: types, attributes, nodes and graphs (DESIGN §2).
+// The IR's data structures: types, attributes, nodes and graphs.
 // Invariants (checked by verify()):
 //  - A Graph is closed: nodes read only its params and outputs of earlier nodes (topological order).
 //  - Every ValueId is defined exactly once, and `types[id]` is its type.

@@ -1,6 +1,6 @@
-// Public header of the IR stage (DESIGN §2): graph data structures, the op table, tracing, text form,
-// verification, dead code elimination and the graph passes (inlining remat regions, sinking converts
-// into scans, fusion). Everything downstream includes only this.
+// Public header of the IR stage (docs/design.md, "The stages"): graph data structures, the op table, tracing,
+// text form, verification, dead code elimination and the graph passes (inlining remat regions, sinking converts
+// into scans, finite checks, fusion). Everything downstream includes only this.
 #pragma once
 
 #include "base/check.h"

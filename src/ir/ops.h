@@ -1,57 +1,9 @@
-// The op table: one X-macro row per op, X(enumerator, arity). Arity -1 means variadic.
-// Every stage keeps one function per row (shape rule in ir/, VJP in autodiff/, kernel in exec/), built
-// from this list, so a missing rule is a link error that names the op.
-// Primitive semantics follow jax.lax (see DESIGN §2); `full` makes a constant of a shape, `name` is the
-// identity that carries a checkpoint name, `scan` is lax.scan with a closed body graph, `remat` is
-// jax.checkpoint: a call of its body graph whose residuals its `policy` attribute decides (see remat/).
-// `offload` copies a value to host memory and `reload` brings it back; the remat pass inserts them.
-// `convert_group` converts several arrays to one dtype into a single allocation: its outputs live and
-// die together (a layer's compute copy of its weights as one buffer, like jmp's cast_to_compute of a
-// layer's parameters or FSDP's flat parameter); the planner keeps it whole.
-// `check_finite` is the identity that fails the run, naming its scope, when its operand holds a NaN or an
-// infinity (jax_debug_nans as an op); it is effectful: never removed, never reordered against another
-// effectful op.
-// `all_reduce` sums its operand over the `ranks` processes of mesh axis `axis` (psum): every rank gets the
-// same bits, the sum taken in rank order whatever the MPI library does (exec/mesh.h). `all_gather`
-// concatenates the ranks' operands along dimension `dim` in rank order; `reduce_scatter` sums them (in rank
-// order) and keeps the rank's block of dimension `dim` (psum_scatter). `axis` may name a group of mesh axes
-// ("data,fsdp"); all_gather and reduce_scatter then have `parts` blocks, those of the group's last axis, and
-// either may carry `dtype`, converting before it communicates (all_gather: FSDP's cast before the gather) or
-// summing in it (reduce_scatter). Collectives are effectful, so every rank issues them in the same order.
-// Point to point along a mesh axis (the pipeline's `stage`): `send` starts sending its operand to the rank at
-// coordinate `peer` with message kind `tag` and returns it (a view: the buffer stays untouched); `send_done`
-// (of a send's result) waits until that send completed, so the buffer lives until then. `recv` waits for the
-// next message of kind `tag` from `peer` (of its `dtype` and `shape`): messages of one kind between two ranks
-// arrive in the order they were sent. All three are effectful, so they run in the order traced.
-// Fused ops of the optimizer, so that it needs no full-size temporaries (each gives the same bits as the
-// primitives it replaces): `sum_of_squares` (x[, d]) is reduce_sum(x * x) over `axes` (the square rounded to x's
-// dtype, summed as reduce_sum sums), of x / d with a divisor d (an f32 scalar: the loss scale; the quotient in
-// x's compute type, rounded to x's dtype); `adamw` (p, m, v, g, scale, lr, bias1, bias2[, finite[, loss_scale]])
-// is AdamW's update of one parameter with hyper-parameters b1, b2, eps, weight_decay: g' = (g / loss_scale)·scale
-// (the quotient rounded as sum_of_squares rounds it), m' = b1·m + (1−b1)·g',
-// v' = b2·v + (1−b2)·g'², p' = (p − p·(lr·wd)) − (m'/bias1) / (√(v'/bias2) + eps)·lr, each operation rounded to
-// p's dtype in that order; with `finite` false it returns p, m, v unchanged. It is elementwise, so its three
-// results may be written in place into p, m and v (the planner's donation).
-// `attention` (q [B,T,H,Dh], k and v [B,S,KV,Dh], KV dividing H: grouped-query) is flash attention: softmax(q·kᵀ
-// · scale, causal when `causal`) · v with an online softmax over blocks of keys, in f32 (f64 for f64 operands),
-// returning the context [B,T,H,Dh] in q's dtype and the per-row log-sum-exp [B,H,T] (f32; f64 for f64) — no score-sized
-// array exists. `attention_grad` (q, k, v, context, lse, d context) gives dq, dk, dv, recomputing the scores
-// block by block from the log-sum-exp; it is attention's VJP and is not differentiable itself.
-// `softmax` (x) is the softmax over x's last axis — exp(x − max) / Σ exp(x − max), in f32 (f64 for f64 x) — with
-// its result in `dtype` (attention's probabilities straight in the matmul's dtype: no f32 copy); a row all −inf
-// gives NaN, as the primitives do. `softmax_grad` (x, g) is its VJP from its input: the row's probabilities
-// recomputed as softmax computes them, then p·(g − Σ g·p) in x's dtype; g (the probabilities' cotangent, in their
-// dtype) is read as it is, so a bf16 cotangent never becomes an f32 array. The max is held constant, as
-// jax.nn.softmax's stop_gradient does (its cotangent would be zero up to rounding). Not differentiable itself.
-// `log_softmax` (x) is (x − max) − log Σ exp(x − max) over x's last axis, in f32 (f64 for f64 x), its result in x's
-// dtype (the loss's log-probabilities: one pass, no exp array). `log_softmax_grad` (y, g) is its VJP from its
-// result y: g − exp(y)·Σ g, in y's dtype (the max held constant as for softmax; in bf16 or f16, exp(y) inherits y's
-// rounding: a relative error up to |y|·2⁻⁹ in p, at most 2⁻⁹/e of |Σ g| in dx). Not differentiable itself.
-// `fusion` runs its body graph as one kernel over tiles of its results (the fusion pass, ir/fuse.h, makes it
-// after autodiff and remat): the body holds elementwise ops of one shape, the shape of every result, broadcasts
-// of its params to that shape, and iotas and fulls of it; no intermediate, broadcast or constant is stored whole.
+// The op table: one X-macro row per op. Every stage keeps one function per row (shape rule in ir/, VJP in
+// autodiff/, kernel in exec/), built from this list, so a missing rule is a link error that names the op.
+// Primitive semantics follow jax.lax; what an op adds to lax, or an op lax lacks, is said beside its row.
 //
 // Each row answers, for every stage that reads it: X(op, arity, class, effects, cost)
+//   arity   the number of operands; -1: variadic
 //   class   what the op is: elementwise (element i of the result from element i of each operand),
 //           view (the result is its operand's storage, retyped: no buffer of its own), layout (moves or
 //           replicates data), contraction, reduction, constant, group, transfer (between memory spaces),
@@ -61,9 +13,7 @@
 //   cost    FLOPs (ir/cost.h): none, per_output (one per result element), per_input (one per operand
 //           element), per_update (one per element of operand 2), contraction (2·M·N·K), attention (its
 //           matmuls over the (query, key) pairs it visits: 4·Dh per pair forward, 10·Dh backward), softmax (per
-//           element: 5 forward — max, subtract, exp, sum, divide — and 9 backward: those, g·p summed, g − Σ, times p;
-//           log_softmax 5 — max, subtract, exp, sum, subtract the log — and 4 backward: Σ g, exp, times, subtract),
-//           body (its graph)
+//           element, the counts beside its rows), body (its graph)
 // Every column must be answered: a row with a missing one does not compile.
 #pragma once
 
@@ -73,61 +23,109 @@
 
 namespace remat::ir {
 
-#define REMAT_OPS(X)                                                          \
-  X(dot_general, 2, contraction, pure, contraction)                           \
-  X(attention, 3, contraction, pure, attention)                               \
-  X(attention_grad, 6, contraction, pure, attention)                          \
-  X(add, 2, elementwise, pure, per_output)                                    \
-  X(sub, 2, elementwise, pure, per_output)                                    \
-  X(mul, 2, elementwise, pure, per_output)                                    \
-  X(div, 2, elementwise, pure, per_output)                                    \
-  X(max, 2, elementwise, pure, per_output)                                    \
-  X(min, 2, elementwise, pure, per_output)                                    \
-  X(pow, 2, elementwise, pure, per_output)                                    \
-  X(neg, 1, elementwise, pure, per_output)                                    \
-  X(exp, 1, elementwise, pure, per_output)                                    \
-  X(log, 1, elementwise, pure, per_output)                                    \
-  X(tanh, 1, elementwise, pure, per_output)                                   \
-  X(logistic, 1, elementwise, pure, per_output)                               \
-  X(sqrt, 1, elementwise, pure, per_output)                                   \
-  X(rsqrt, 1, elementwise, pure, per_output)                                  \
-  X(sin, 1, elementwise, pure, per_output)                                    \
-  X(cos, 1, elementwise, pure, per_output)                                    \
-  X(compare, 2, elementwise, pure, per_output)                                \
-  X(select, 3, elementwise, pure, per_output)                                 \
-  X(adamw, -1, elementwise, pure, per_output)                                 \
-  X(broadcast_in_dim, 1, layout, pure, none)                                  \
-  X(reshape, 1, view, pure, none)                                             \
-  X(transpose, 1, layout, pure, none)                                         \
-  X(slice, 1, layout, pure, none)                                             \
-  X(dynamic_slice, -1, layout, pure, none)                                    \
-  X(dynamic_update_slice, -1, layout, pure, none)                             \
-  X(concatenate, -1, layout, pure, none)                                      \
-  X(reduce_sum, 1, reduction, pure, per_input)                                \
-  X(reduce_max, 1, reduction, pure, per_input)                                \
-  X(sum_of_squares, -1, reduction, pure, per_input)                            \
-  X(softmax, 1, reduction, pure, softmax)                                     \
-  X(softmax_grad, 2, reduction, pure, softmax)                                \
-  X(log_softmax, 1, reduction, pure, softmax)                                 \
-  X(log_softmax_grad, 2, reduction, pure, softmax)                            \
-  X(convert_element_type, 1, elementwise, pure, none)                         \
-  X(convert_group, -1, group, pure, none)                                     \
-  X(iota, 0, constant, pure, none)                                            \
-  X(full, 0, constant, pure, none)                                            \
-  X(gather, 2, layout, pure, none)                                            \
-  X(scatter_add, 3, layout, pure, per_update)                                 \
-  X(name, 1, view, pure, none)                                                \
-  X(check_finite, 1, view, effectful, none)                                   \
-  X(offload, 1, transfer, pure, none)                                         \
-  X(reload, 1, transfer, pure, none)                                          \
-  X(all_reduce, 1, collective, effectful, per_input)                          \
-  X(all_gather, 1, collective, effectful, none)                               \
-  X(reduce_scatter, 1, collective, effectful, per_input)                      \
-  X(send, 1, view, effectful, none)                                           \
-  X(send_done, 1, view, effectful, none)                                      \
-  X(recv, 0, constant, effectful, none)                                       \
-  X(scan, -1, region, pure, body)                                             \
-  X(remat, -1, region, pure, body)                                            \
+#define REMAT_OPS(X)                                                                                                 \
+  X(dot_general, 2, contraction, pure, contraction)                                                                  \
+  /* flash attention, (q [B,T,H,Dh], k and v [B,S,KV,Dh], KV dividing H: grouped-query) -> (context [B,T,H,Dh] in */ \
+  /* q's dtype, per-row log-sum-exp [B,H,T] f32): softmax(q·kᵀ·scale, causal when `causal`)·v by an online */        \
+  /* softmax over blocks of keys, in f32 (f64 for f64 operands, lse too); no score-sized array exists */             \
+  X(attention, 3, contraction, pure, attention)                                                                      \
+  /* (q, k, v, context, lse, d context) -> dq, dk, dv, the scores recomputed block by block from the log-sum-exp: */ \
+  /* attention's VJP, not differentiable itself */                                                                   \
+  X(attention_grad, 6, contraction, pure, attention)                                                                 \
+  X(add, 2, elementwise, pure, per_output)                                                                           \
+  X(sub, 2, elementwise, pure, per_output)                                                                           \
+  X(mul, 2, elementwise, pure, per_output)                                                                           \
+  X(div, 2, elementwise, pure, per_output)                                                                           \
+  X(max, 2, elementwise, pure, per_output)                                                                           \
+  X(min, 2, elementwise, pure, per_output)                                                                           \
+  X(pow, 2, elementwise, pure, per_output)                                                                           \
+  X(neg, 1, elementwise, pure, per_output)                                                                           \
+  X(exp, 1, elementwise, pure, per_output)                                                                           \
+  X(log, 1, elementwise, pure, per_output)                                                                           \
+  X(tanh, 1, elementwise, pure, per_output)                                                                          \
+  X(logistic, 1, elementwise, pure, per_output)                                                                      \
+  X(sqrt, 1, elementwise, pure, per_output)                                                                          \
+  X(rsqrt, 1, elementwise, pure, per_output)                                                                         \
+  X(sin, 1, elementwise, pure, per_output)                                                                           \
+  X(cos, 1, elementwise, pure, per_output)                                                                           \
+  X(compare, 2, elementwise, pure, per_output)                                                                       \
+  X(select, 3, elementwise, pure, per_output)                                                                        \
+  /* The optimizer's fused ops need no full-size temporaries and give the bits of the primitives they replace. */    \
+  /* adamw (p, m, v, g, scale, lr, bias1, bias2[, finite[, loss_scale]]), attributes b1, b2, eps, weight_decay: */   \
+  /* g' = (g / loss_scale)·scale (the quotient rounded as sum_of_squares rounds it), m' = b1·m + (1−b1)·g', v' = */  \
+  /* b2·v + (1−b2)·g'², p' = (p − p·(lr·wd)) − (m'/bias1) / (√(v'/bias2) + eps)·lr, each operation rounded to p's */ \
+  /* dtype in that order; `finite` false returns p, m, v unchanged; elementwise: written over p, m, v (donation) */  \
+  X(adamw, -1, elementwise, pure, per_output)                                                                        \
+  X(broadcast_in_dim, 1, layout, pure, none)                                                                         \
+  X(reshape, 1, view, pure, none)                                                                                    \
+  X(transpose, 1, layout, pure, none)                                                                                \
+  X(slice, 1, layout, pure, none)                                                                                    \
+  X(dynamic_slice, -1, layout, pure, none)                                                                           \
+  X(dynamic_update_slice, -1, layout, pure, none)                                                                    \
+  X(concatenate, -1, layout, pure, none)                                                                             \
+  X(reduce_sum, 1, reduction, pure, per_input)                                                                       \
+  X(reduce_max, 1, reduction, pure, per_input)                                                                       \
+  /* (x[, d]): reduce_sum(x·x) over `axes`, the square rounded to x's dtype and summed as reduce_sum sums; with d */ \
+  /* (an f32 scalar: the loss scale) of x / d, the quotient in x's compute type rounded to x's dtype */              \
+  X(sum_of_squares, -1, reduction, pure, per_input)                                                                  \
+  /* (x): exp(x − max) / Σ exp(x − max) over the last axis in f32 (f64 for f64 x), the result in `dtype` */          \
+  /* (attention's probabilities straight in the matmul's dtype); a row all −inf gives NaN, as the primitives do. */  \
+  /* 5 flops per element: max, subtract, exp, sum, divide */                                                         \
+  X(softmax, 1, reduction, pure, softmax)                                                                            \
+  /* (x, g): softmax's VJP from its input, p recomputed as softmax computes it, then p·(g − Σ g·p) in x's dtype; */  \
+  /* g (in the probabilities' dtype) read as it is: no f32 copy of a bf16 cotangent. The max held constant, as */    \
+  /* jax.nn.softmax's stop_gradient (its cotangent is zero up to rounding). Not differentiable. 9 flops per */       \
+  /* element: softmax's 5, g·p summed, g − Σ, times p */                                                             \
+  X(softmax_grad, 2, reduction, pure, softmax)                                                                       \
+  /* (x): (x − max) − log Σ exp(x − max) over the last axis in f32 (f64 for f64 x), the result in x's dtype (the */  \
+  /* loss's log-probabilities: one pass, no exp array). 5 flops per element: max, subtract, exp, sum, minus log */   \
+  X(log_softmax, 1, reduction, pure, softmax)                                                                        \
+  /* (y, g): log_softmax's VJP from its result y, g − exp(y)·Σ g in y's dtype (max held constant; in bf16 or f16 */  \
+  /* exp(y) inherits y's rounding: up to |y|·2⁻⁹ relative in p, 2⁻⁹/e of |Σ g| in dx). Not differentiable. 4 */      \
+  /* flops per element: Σ g, exp, times, subtract */                                                                 \
+  X(log_softmax_grad, 2, reduction, pure, softmax)                                                                   \
+  X(convert_element_type, 1, elementwise, pure, none)                                                                \
+  /* several arrays converted to one dtype in one allocation, kept whole by the planner: its outputs live and die */ \
+  /* together (a layer's compute copy of its weights, as jmp's cast_to_compute or FSDP's flat parameter) */          \
+  X(convert_group, -1, group, pure, none)                                                                            \
+  X(iota, 0, constant, pure, none)                                                                                   \
+  /* a constant of a shape */                                                                                        \
+  X(full, 0, constant, pure, none)                                                                                   \
+  X(gather, 2, layout, pure, none)                                                                                   \
+  X(scatter_add, 3, layout, pure, per_update)                                                                        \
+  /* the identity that carries a checkpoint name (`name`) for remat policies */                                      \
+  X(name, 1, view, pure, none)                                                                                       \
+  /* the identity that fails the run, naming its scope, when its operand holds a NaN or an infinity */               \
+  /* (jax_debug_nans as an op); effectful: never removed, never reordered against another effectful op */            \
+  X(check_finite, 1, view, effectful, none)                                                                          \
+  /* offload copies a value to host memory, reload brings it back; the remat VJP (autodiff/) inserts them */         \
+  X(offload, 1, transfer, pure, none)                                                                                \
+  X(reload, 1, transfer, pure, none)                                                                                 \
+  /* Collectives over the `ranks` processes of mesh axis `axis`, or a group of axes ("data,fsdp"); effectful, so */  \
+  /* every rank issues them in the same order. all_reduce (psum): every rank gets the same bits, summed in rank */   \
+  /* order whatever the MPI library does (exec/mesh.h) */                                                            \
+  X(all_reduce, 1, collective, effectful, per_input)                                                                 \
+  /* the ranks' operands concatenated along `dim` in rank order; over a group, in `parts` blocks (those of its */    \
+  /* last axis); `dtype`: converted before it communicates (FSDP's cast before the gather) */                        \
+  X(all_gather, 1, collective, effectful, none)                                                                      \
+  /* psum_scatter: the ranks' operands summed (in rank order), the rank keeping its block of `dim`; `parts` as */    \
+  /* all_gather's; `dtype`: summed in it */                                                                          \
+  X(reduce_scatter, 1, collective, effectful, per_input)                                                             \
+  /* Point to point along a mesh axis (the pipeline's `stage`), effectful, so run in the order traced. send */       \
+  /* starts sending its operand to coordinate `peer` as message kind `tag` and returns it (a view, untouched) */     \
+  X(send, 1, view, effectful, none)                                                                                  \
+  /* (a send's result) waits until that send completed, so the buffer lives until then */                            \
+  X(send_done, 1, view, effectful, none)                                                                             \
+  /* waits for the next message of kind `tag` from `peer` (of its `dtype` and `shape`); messages of one kind */      \
+  /* between two ranks arrive in the order sent */                                                                   \
+  X(recv, 0, constant, effectful, none)                                                                              \
+  /* lax.scan with a closed body graph */                                                                            \
+  X(scan, -1, region, pure, body)                                                                                    \
+  /* jax.checkpoint: a call of its body graph whose residuals its `policy` attribute decides (remat/) */             \
+  X(remat, -1, region, pure, body)                                                                                   \
+  /* its body graph run as one kernel over tiles of its results (made by ir/fuse.h after autodiff and remat): */     \
+  /* elementwise ops of one shape, the shape of every result, broadcasts of its params to it, iotas and fulls of */  \
+  /* it; no intermediate, broadcast or constant is stored whole */                                                   \
   X(fusion, -1, fused, pure, body)
 
 enum class Op : uint8_t {

@@ -1,4 +1,4 @@
-// Text form of the IR (see DESIGN §2 for an example). Deterministic; parse(print(g)) prints identically.
+// Text form of the IR (an example in docs/design.md, "The IR text"). Deterministic; parse(print(g)) prints identically.
 #pragma once
 
 #include "ir/graph.h"

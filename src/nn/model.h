@@ -1,4 +1,4 @@
-// The Llama-style decoder, traced into IR (DESIGN §6; MaxText's parameter and checkpoint names).
+// The Llama-style decoder, traced into IR (MaxText's parameter and checkpoint names).
 //   token embedding -> L x [RMSNorm -> causal GQA self-attention with RoPE -> residual
 //                          -> RMSNorm -> gated MLP (SiLU(x Wi0) * x Wi1) Wo -> residual]
 //   -> RMSNorm -> output projection (untied, or tied to the embedding) -> softmax cross-entropy in f32.

@@ -1,4 +1,4 @@
-// Mixed precision (DESIGN §6): a policy of three dtypes parsed from jmp's grammar, and ComputeContext, the
+// Mixed precision (docs/performance.md, "Mixed precision"): a policy of three dtypes parsed from jmp's grammar, and ComputeContext, the
 // scoped, thread-local bundle of the policy with the device mesh and the logical-to-mesh axis mapping.
 //   "params=float32,compute=bfloat16,output=float32"   keys params|p, compute|c, output|o
 //   "bf16"                                              a bare dtype sets all three

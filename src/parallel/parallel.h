@@ -1,4 +1,4 @@
-// Pipeline schedules as data (DESIGN §7): for each rank of the `stage` mesh axis, the list of actions it runs in
+// Pipeline schedules as data (docs/parallelism.md, "Pipeline parallelism"): for each rank of the `stage` mesh axis, the list of actions it runs in
 // one training step — forward or backward of one microbatch through one of its chunks (virtual stages), and
 // the sends and receives that move activations forward and their gradients back. Generators for GPipe, 1F1B
 // (PipeDream-Flush) and interleaved 1F1B (Megatron's order); a validator; a simulator that runs every rank's

@@ -106,14 +106,7 @@ void assign_offsets(Plan& p, Space space) {
   p.arena[static_cast<int>(space)] = std::min(a, b);
 }
 
-
 }  // namespace
-
-int64_t argument_bytes(const Graph& g) {
-  int64_t total = 0;
-  for (ValueId v : g.params) total += g.type(v).bytes();
-  return total;
-}
 
 Plan build(const Graph& g, const Options& options) {
   Plan p;

@@ -1,4 +1,4 @@
-// Public header of the memory planner (DESIGN §5): from a graph's shapes alone, a schedule, the live
+// Public header of the memory planner (docs/policies.md, "The memory plan"): from a graph's shapes alone, a schedule, the live
 // range of every buffer and its offset in one arena per memory space (device; host for offloaded values),
 // so that the executor allocates each arena once and the planned peak is the real peak.
 //
@@ -78,9 +78,6 @@ struct Options {
 };
 
 Plan build(const ir::Graph& g, const Options& options = {});
-
-// Bytes of the graph's params (the arguments), and of the outputs that are not donated.
-int64_t argument_bytes(const ir::Graph& g);
 
 // The alloc/free event trace of a plan (golden tests): "alloc %v 256 B @0 [node #3 dot_general]" ...
 std::string trace(const Plan& p, const ir::Graph& g);

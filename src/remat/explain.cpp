@@ -7,26 +7,23 @@
 namespace remat::rematerialize {
 namespace {
 
-// Counts executions by origin and the FLOPs of recomputed ops (all, and the contractions': dot_general, attention). A recomputed region's
-// body is marked recomputed too, so its ops are counted there, once. A fusion runs each op of its body but the
-// broadcasts and constants it copies in (as exec::Profile counts).
+// Counts executions by origin (as exec::Profile counts them: ir::for_each_op_run) and the FLOPs of recomputed
+// ops (all, and the contractions': dot_general, attention). A recomputed region's body is marked recomputed too,
+// so its ops are counted there, once; a fusion's ops are recomputed when the fusion is.
 void count_runs(const ir::Graph& g, int64_t times, Explanation& e) {
   for (const ir::Node& n : g.nodes) {
     if (n.op == ir::Op::scan) {
       count_runs(*n.body, times * n.attrs.integer("length"), e);
     } else if (n.op == ir::Op::remat) {
       count_runs(*n.body, times, e);
-    } else if (n.op == ir::Op::fusion) {
-      for (const ir::Node& m : n.body->nodes) {
-        e.runs[m.origin] += ir::copied_into_fusions(m.op) ? 0 : times;
-        if (n.recomputed) e.recompute_flops += static_cast<double>(times) * ir::flops(*n.body, m);
-      }
     } else {
-      e.runs[n.origin] += times;
-      if (!n.recomputed) continue;
-      const double f = static_cast<double>(times) * ir::flops(g, n);
-      e.recompute_flops += f;
-      if (ir::op_traits(n.op).cls == ir::OpClass::contraction) e.recompute_gemm_flops += f;  // dot_general, attention
+      ir::for_each_op_run(g, n, [&](const ir::Graph& holder, const ir::Node& m, int64_t runs) {
+        e.runs[m.origin] += runs * times;
+        if (!n.recomputed) return;
+        const double f = static_cast<double>(times) * ir::flops(holder, m);
+        e.recompute_flops += f;
+        if (ir::op_traits(m.op).cls == ir::OpClass::contraction) e.recompute_gemm_flops += f;  // dot_general, attention
+      });
     }
   }
 }

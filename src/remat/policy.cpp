@@ -10,6 +10,11 @@
 #include <set>
 
 namespace remat::rematerialize {
+
+struct Policy::Regexes {
+  std::regex save, offload;  // matching nothing when their pattern is empty (evaluate skips those)
+};
+
 namespace {
 
 using Kind = Policy::Kind;
@@ -94,14 +99,16 @@ class Parser {
     } else if (t.text == "save_and_offload_only_these_names_regex" || t.text == "_save_and_offload_only_these_names_regex") {
       p.kind = Kind::save_and_offload_regex;  // the underscored spelling: AXLearn's deprecated alias
       keyword_arguments(t.text, true, p);
-      for (const std::string* re : {&p.save_regex, &p.offload_regex}) {
+      auto compiled = std::make_shared<Policy::Regexes>();
+      for (auto [re, into] : {std::pair{&p.save_regex, &compiled->save}, std::pair{&p.offload_regex, &compiled->offload}}) {
         check_regex_size(*re);
         try {
-          std::regex check(*re);
+          *into = std::regex(*re);
         } catch (const std::regex_error& e) {
           CHECK(false, "remat policy '{}': bad regular expression \"{}\": {}", src_, *re, e.what());
         }
       }
+      p.regexes = std::move(compiled);
     } else if (t.text == "save_from_both_policies" || t.text == "combine") {
       p.kind = t.text == "combine" ? Kind::combine : Kind::save_from_both_policies;
       open();
@@ -434,9 +441,10 @@ Verdict evaluate(const Policy& p, const ir::Graph& graph, const ir::Node& produc
       return recompute(named ? fmt::format("{}: '{}' not listed", label, name) : label + ": unnamed");
     }
     case Kind::save_and_offload_regex: {
-      if (named && !p.save_regex.empty() && std::regex_match(name, std::regex(p.save_regex)))
+      ASSERT(p.regexes != nullptr);  // compiled by parse_policy, the one maker of this kind
+      if (named && !p.save_regex.empty() && std::regex_match(name, p.regexes->save))
         return {Residency::save, fmt::format("regex save=\"{}\" matches '{}'", p.save_regex, name)};
-      if (named && !p.offload_regex.empty() && std::regex_match(name, std::regex(p.offload_regex)))
+      if (named && !p.offload_regex.empty() && std::regex_match(name, p.regexes->offload))
         return {Residency::offload, fmt::format("regex offload=\"{}\" matches '{}'", p.offload_regex, name)};
       return recompute(named ? fmt::format("regex: '{}' matches neither", name) : "regex: unnamed");
     }

@@ -1,4 +1,4 @@
-// Remat policies (DESIGN §4): the vocabulary of jax.checkpoint_policies with JAX's exact semantics,
+// Remat policies (docs/policies.md): the vocabulary of jax.checkpoint_policies with JAX's exact semantics,
 // AXLearn's regex policy and checked combinator, and MaxText's presets by name.
 //
 // Policy text (the `policy` attribute of a remat region and the `remat_policy` config key):
@@ -57,6 +57,8 @@ struct Policy {
   std::string text;                                // canonical text, also naming the rule in verdicts
   std::vector<std::string> save_names, offload_names;
   std::string save_regex, offload_regex;
+  struct Regexes;                                  // the two compiled by parse_policy, once (policy.cpp)
+  std::shared_ptr<const Regexes> regexes;          // set for save_and_offload_regex
   std::shared_ptr<const Policy> first, second;     // the combinators' operands
   std::optional<Residency> prefer;                 // combine's tie-break
   std::string preset;                              // the MaxText preset it came from, if any

@@ -1,4 +1,4 @@
-// Public header of the remat stage (DESIGN §4): policies (policy.h), the decider that applies them while
+// Public header of the remat stage (docs/policies.md): policies (policy.h), the decider that applies them while
 // autodiff splits remat regions, lint of policies against a traced model, and `remat explain`.
 //
 //   rematerialize::Decider decider;

@@ -1,4 +1,4 @@
-// Public header of the policy search (`remat_policy: auto`, DESIGN §4): the cheapest placement of the model's
+// Public header of the policy search (`remat_policy: auto`, docs/policies.md): the cheapest placement of the model's
 // checkpoint names — each one recomputed, saved on device or offloaded to host, the space of MaxText's
 // `custom(...)` — whose per-device plan fits the memory limits, proved optimal.
 //

@@ -214,8 +214,9 @@ Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const Gr
   return sq;
 }
 
-// lr(step): linear warmup over warmup_steps, then cosine decay to final_lr_fraction * peak.
-Tensor schedule(Builder& b, const OptimizerConfig& o, Tensor step) {
+}  // namespace
+
+Tensor learning_rate(Builder& b, const OptimizerConfig& o, Tensor step) {
   auto s = b.scope("lr_schedule");
   const double peak = o.learning_rate, low = peak * o.final_lr_fraction;
   const double warm = static_cast<double>(o.warmup_steps);
@@ -225,16 +226,6 @@ Tensor schedule(Builder& b, const OptimizerConfig& o, Tensor step) {
   Tensor progress = min((t + -warm) * (1.0 / decay), scalar(b, DType::f32, 1.0));
   Tensor cosine = (cos(progress * std::numbers::pi) + 1.0) * (0.5 * (peak - low)) + low;
   return select(compare(t, scalar(b, DType::f32, warm), "lt"), warmup, cosine);
-}
-
-}  // namespace
-
-double learning_rate_at(const OptimizerConfig& o, int64_t step) {
-  const double peak = o.learning_rate, low = peak * o.final_lr_fraction;
-  if (step < o.warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(std::max<int64_t>(1, o.warmup_steps));
-  const double decay = static_cast<double>(std::max<int64_t>(1, o.schedule_steps - o.warmup_steps));
-  const double progress = std::min(1.0, static_cast<double>(step - o.warmup_steps) / decay);
-  return low + 0.5 * (peak - low) * (1 + std::cos(std::numbers::pi * progress));
 }
 
 Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider) {
@@ -289,7 +280,7 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
   Tensor norm = sqrt(squared_norm(b, model, reduced, stages, loss_scale));
   Tensor scale = o.clip_norm > 0 ? min(scalar(b, DType::f32, 1.0), scalar(b, DType::f32, o.clip_norm) / (norm + 1e-6))
                                  : scalar(b, DType::f32, 1.0);
-  Tensor lr = schedule(b, o, in.step);
+  Tensor lr = learning_rate(b, o, in.step);
   Tensor t = convert(in.step, DType::f32) + 1.0;
   Tensor bias1 = 1.0 - pow(scalar(b, DType::f32, o.b1), t);
   Tensor bias2 = 1.0 - pow(scalar(b, DType::f32, o.b2), t);

@@ -1,4 +1,4 @@
-// The training step as one graph (DESIGN §1): loss and gradients (accumulated over microbatches by a
+// The training step as one graph (docs/design.md, "The data path"): loss and gradients (accumulated over microbatches by a
 // scan), global-norm clipping, the warmup + cosine learning rate and the AdamW update, so that later
 // passes (remat, planning) see the whole step.
 #pragma once
@@ -109,7 +109,9 @@ Program loss_program(const nn::ModelConfig& model, int64_t batch, int64_t seq);
 // Sampling: (params P..., inputs i32[B,T]) -> `logits` f32[B,T,V].
 Program logits_program(const nn::ModelConfig& model, int64_t batch, int64_t seq);
 
-// The learning rate of update `step` (0-based), the same formula the step graph evaluates.
-double learning_rate_at(const OptimizerConfig& opt, int64_t step);
+// The learning rate of update `step` (an integer scalar, 0-based) as the step graph traces it, an f32 scalar:
+// linear warmup over warmup_steps up to the peak, then cosine decay to final_lr_fraction · peak at
+// schedule_steps, flat after.
+ir::Tensor learning_rate(ir::Builder& b, const OptimizerConfig& opt, ir::Tensor step);
 
 }  // namespace remat::train

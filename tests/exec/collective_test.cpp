@@ -161,5 +161,37 @@ TEST(Collectives, GroupCollectivesSpanDataAndFsdp) {
   for (int64_t i = 0; i < 5; ++i) ASSERT_EQ(summed.get(i), rank_order_sum(DType::f32, i, kGroup)) << i;
 }
 
+// One check (axis_of, exec/kernels/kernels.h) guards every kernel that runs along a mesh axis: a collective and the
+// messages alike fail on a mesh whose axis has other ranks than they were compiled for, naming the op, its scope
+// and the axis; without a mesh a collective says to run under mpirun. In one process, without mpirun.
+TEST(MeshAxisCheck, CollectivesAndMessagesFailAlikeOffTheirMesh) {
+  auto error = [](const exec::Mesh* mesh, const std::function<ir::Tensor(ir::Builder&, ir::Tensor)>& op) {
+    ir::Graph g;
+    ir::Builder b(g);
+    const ir::Type t{DType::f32, {4}};
+    ir::Tensor x = b.param("x", t);
+    {
+      auto s = b.scope("stage0");
+      b.result(op(b, x));
+    }
+    try {
+      exec::run(g, std::vector<exec::Array>{exec::Array(t)}, {.mesh = mesh});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto all_reduce = [](ir::Builder&, ir::Tensor x) { return ir::all_reduce(x, "data", 2); };
+  auto send = [](ir::Builder&, ir::Tensor x) { return ir::send_done(ir::send(x, "data", 2, 1, 0)); };
+  auto recv = [](ir::Builder& b, ir::Tensor x) { return x + ir::recv(b, x.type(), "data", 2, 1, 0); };
+  const exec::Mesh one({{"data", 1}});
+  const std::string wrong = " (scope 'stage0') was compiled for 2 ranks along 'data', the mesh has 1";
+  EXPECT_NE(error(&one, all_reduce).find("all_reduce" + wrong), std::string::npos) << error(&one, all_reduce);
+  EXPECT_NE(error(&one, send).find("send" + wrong), std::string::npos) << error(&one, send);
+  EXPECT_NE(error(&one, recv).find("recv" + wrong), std::string::npos) << error(&one, recv);
+  const std::string none = " along mesh axis 'data' (scope 'stage0') needs a mesh: run under mpirun";
+  EXPECT_NE(error(nullptr, all_reduce).find("all_reduce" + none), std::string::npos) << error(nullptr, all_reduce);
+}
+
 }  // namespace
 }  // namespace remat

@@ -22,17 +22,6 @@ namespace {
 int64_t start(int64_t n, int64_t ranks, int64_t i) { return n * i / ranks; }
 int64_t largest_chunk(int64_t n, int64_t ranks) { return (n + ranks - 1) / ranks; }
 
-// The mesh axis a collective runs over, checked against what it was compiled for.
-const MeshAxis& axis_of(const ir::Node& n, const KernelContext& ctx) {
-  const std::string& name = n.attrs.str("axis");
-  CHECK(ctx.options.mesh != nullptr, "{} over mesh axis '{}' (scope '{}') needs a mesh: run under mpirun", ir::op_name(n.op),
-        name, n.scope);
-  const MeshAxis& axis = ctx.options.mesh->axis(name);
-  CHECK(axis.size == n.attrs.integer("ranks"), "{} (scope '{}') was compiled for {} ranks along '{}', the mesh has {}",
-        ir::op_name(n.op), n.scope, n.attrs.integer("ranks"), name, axis.size);
-  return axis;
-}
-
 // The last axis of a collective's axis or group ("data,fsdp" -> "fsdp"): its coordinate numbers the blocks
 // of all_gather and reduce_scatter, and it has `parts` ranks.
 const MeshAxis& last_axis_of(const ir::Node& n, const KernelContext& ctx, int64_t parts) {
@@ -117,6 +106,16 @@ void sum_in_rank_order(const ir::Node& n, DType part_dtype, const std::byte* par
 }
 
 }  // namespace
+
+const MeshAxis& axis_of(const ir::Node& n, const KernelContext& ctx) {
+  const std::string& name = n.attrs.str("axis");
+  CHECK(ctx.options.mesh != nullptr, "{} along mesh axis '{}' (scope '{}') needs a mesh: run under mpirun",
+        ir::op_name(n.op), name, n.scope);
+  const MeshAxis& axis = ctx.options.mesh->axis(name);
+  CHECK(axis.size == n.attrs.integer("ranks"), "{} (scope '{}') was compiled for {} ranks along '{}', the mesh has {}",
+        ir::op_name(n.op), n.scope, n.attrs.integer("ranks"), name, axis.size);
+  return axis;
+}
 
 int64_t workspace_all_reduce(const ir::Node& n, std::span<const ir::Type> in) {
   const int64_t ranks = n.attrs.integer("ranks");

@@ -15,6 +15,8 @@
 
 namespace remat::exec {
 
+struct MeshAxis;  // exec/mesh.h
+
 // REMAT_KERNEL_OR(cls, K, R)(op) is K(op) for the op classes that have a kernel and R(op) for the ops with
 // a body (run by the executor itself); K and R are macro names.
 #define REMAT_KERNEL_OR(cls, kernel, region) REMAT_KERNEL_OR_##cls(kernel, region)
@@ -107,6 +109,10 @@ int64_t workspace_fusion(const ir::Node& n, std::span<const ir::Type> in);  // p
 int64_t workspace_all_reduce(const ir::Node& n, std::span<const ir::Type> in);  // every rank's copy of a chunk
 int64_t workspace_all_gather(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_reduce_scatter(const ir::Node& n, std::span<const ir::Type> in);
+
+// The mesh axis (or group) a collective or point-to-point kernel runs along, its `axis` attribute: CHECKs that
+// the run has a mesh and that the axis has the `ranks` the node was compiled for (collective.cpp).
+const MeshAxis& axis_of(const ir::Node& n, const KernelContext& ctx);
 
 // Carves `bytes` off the front of a kernel's workspace; the next piece starts 64 bytes aligned. A kernel
 // asks for its pieces rounded up with aligned64, except the last, so that the plan (and, with separate
