@@ -81,14 +81,19 @@ TEST(Passes, UnknownDumpNameListsThePasses) {
   EXPECT_NO_THROW(check_pass_name("fuse"));
 }
 
-// Every pass compile() runs leaves a graph ir::verify accepts, on each kind of program of the tiny model.
+// Every pass compile() runs leaves a graph ir::verify accepts, on each kind of program of the tiny model:
+// bf16 with its converts, f16 with loss scaling, offloaded residuals, FSDP's collectives, a pipeline's messages.
 TEST(Passes, CompileVerifiesEveryPassOfTheTinyModel) {
-  const cli::Config c = cli::load_config("", {"base_num_decoder_layers=2", "dtype=bfloat16"});
-  const trainer::RunConfig& run = c.run;
-  for (Kind kind : {Kind::train_step, Kind::grads, Kind::loss, Kind::logits})
-    for (bool check_finite : {false, true})
-      EXPECT_NO_THROW(compile({.model = run.model, .shape = run.shape, .optimizer = run.optimizer, .kind = kind,
-                               .check_finite = check_finite, .verify_passes = true}));
+  for (const char* keys : {"dtype=bfloat16", "dtype=float16", "remat_policy=minimal_offloaded", "ici_fsdp_parallelism=2"}) {
+    const cli::Config c = cli::load_config("", {"base_num_decoder_layers=2", keys});
+    nn::ModelConfig model = c.run.model;  // one rank's, as `remat plan` compiles it
+    model.mesh = trainer::mesh_of(c.run, 0);
+    for (Kind kind : {Kind::train_step, Kind::grads, Kind::loss, Kind::logits})
+      for (bool check_finite : {false, true})
+        EXPECT_NO_THROW(compile({.model = model, .shape = c.run.shape, .optimizer = c.run.optimizer, .kind = kind,
+                                 .check_finite = check_finite, .verify_passes = true}))
+            << keys;
+  }
   const cli::Config p = cli::load_config("", {"base_num_decoder_layers=2", "ici_pipeline_parallelism=2"});
   const parallel::Schedule s = trainer::pipeline_schedule(p.run);
   nn::ModelConfig model = p.run.model;  // one rank's, as `remat plan` compiles it
