@@ -17,7 +17,7 @@ std::string explain_report(const Config& config, bool json) {
       {.model = run.model, .shape = pipeline ? trainer::pipeline_step_shape(run, *pipeline) : run.shape,
        .optimizer = run.optimizer, .kind = pipeline ? compile::Kind::train_step : compile::Kind::grads,
        .allow_unmatched = run.remat_allow_unmatched, .pipeline = pipeline ? &*pipeline : nullptr,
-       .fuse = run.fusion});
+       .fuse = run.fusion, .dump_ir_after = run.dump_ir_after});
   const std::vector<std::string>& warnings = grads.warnings;
   const rematerialize::Explanation& e = grads.explanation;
   if (json) {

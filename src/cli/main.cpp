@@ -3,10 +3,12 @@
 //   remat explain [CONFIG.yml] [key=value ...] [--json]   every residual of the step and its remat decision
 //   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg] [--frontier FILE.svg]   the memory plan of the step
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
+// train, explain and plan also take --dump-ir=PASS: every program they compile, printed after that pass.
 #include "cli/commands.h"
 #include "cli/config.h"
 
 #include "base/check.h"
+#include "compile/passes.h"
 #include "exec/mesh.h"
 
 #include <CLI/CLI.hpp>
@@ -19,19 +21,23 @@
 
 namespace {
 
-// Splits positional arguments into an optional leading config file and key=value overrides.
-remat::cli::Config config_from(const std::vector<std::string>& args) {
+// Splits positional arguments into an optional leading config file and key=value overrides; `dump_ir`: the
+// --dump-ir flag.
+remat::cli::Config config_from(const std::vector<std::string>& args, const std::string& dump_ir) {
   std::string base;
   std::vector<std::string> overrides = args;
   if (!overrides.empty() && overrides[0].find('=') == std::string::npos) {
     base = overrides[0];
     overrides.erase(overrides.begin());
   }
-  return remat::cli::load_config(base, overrides);
+  remat::compile::check_pass_name(dump_ir);
+  remat::cli::Config config = remat::cli::load_config(base, overrides);
+  config.run.dump_ir_after = dump_ir;
+  return config;
 }
 
-int train_command(const std::vector<std::string>& args) {
-  remat::cli::Config config = config_from(args);
+int train_command(const std::vector<std::string>& args, const std::string& dump_ir) {
+  remat::cli::Config config = config_from(args, dump_ir);
   remat::cli::require_auto_fits(config);
   remat::trainer::RunResult r = remat::trainer::run(config.run);
   fmt::print("final: train loss {:.4f}, validation loss {:.4f} nats/byte\n", r.train_loss, r.validation_loss);
@@ -43,15 +49,24 @@ int train_command(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   CLI::App app{"remat: transformer training with activation memory under exact control"};
   app.require_subcommand(1);
+  // --dump-ir=PASS on train, explain and plan: every program they compile is printed after that pass.
+  std::string dump_ir;
+  std::string pass_names;
+  for (const remat::compile::Pass& p : remat::compile::passes()) pass_names += fmt::format(" {}", p.name);
+  auto add_dump_ir = [&](CLI::App* command) {
+    command->add_option("--dump-ir", dump_ir, "print the IR of every program compiled after this pass, one of:" + pass_names);
+  };
   std::vector<std::string> train_args;
   CLI::App* train_cmd = app.add_subcommand("train", "train the configured decoder: remat train [CONFIG.yml] [key=value ...]");
   train_cmd->add_option("args", train_args, "an optional base config file, then key=value overrides");
+  add_dump_ir(train_cmd);
   std::vector<std::string> explain_args;
   bool explain_json = false;
   CLI::App* explain_cmd =
       app.add_subcommand("explain", "every residual of the training step and its remat decision: remat explain [CONFIG.yml] [key=value ...]");
   explain_cmd->add_option("args", explain_args, "an optional base config file, then key=value overrides");
   explain_cmd->add_flag("--json", explain_json, "machine-readable output");
+  add_dump_ir(explain_cmd);
   std::vector<std::string> plan_args;
   bool plan_json = false;
   std::string timeline;
@@ -59,6 +74,7 @@ int main(int argc, char** argv) {
       "plan", "the memory plan of the training step, from shapes alone: remat plan [CONFIG.yml] [key=value ...]");
   plan_cmd->add_option("args", plan_args, "an optional base config file, then key=value overrides");
   plan_cmd->add_flag("--json", plan_json, "machine-readable output");
+  add_dump_ir(plan_cmd);
   plan_cmd->add_option("--timeline", timeline, "write an SVG of live bytes over the schedule to this file");
   std::string frontier;
   plan_cmd->add_option("--frontier", frontier,
@@ -73,9 +89,9 @@ int main(int argc, char** argv) {
   // the places naming their path do not catch (a file-system call, a JSON text, memory).
   std::string error;
   try {
-    if (train_cmd->parsed()) return train_command(train_args);
-    if (plan_cmd->parsed()) return remat::cli::run_plan(config_from(plan_args), plan_json, timeline, frontier);
-    if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args), explain_json);
+    if (train_cmd->parsed()) return train_command(train_args, dump_ir);
+    if (plan_cmd->parsed()) return remat::cli::run_plan(config_from(plan_args, dump_ir), plan_json, timeline, frontier);
+    if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args, dump_ir), explain_json);
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
     return 0;
   } catch (const remat::Error& e) {

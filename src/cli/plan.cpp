@@ -66,7 +66,7 @@ std::string pipeline_report(const Config& config, bool json, const std::string& 
   for (int64_t r = 0; r < s.shape.stages; ++r) {
     const compile::Compiled step = compile::compile({.model = model, .shape = shape, .optimizer = run.optimizer,
                                                      .allow_unmatched = run.remat_allow_unmatched, .pipeline = &s,
-                                                     .stage = r, .fuse = run.fusion});
+                                                     .stage = r, .fuse = run.fusion, .dump_ir_after = run.dump_ir_after});
     plan::ReportOptions o;
     o.title = fmt::format("pipeline rank {}", r);
     o.limit = limit;
@@ -139,7 +139,8 @@ std::string plan_report(const Config& config, bool json, const std::string& time
   model.mesh = trainer::mesh_of(run, 0);
   const int64_t devices = model.mesh.ranks(), fsdp = model.mesh.size("fsdp");
   compile::Compiled step = compile::compile({.model = model, .shape = run.shape, .optimizer = run.optimizer,
-                                             .allow_unmatched = run.remat_allow_unmatched, .fuse = run.fusion});
+                                             .allow_unmatched = run.remat_allow_unmatched, .fuse = run.fusion,
+                                             .dump_ir_after = run.dump_ir_after});
   const rematerialize::Explanation& e = step.explanation;
   plan::ReportOptions o;
   const double params = static_cast<double>(nn::param_count(run.model));

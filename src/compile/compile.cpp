@@ -3,6 +3,7 @@
 namespace remat::compile {
 
 Compiled compile(const Request& r) {
+  check_pass_name(r.dump_ir_after);
   Compiled c;
   train::Program traced;
   if (r.kind == Kind::train_step || r.kind == Kind::grads) {  // differentiated: remat regions are split
@@ -33,12 +34,13 @@ Compiled compile(const Request& r) {
                                     : train::logits_program(r.model, r.shape.batch, r.shape.seq);
   }
   if (!r.plan) return c;
-  ir::inline_remat_regions(traced.graph);
-  if (r.check_finite) ir::insert_finite_checks(traced.graph);
-  if (r.fuse) {
-    ir::fuse(traced.graph);
-    if (!c.explanation.runs.empty()) c.explanation.runs = rematerialize::runs_per_step(traced.graph);  // as they run
+  std::vector<Pass> list;  // compile::passes() but those the request turns off
+  for (const Pass& p : passes()) {
+    const bool off = (p.run == ir::insert_finite_checks && !r.check_finite) || (p.run == ir::fuse && !r.fuse);
+    if (!off) list.push_back(p);
   }
+  run_passes(traced.graph, list, {.verify = r.verify_passes, .dump_after = r.dump_ir_after});
+  if (r.fuse && !c.explanation.runs.empty()) c.explanation.runs = rematerialize::runs_per_step(traced.graph);  // as they run
   // The debugging form donates nothing: its checked results are views, and its arguments stay as they were.
   const std::vector<std::pair<int, int>> donate = r.check_finite ? std::vector<std::pair<int, int>>{} : traced.signature.updates();
   c.plan = plan::build(traced.graph, {.donate = donate, .workspace = exec::workspace_of(*r.backend)});

@@ -1,15 +1,16 @@
-// Public header of the compile stage (DESIGN §1): the one call that turns a model, a batch shape and an
+// Public header of the compile stage (docs/design.md, "The stages, in pipeline order"): the one call that turns a model, a batch shape and an
 // optimizer into a program ready to run. It traces the model, lints the remat policy against it,
 // differentiates (the policy's decider splitting every remat region), records the residual explanation,
-// runs the IR passes (remat regions inlined, fusion) and plans the memory of every buffer, kernel workspace
-// included. `remat train`, `remat plan`, `remat explain` and every later caller (policy search,
-// distributed runner, checkpoints) go through it; nothing else assembles step graphs.
+// runs the IR passes (compile/passes.h: remat regions inlined, finite checks, fusion) and plans the memory
+// of every buffer, kernel workspace included. `remat train`, `remat plan`, `remat explain` and every later
+// caller (policy search, distributed runner, checkpoints) go through it; nothing else assembles step graphs.
 //
 //   compile::Compiled step = compile::compile({.model = m, .shape = s, .optimizer = o});
 //   exec::Executable run(step.program, step.plan);
 //   fmt::print("{}", step.explanation.text());
 #pragma once
 
+#include "compile/passes.h"
 #include "exec/exec.h"
 #include "plan/plan.h"
 #include "remat/remat.h"
@@ -51,6 +52,10 @@ struct Request {
   // Fuse elementwise chains and the broadcasts they read (ir::fuse) before planning; false: every op its own
   // kernel and buffer (the `fusion` config key; the same bits either way).
   bool fuse = true;
+  // ir::verify after every pass (run_passes; on by default in debug and sanitizer builds).
+  bool verify_passes = kVerifyPasses;
+  // A pass's name (compile::passes()): the program is printed to stdout after it (`--dump-ir`).
+  std::string dump_ir_after = {};
 };
 
 struct Compiled {

@@ -241,12 +241,12 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
         const int64_t body_device = sub(p.body_buffer, device_base), body_host = sub(p.body_host_buffer, host_base);
         const Graph& body = *n.body;
         Frame& bf = frame_for(body);
-        const int64_t length = n.attrs.integer("length");
-        const size_t nc = static_cast<size_t>(n.attrs.integer("num_consts"));
-        const size_t nh = static_cast<size_t>(n.attrs.integer("num_carry"));
+        const ir::ScanAttrs scan = ir::scan_attrs(n.attrs);
+        const int64_t length = scan.length;
+        const size_t nc = static_cast<size_t>(scan.num_consts), nh = static_cast<size_t>(scan.num_carry);
         for (size_t k = 0; k < nh; ++k) backend_.copy(f.ins[nc + k], f.outs[k]);
         for (int64_t step = 0; step < length; ++step) {
-          const int64_t t = n.attrs.boolean("reverse") ? length - 1 - step : step;
+          const int64_t t = scan.reverse ? length - 1 - step : step;
           f.body_args.clear();
           for (size_t q = 0; q < f.ins.size(); ++q)
             f.body_args.push_back(q < nc        ? f.ins[q]

@@ -231,10 +231,9 @@ std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> con
   in.insert(in.end(), carries.begin(), carries.end());
   in.insert(in.end(), xs.begin(), xs.end());
   Attrs attrs;
-  attrs.set("length", length)
-      .set("num_consts", static_cast<int64_t>(consts.size()))
-      .set("num_carry", static_cast<int64_t>(carries.size()))
-      .set("reverse", reverse);
+  ScanAttrs{.length = length, .num_consts = static_cast<int64_t>(consts.size()),
+            .num_carry = static_cast<int64_t>(carries.size()), .reverse = reverse}
+      .write(attrs);
   return b.emit(Op::scan, in, std::move(attrs), std::move(g));
 }
 

@@ -38,7 +38,7 @@ double flops(const Graph& g, const Node& n) {
       return (n.op == Op::attention ? 4 : 10) * static_cast<double>(q[0] * q[2] * q[3]) * pairs;
     }
     case OpCost::softmax: return softmax_flops_per_element(n.op) * elements(n.inputs[0]);
-    case OpCost::body: return (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0) * flops(*n.body);
+    case OpCost::body: return (n.op == Op::scan ? static_cast<double>(scan_attrs(n.attrs).length) : 1.0) * flops(*n.body);
   }
   return 0;
 }
@@ -47,7 +47,7 @@ namespace {
 
 void add_communication(const Graph& g, double trips, std::map<Op, Communication>& out) {
   for (const Node& n : g.nodes) {
-    if (n.body) add_communication(*n.body, trips * (n.op == Op::scan ? static_cast<double>(n.attrs.integer("length")) : 1.0), out);
+    if (n.body) add_communication(*n.body, trips * (n.op == Op::scan ? static_cast<double>(scan_attrs(n.attrs).length) : 1.0), out);
     if (n.op == Op::send || n.op == Op::recv) {  // a message: its bytes, sent by the sender only
       const double bytes = static_cast<double>(g.type(n.outputs[0]).bytes()) * trips;
       Communication& c = out[n.op];

@@ -6,12 +6,14 @@ namespace remat::ir {
 namespace {
 
 // Drops the outputs of a scan or remat node that nobody reads (a scan keeps its carries) and the
-// inputs its cleaned body no longer reads.
-void prune_region(Node& n, const std::vector<bool>& live) {
+// inputs its cleaned body no longer reads. Whether it dropped anything.
+bool prune_region(Node& n, const std::vector<bool>& live) {
   Graph& body = *n.body;
   const bool scan = n.op == Op::scan;
-  size_t nc = scan ? static_cast<size_t>(n.attrs.integer("num_consts")) : n.inputs.size();
-  size_t nh = scan ? static_cast<size_t>(n.attrs.integer("num_carry")) : 0;
+  ScanAttrs s = scan ? scan_attrs(n.attrs) : ScanAttrs{};
+  const size_t nc = scan ? static_cast<size_t>(s.num_consts) : n.inputs.size();
+  const size_t nh = static_cast<size_t>(s.num_carry);
+  const size_t had_inputs = n.inputs.size(), had_outputs = n.outputs.size();
   std::vector<ValueId> outputs, results;
   for (size_t k = 0; k < n.outputs.size(); ++k) {
     if (k < nh || live[static_cast<size_t>(n.outputs[k])]) {
@@ -21,7 +23,7 @@ void prune_region(Node& n, const std::vector<bool>& live) {
   }
   n.outputs = std::move(outputs);
   body.results = std::move(results);
-  dce(body);
+  const bool body_changed = dce(body);
   std::vector<bool> used(body.types.size(), false);
   for (const Node& b : body.nodes)
     for (ValueId v : b.inputs) used[static_cast<size_t>(v)] = true;
@@ -41,19 +43,25 @@ void prune_region(Node& n, const std::vector<bool>& live) {
   n.inputs = std::move(inputs);
   body.params = std::move(params);
   body.param_names = std::move(names);
-  if (scan) n.attrs.set("num_consts", consts);
+  if (scan) {
+    s.num_consts = consts;
+    s.write(n.attrs);
+  }
+  return body_changed || n.inputs.size() != had_inputs || n.outputs.size() != had_outputs;
 }
 
-// Drops the operands of a convert_group whose outputs nobody reads.
-void prune_group(Node& n, const std::vector<bool>& live) {
+// Drops the operands of a convert_group whose outputs nobody reads. Whether it dropped any.
+bool prune_group(Node& n, const std::vector<bool>& live) {
   std::vector<ValueId> inputs, outputs;
   for (size_t k = 0; k < n.outputs.size(); ++k)
     if (live[static_cast<size_t>(n.outputs[k])]) {
       inputs.push_back(n.inputs[k]);
       outputs.push_back(n.outputs[k]);
     }
+  const bool changed = outputs.size() != n.outputs.size();
   n.inputs = std::move(inputs);
   n.outputs = std::move(outputs);
+  return changed;
 }
 
 // Whether running `n` has an effect: an effectful op, or a region whose body holds one.
@@ -67,7 +75,8 @@ bool has_effects(const Node& n) {
 
 }  // namespace
 
-void dce(Graph& g) {
+bool dce(Graph& g) {
+  bool changed = false;
   std::vector<bool> live(g.types.size(), false);
   for (ValueId r : g.results) live[static_cast<size_t>(r)] = true;
   std::vector<Node> kept;
@@ -76,12 +85,14 @@ void dce(Graph& g) {
     bool any = has_effects(n);  // an effect is its own reason to run
     for (ValueId v : n.outputs) any = any || live[static_cast<size_t>(v)];
     if (!any) continue;
-    if (has_body(n.op)) prune_region(n, live);
-    if (n.op == Op::convert_group) prune_group(n, live);
+    if (has_body(n.op)) changed = prune_region(n, live) || changed;
+    if (n.op == Op::convert_group) changed = prune_group(n, live) || changed;
     for (ValueId v : n.inputs) live[static_cast<size_t>(v)] = true;
     kept.push_back(std::move(n));
   }
+  changed = changed || kept.size() != g.nodes.size();
   g.nodes.assign(std::make_move_iterator(kept.rbegin()), std::make_move_iterator(kept.rend()));
+  return changed;
 }
 
 }  // namespace remat::ir

@@ -7,6 +7,7 @@
 
 namespace remat::ir {
 
-void dce(Graph& g);
+// Whether it removed anything.
+bool dce(Graph& g);
 
 }  // namespace remat::ir

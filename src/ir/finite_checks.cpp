@@ -6,7 +6,8 @@
 
 namespace remat::ir {
 
-void insert_finite_checks(Graph& g) {
+bool insert_finite_checks(Graph& g) {
+  bool changed = false;
   std::map<ValueId, std::string> names;  // value -> the checkpoint name a `name` op gives it
   for (const Node& n : g.nodes)
     if (n.op == Op::name) names[n.inputs[0]] = n.attrs.str("name");
@@ -16,7 +17,7 @@ void insert_finite_checks(Graph& g) {
     ASSERT(n.op != Op::remat);
     for (ValueId& v : n.inputs)
       if (auto it = checked.find(v); it != checked.end()) v = it->second;
-    if (n.op == Op::scan) insert_finite_checks(*n.body);
+    if (n.op == Op::scan) changed = insert_finite_checks(*n.body) || changed;
     const bool computes = !is_view(n.op) && !is_region(n.op);
     std::vector<ValueId> outputs = n.outputs;
     std::string what = fmt::format("{}{}", op_name(n.op), n.scope.empty() ? "" : fmt::format(" (scope '{}')", n.scope));
@@ -33,12 +34,14 @@ void insert_finite_checks(Graph& g) {
       auto name = names.find(v);
       check.attrs.set("of", name == names.end() ? what : fmt::format("{}, checkpoint name '{}'", what, name->second));
       checked[v] = check.outputs[0];
+      changed = true;
       nodes.push_back(std::move(check));
     }
   }
   g.nodes = std::move(nodes);
   for (ValueId& r : g.results)
     if (auto it = checked.find(r); it != checked.end()) r = it->second;
+  return changed;
 }
 
 }  // namespace remat::ir

@@ -9,6 +9,7 @@
 
 namespace remat::ir {
 
-void insert_finite_checks(Graph& g);
+// Whether it inserted a check.
+bool insert_finite_checks(Graph& g);
 
 }  // namespace remat::ir

@@ -33,9 +33,11 @@ class Fuser {
       for (ValueId v : g.nodes[i].outputs) def_[static_cast<size_t>(v)] = static_cast<int>(i);
   }
 
-  void run() {
+  // Whether it made a fusion.
+  bool run() {
     for (size_t i = 0; i < g_.nodes.size(); ++i) take(i);
     rewrite();
+    return fusions_ > 0;
   }
 
  private:
@@ -225,11 +227,12 @@ bool reads_elementwise(const Node& n, size_t k) {
   return true;
 }
 
-void fuse(Graph& g) {
+bool fuse(Graph& g) {
+  bool changed = false;
   for (Node& n : g.nodes)
-    if (n.op == Op::scan) fuse(*n.body);
-  Fuser(g).run();
-  dce(g);
+    if (n.op == Op::scan) changed = fuse(*n.body) || changed;
+  changed = Fuser(g).run() || changed;
+  return dce(g) || changed;
 }
 
 }  // namespace remat::ir

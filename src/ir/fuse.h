@@ -21,7 +21,8 @@
 
 namespace remat::ir {
 
-void fuse(Graph& g);
+// Whether it changed the graph.
+bool fuse(Graph& g);
 
 // The ops a fusion copies in (broadcast_in_dim, iota, full): in a fusion's body they are how it reads an
 // operand or makes a constant, not runs of their own.

@@ -30,6 +30,15 @@ Attrs& Attrs::set(std::string key, AttrValue v) {
   return *this;
 }
 
+void ScanAttrs::write(Attrs& a) const {
+  a.set("length", length).set("num_consts", num_consts).set("num_carry", num_carry).set("reverse", reverse);
+}
+
+ScanAttrs scan_attrs(const Attrs& a) {
+  return {.length = a.integer("length"), .num_consts = a.integer("num_consts"), .num_carry = a.integer("num_carry"),
+          .reverse = a.boolean("reverse")};
+}
+
 bool Attrs::has(std::string_view key) const {
   for (const auto& item : items_)
     if (item.first == key) return true;

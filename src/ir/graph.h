@@ -71,6 +71,19 @@ class Attrs {
   std::vector<std::pair<std::string, AttrValue>> items_;
 };
 
+// A scan's attributes (the `scan` op in ir/ops.h), typed: the one place their names are spelled. A scan's
+// inputs are num_consts invariants, num_carry carries, then the stacked xs; its outputs the final carries,
+// then the stacked ys.
+struct ScanAttrs {
+  int64_t length = 0;      // iterations
+  int64_t num_consts = 0;  // the leading inputs, read whole by every iteration
+  int64_t num_carry = 0;   // the carried values: the inputs after the constants, and the first outputs
+  bool reverse = false;    // iterate from the last slice to the first
+  void write(Attrs& a) const;  // sets the four (in place where `a` has them)
+};
+// Reads them from a scan's attributes; CHECKs presence and kind, as Attrs' accessors do.
+ScanAttrs scan_attrs(const Attrs& a);
+
 struct Graph;
 
 struct Node {

@@ -4,7 +4,8 @@
 
 namespace remat::ir {
 
-void inline_remat_regions(Graph& g) {
+bool inline_remat_regions(Graph& g) {
+  bool changed = false;
   std::unordered_map<ValueId, ValueId> subst;
   auto map = [&](ValueId v) {
     auto it = subst.find(v);
@@ -13,11 +14,12 @@ void inline_remat_regions(Graph& g) {
   std::vector<Node> out;
   for (Node& n : g.nodes) {
     for (ValueId& v : n.inputs) v = map(v);
-    if (n.op == Op::scan) inline_remat_regions(*n.body);
+    if (n.op == Op::scan) changed = inline_remat_regions(*n.body) || changed;
     if (n.op != Op::remat) {
       out.push_back(std::move(n));
       continue;
     }
+    changed = true;
     Graph body = n.body->clone();
     inline_remat_regions(body);
     std::unordered_map<ValueId, ValueId> local;  // body value -> g value
@@ -35,6 +37,7 @@ void inline_remat_regions(Graph& g) {
   }
   g.nodes = std::move(out);
   for (ValueId& r : g.results) r = map(r);
+  return changed;
 }
 
 }  // namespace remat::ir

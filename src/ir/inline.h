@@ -7,6 +7,7 @@
 
 namespace remat::ir {
 
-void inline_remat_regions(Graph& g);
+// Whether there was a region to inline.
+bool inline_remat_regions(Graph& g);
 
 }  // namespace remat::ir

@@ -476,10 +476,8 @@ std::vector<Type> rule_fusion(const Ctx& c) {
 std::vector<Type> rule_scan(const Ctx& c) {
   CHECK(c.body != nullptr, "{}: scan needs a body graph", c.where);
   const Graph& body = *c.body;
-  int64_t length = c.attrs.integer("length");
-  int64_t nc = c.attrs.integer("num_consts");
-  int64_t nh = c.attrs.integer("num_carry");
-  c.attrs.boolean("reverse");  // not part of the types, but the executor reads it: a bool, checked here
+  // `reverse` is not part of the types, but the executor reads it: scan_attrs checks that it is a bool.
+  const auto [length, nc, nh, reverse] = scan_attrs(c.attrs);
   CHECK(length >= 1, "{}: scan length must be >= 1, got {}", c.where, length);
   int64_t n_in = static_cast<int64_t>(c.in.size());
   CHECK(nc >= 0 && nh >= 0 && nc <= n_in && nh <= n_in - nc, "{}: num_consts {} + num_carry {} exceed {} inputs", c.where, nc, nh,

@@ -31,7 +31,7 @@ void sink_converts_into_scans(Graph& g) {
     size_t k = 0;
     while (scan.outputs[k] != out) ++k;
     Graph& body = *scan.body;
-    if (k < static_cast<size_t>(scan.attrs.integer("num_carry"))) continue;
+    if (k < static_cast<size_t>(scan_attrs(scan.attrs).num_carry)) continue;
     bool offloaded = false;  // a host stack stays as it is: the convert reads it after a reload
     for (const Node& m : body.nodes) offloaded = offloaded || (m.op == Op::offload && m.outputs[0] == body.results[k]);
     if (offloaded) continue;

@@ -133,7 +133,7 @@ Plan build(const Graph& g, const Options& options) {
       } else {
         def[static_cast<size_t>(v)] = s;
         if (node.op == Op::offload) space[static_cast<size_t>(v)] = Space::host;
-        if (node.op == Op::scan && k >= static_cast<size_t>(node.attrs.integer("num_carry"))) {
+        if (node.op == Op::scan && k >= static_cast<size_t>(ir::scan_attrs(node.attrs).num_carry)) {
           const Graph& body = *node.body;
           // A stacked output lives where the body's result does (an offload in the body: host).
           ValueId r = body.results[k];
@@ -200,7 +200,7 @@ Plan build(const Graph& g, const Options& options) {
     const Node& node = g.nodes[static_cast<size_t>(i)];
     if (node.op == Op::scan) {
       Plan body = build(*node.body, {.donate = {},
-                                     .invariant_params = static_cast<size_t>(node.attrs.integer("num_consts")),
+                                     .invariant_params = static_cast<size_t>(ir::scan_attrs(node.attrs).num_consts),
                                      .float_recomputes = !node.recomputed,
                                      .workspace = options.workspace});
       for (Space sp : {Space::device, Space::host}) {

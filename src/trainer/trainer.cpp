@@ -51,7 +51,8 @@ compile::Compiled compile_program(const RunConfig& c, compile::Kind kind, train:
   if (c.ici_pipeline_parallelism > 1) schedule = pipeline_schedule(c);
   return compile::compile({.model = c.model, .shape = shape, .optimizer = c.optimizer, .kind = kind,
                            .allow_unmatched = c.remat_allow_unmatched, .check_finite = check_finite,
-                           .pipeline = schedule ? &*schedule : nullptr, .stage = stage, .fuse = c.fusion});
+                           .pipeline = schedule ? &*schedule : nullptr, .stage = stage, .fuse = c.fusion,
+                           .dump_ir_after = c.dump_ir_after});
 }
 
 // The argument of that name, or null where the program has none (under a pipeline only the first stage's

@@ -31,6 +31,7 @@ struct RunConfig {
   double sample_temperature = 0.0;     // 0 = greedy
   bool remat_allow_unmatched = false;  // policy names matching no checkpoint name: warn instead of fail
   bool fusion = true;                  // fuse elementwise chains into single kernels (compile::Request::fuse)
+  std::string dump_ir_after;           // `--dump-ir`: print every program compiled after this pass
   bool enable_profiler = false;        // trace one step (trace.json in run_dir): a track per rank
   int64_t skip_first_n_steps_for_profiler = 1;  // the traced step comes after these (the last if fewer)
   bool enable_checkpointing = false;   // save checkpoints; resume from the run's latest complete one
