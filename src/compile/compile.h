@@ -1,9 +1,10 @@
-// Public header of the compile stage (docs/design.md, "The stages, in pipeline order"): the one call that turns a model, a batch shape and an
-// optimizer into a program ready to run. It traces the model, lints the remat policy against it,
-// differentiates (the policy's decider splitting every remat region), records the residual explanation,
-// runs the IR passes (compile/passes.h: remat regions inlined, finite checks, fusion) and plans the memory
-// of every buffer, kernel workspace included. `remat train`, `remat plan`, `remat explain` and every later
-// caller (policy search, distributed runner, checkpoints) go through it; nothing else assembles step graphs.
+// Public header of the compile stage (docs/design.md, "The stages, in pipeline order"): the one call that
+// turns a model, a batch shape and an optimizer into a program ready to run. It traces the model, lints the
+// remat policy against it, differentiates (the policy's decider splitting every remat region), records the
+// residual explanation, runs the IR passes (compile/passes.h: remat regions inlined, finite checks, fusion)
+// and plans the memory of every buffer, kernel workspace included. `remat train`, `remat plan`, `remat
+// explain` and every later caller (policy search, distributed runner, checkpoints) go through it; nothing
+// else assembles step graphs.
 //
 //   compile::Compiled step = compile::compile({.model = m, .shape = s, .optimizer = o});
 //   exec::Executable run(step.program, step.plan);
