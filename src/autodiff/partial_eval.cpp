@@ -64,12 +64,12 @@ Split partial_eval(Joint& joint, std::span<const ValueId> needed, std::span<cons
   std::function<void(ValueId)> want;
   auto decide = [&](ValueId v) {
     const size_t u = static_cast<size_t>(v);
-    const Kind kind = rule(Candidate{v, param_index[u], joint.producer[u], joint.output_of[u]});
+    const ResidualKind kind = rule(Candidate{v, param_index[u], joint.producer[u], joint.output_of[u]});
     split.residuals.push_back({v, kind});
-    if (kind != Kind::recompute && kind != Kind::alias) return;
+    if (kind != ResidualKind::recompute && kind != ResidualKind::alias) return;
     ASSERT(joint.producer[u] >= 0);
     const size_t m = static_cast<size_t>(joint.producer[u]);
-    if (kind == Kind::alias) return want(g.nodes[m].inputs[0]);
+    if (kind == ResidualKind::alias) return want(g.nodes[m].inputs[0]);
     if (recompute[m]) return;
     recompute[m] = true;
     for (ValueId in : g.nodes[m].inputs) want(in);
@@ -107,7 +107,7 @@ Split partial_eval(Joint& joint, std::span<const ValueId> needed, std::span<cons
   return split;
 }
 
-std::vector<ValueId> of_kind(const Split& split, Kind kind) {
+std::vector<ValueId> of_kind(const Split& split, ResidualKind kind) {
   std::vector<ValueId> values;
   for (const Residual& r : split.residuals)
     if (r.kind == kind) values.push_back(r.value);
@@ -124,8 +124,8 @@ std::shared_ptr<Graph> forward_body(const Joint& joint, const Split& split, cons
   const auto forward_end = joint.graph.nodes.begin() + static_cast<std::ptrdiff_t>(joint.num_forward);
   forward->nodes.assign(joint.graph.nodes.begin(), forward_end);
   forward->results = joint.results;
-  for (ValueId v : of_kind(split, Kind::save)) forward->results.push_back(v);
-  for (ValueId v : of_kind(split, Kind::offload)) {
+  for (ValueId v : of_kind(split, ResidualKind::save)) forward->results.push_back(v);
+  for (ValueId v : of_kind(split, ResidualKind::offload)) {
     Node copy;
     copy.op = Op::offload;
     copy.inputs = {v};

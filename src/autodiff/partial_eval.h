@@ -51,7 +51,7 @@ struct Joint {
 Joint differentiate(const JointRequest& request);
 
 // What becomes of a forward value the backward reads.
-enum class Kind {
+enum class ResidualKind {
   available,  // read as it is (a region input or output the caller passes to the backward)
   save,       // an extra result of the forward body
   offload,    // an extra result of the forward body, copied to host there; the caller reloads it
@@ -61,7 +61,7 @@ enum class Kind {
 
 struct Residual {
   ir::ValueId value;
-  Kind kind;
+  ResidualKind kind;
 };
 
 // A forward value the rule is asked about: a body param (`param` >= 0) or an output of an F node.
@@ -72,7 +72,7 @@ struct Candidate {
   size_t output = 0;  // which output of the producer
 };
 // A parameter rather than a switch, so that a caller can apply any policy (nested regions, offload budgets).
-using ResidualRule = std::function<Kind(const Candidate&)>;
+using ResidualRule = std::function<ResidualKind(const Candidate&)>;
 
 // The order residuals are decided in, which is the order of the saved results and of the rule's calls.
 enum class Walk {
@@ -96,7 +96,7 @@ std::shared_ptr<ir::Graph> forward_body(const Joint& joint, const Split& split, 
                                         const std::string& scope);
 
 // The residuals of `kind`, in the order decided.
-std::vector<ir::ValueId> of_kind(const Split& split, Kind kind);
+std::vector<ir::ValueId> of_kind(const Split& split, ResidualKind kind);
 
 // Makes `forward` the body of outer node `index` and gives that node one new output per type.
 std::vector<ir::Tensor> add_outputs(ir::Builder& b, size_t index, std::shared_ptr<ir::Graph> forward,

@@ -54,7 +54,7 @@ ResidualRule policy_rule(const Node& n, const Joint& joint, const Context& ctx, 
   return [&n, &joint, &ctx, &input_read](const Candidate& c) {
     if (c.param >= 0) {
       input_read[static_cast<size_t>(c.param)] = true;
-      return Kind::available;
+      return ResidualKind::available;
     }
     const Graph* graph = &joint.graph;
     const Node* node = &joint.graph.nodes[static_cast<size_t>(c.producer)];
@@ -67,10 +67,10 @@ ResidualRule policy_rule(const Node& n, const Joint& joint, const Context& ctx, 
     const Residency residency = ctx.decider->decide(ResidualQuery{n.attrs.str("policy"), *graph, *node, output,
                                                                   joint.parameter_derived[static_cast<size_t>(c.value)],
                                                                   trips, n.origin, c.producer, alias});
-    if (alias) return Kind::alias;  // name(input) is the input itself: no region output, no recompute
-    return residency == Residency::save      ? Kind::save
-           : residency == Residency::offload ? Kind::offload
-                                             : Kind::recompute;
+    if (alias) return ResidualKind::alias;  // name(input) is the input itself: no region output, no recompute
+    return residency == Residency::save      ? ResidualKind::save
+           : residency == Residency::offload ? ResidualKind::offload
+                                             : ResidualKind::recompute;
   };
 }
 
@@ -123,7 +123,8 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
                               joint.graph.type(v), joint.parameter_derived[static_cast<size_t>(v)], ctx.trip_count);
 
   // 4a. The region's forward: F, returning the saved residuals and host copies of the offloaded ones.
-  const std::vector<ValueId> saved = of_kind(split, Kind::save), offloaded = of_kind(split, Kind::offload);
+  const std::vector<ValueId> saved = of_kind(split, ResidualKind::save);
+  const std::vector<ValueId> offloaded = of_kind(split, ResidualKind::offload);
   std::vector<Type> types;
   for (ValueId v : saved) types.push_back(joint.graph.type(v));
   for (ValueId v : offloaded) types.push_back(joint.graph.type(v));
@@ -131,7 +132,7 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   std::unordered_map<ValueId, Tensor> env;  // joint value -> outer tensor
   for (size_t p = 0; p < np; ++p) env.emplace(joint.params[p], b.wrap(n.inputs[p]));
   for (size_t k = 0; k < saved.size(); ++k) env.emplace(saved[k], kept[k]);
-  for (ValueId v : of_kind(split, Kind::alias))
+  for (ValueId v : of_kind(split, ResidualKind::alias))
     env.emplace(v, env.at(joint.graph.nodes[static_cast<size_t>(joint.producer[static_cast<size_t>(v)])].inputs[0]));
   for (size_t k = 0; k < joint.results.size(); ++k) {
     env.emplace(joint.results[k], b.wrap(n.outputs[k]));

@@ -135,14 +135,15 @@ std::vector<Cot> vjp_scan(Builder& b, size_t index, const Node& n, std::span<con
     const size_t p = static_cast<size_t>(c.param);
     if (c.param >= 0 && (p < nc || p >= nc + nh)) {  // read by every iteration, or its own slice
       (p < nc ? in.consts : in.xs).push_back(p);
-      return Kind::available;
+      return ResidualKind::available;
     }
-    return c.param < 0 && joint.parameter_derived[static_cast<size_t>(c.value)] ? Kind::recompute : Kind::save;
+    const bool weight_derived = c.param < 0 && joint.parameter_derived[static_cast<size_t>(c.value)];
+    return weight_derived ? ResidualKind::recompute : ResidualKind::save;
   };
   Split split = partial_eval(joint, results, {}, rule, Walk::first_use);
 
   // 3. The forward scan also emits the stacked residuals.
-  in.stacked = of_kind(split, Kind::save);
+  in.stacked = of_kind(split, ResidualKind::save);
   std::vector<Type> stacked_types;
   for (ValueId v : in.stacked) {
     stacked_types.push_back(joint.graph.type(v));

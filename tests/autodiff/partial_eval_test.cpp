@@ -47,13 +47,13 @@ std::string split_text(Joint& joint, const Graph& body, const ResidualRule& rule
     backward.param_names.push_back(fmt::format("seed{}", backward.params.size()));
     backward.params.push_back(seed);
   }
-  std::map<Kind, int> count;
+  std::map<ResidualKind, int> count;
   for (const Residual& r : split.residuals) {
-    if (r.kind == Kind::recompute) continue;  // defined by its clone
+    if (r.kind == ResidualKind::recompute) continue;  // defined by its clone
     auto p = std::find(joint.params.begin(), joint.params.end(), r.value);
-    const char* kind = r.kind == Kind::save ? "saved" : r.kind == Kind::offload ? "offloaded" : "alias";
+    const char* kind = r.kind == ResidualKind::save ? "saved" : r.kind == ResidualKind::offload ? "offloaded" : "alias";
     backward.params.push_back(r.value);
-    backward.param_names.push_back(r.kind == Kind::available
+    backward.param_names.push_back(r.kind == ResidualKind::available
                                        ? body.param_names[static_cast<size_t>(p - joint.params.begin())]
                                        : fmt::format("{}{}", kind, count[r.kind]++));
   }
@@ -94,8 +94,9 @@ TEST(PartialEval, ScanBodyStacksActivationsAndRecomputesWeightDerivedValues) {
   const Graph& body = *outer.nodes[0].body;
   Joint joint = joint_of_region(outer, {true, false, false});
   auto rule = [&](const Candidate& c) {
-    if (c.param == 0 || c.param == 2) return Kind::available;
-    return c.param < 0 && joint.parameter_derived[static_cast<size_t>(c.value)] ? Kind::recompute : Kind::save;
+    if (c.param == 0 || c.param == 2) return ResidualKind::available;
+    const bool weight_derived = c.param < 0 && joint.parameter_derived[static_cast<size_t>(c.value)];
+    return weight_derived ? ResidualKind::recompute : ResidualKind::save;
   };
   const std::string out = split_text(joint, body, rule, Walk::first_use, {});
   EXPECT_EQ(filecheck(text, out), "") << out;
@@ -138,12 +139,13 @@ TEST(PartialEval, RematBodySavesOffloadsRecomputesAndAliasesAsTheRuleSays) {
   const Graph& body = *outer.nodes[0].body;
   Joint joint = joint_of_region(outer, {true, false});
   auto rule = [&](const Candidate& c) {
-    if (c.param >= 0) return Kind::available;
+    if (c.param >= 0) return ResidualKind::available;
     const Node& made_by = joint.graph.nodes[static_cast<size_t>(c.producer)];
-    if (made_by.op != Op::name) return Kind::recompute;
+    if (made_by.op != Op::name) return ResidualKind::recompute;
     const std::string& name = made_by.attrs.str("name");
-    if (name == "input") return Kind::alias;
-    return name == "proj" ? Kind::save : name == "act" ? Kind::offload : Kind::recompute;
+    if (name == "input") return ResidualKind::alias;
+    if (name == "proj") return ResidualKind::save;
+    return name == "act" ? ResidualKind::offload : ResidualKind::recompute;
   };
   const std::string out = split_text(joint, body, rule, Walk::latest_first, joint.results);
   EXPECT_EQ(filecheck(text, out), "") << out;
