@@ -54,7 +54,10 @@ Split partial_eval(Joint& joint, std::span<const ValueId> needed, std::span<cons
   std::vector<bool> seen(g.types.size(), false), recompute(joint.num_forward, false);
   for (ValueId v : known) seen[static_cast<size_t>(v)] = true;
   Split split;
-  std::vector<ValueId> heap;  // latest_first: F outputs waiting, the latest on top
+  // latest_first: F outputs wait here, the latest on top. A decision only adds values made earlier (its
+  // producer's inputs), so they come off in latest-first order overall. Params have no producer to order
+  // by and are decided when first wanted.
+  std::vector<ValueId> heap;
   auto earlier = [&](ValueId a, ValueId b) {
     auto key = [&](ValueId v) {
       return std::pair(joint.producer[static_cast<size_t>(v)], joint.output_of[static_cast<size_t>(v)]);

@@ -111,7 +111,7 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   // 3. Residuals and their residency, decided as JAX's partial evaluation does: a value the policy keeps is a
   // residual; a recomputed one needs its producer's inputs, which are decided in turn. So a recompute chain
   // stops at the first value the policy saves (the backward of `minimal` recomputes x + out_proj from the
-  // saved out_proj, not the attention behind it).
+  // saved out_proj, not the attention behind it). The region's outputs exist outside: nobody is asked.
   std::vector<ValueId> wanted;
   for (ValueId c : joint.cots)
     if (c >= 0) wanted.push_back(c);

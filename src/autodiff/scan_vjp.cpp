@@ -91,7 +91,7 @@ struct ReverseInputs {
 
 // The reverse scan's body: J's recompute clones and live backward nodes over params (consts, dc, dh, xs,
 // stacked residuals r, dy), returning `results`.
-std::shared_ptr<Graph> backward_body(const Graph& body, Joint& joint, Split& split, size_t nh,
+std::shared_ptr<Graph> backward_body(const Graph& body, const Joint& joint, Split& split, size_t nh,
                                      const ReverseInputs& in, std::span<const ValueId> results) {
   auto backward = std::make_shared<Graph>();
   backward->name = body.name + "_bwd";

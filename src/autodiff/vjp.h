@@ -1,4 +1,5 @@
-// Internal to autodiff: the VJP rule table and the reverse sweep that scan's and remat's rules re-enter.
+// Internal to autodiff: the VJP rule table and the reverse sweep that scan's and remat's rules re-enter
+// (through partial_eval.h).
 #pragma once
 
 #include "autodiff/autodiff.h"
