@@ -46,12 +46,13 @@ int64_t most_stashed(const plan::Plan& p, const ir::Graph& g) {
 // forward and backward, recomputes included), its bubble; then each rank's own program planned, from shapes
 // alone: total, arguments, arena, and the most microbatches whose activations it stashes at once. `timeline` gets the schedule's
 // SVG. Every rank must fit hbm_limit.
-std::string pipeline_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
+std::string pipeline_report(const Config& config, const trainer::RunPlan& planned, bool json,
+                            const std::string& timeline, bool* fits) {
   const trainer::RunConfig& run = config.run;
-  const parallel::Schedule s = trainer::pipeline_schedule(run);
+  const parallel::Schedule& s = *planned.pipeline;
   nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
-  model.mesh = trainer::mesh_of(run, 0);
-  const train::StepShape shape = trainer::pipeline_step_shape(run, s);
+  model.mesh = planned.replicas;
+  const train::StepShape& shape = planned.shape;
   const parallel::Costs costs = train::chunk_costs(model, s.shape, shape.batch, shape.seq);
   const parallel::Simulation t = parallel::simulate(s, costs);
   if (!timeline.empty()) {
@@ -134,9 +135,10 @@ void write_frontier(const Config& config, const std::string& path, bool table) {
 
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
   const trainer::RunConfig& run = config.run;
-  if (run.ici_pipeline_parallelism > 1) return pipeline_report(config, json, timeline, fits);
+  const trainer::RunPlan planned = trainer::plan_run(run, 0);
+  if (planned.pipeline) return pipeline_report(config, planned, json, timeline, fits);
   nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
-  model.mesh = trainer::mesh_of(run, 0);
+  model.mesh = planned.replicas;
   const int64_t devices = model.mesh.ranks(), fsdp = model.mesh.size("fsdp");
   compile::Compiled step = compile::compile({.model = model, .shape = run.shape, .optimizer = run.optimizer,
                                              .allow_unmatched = run.remat_allow_unmatched, .fuse = run.fusion,

@@ -1,7 +1,8 @@
 // The training loop behind `remat train`: data, the compiled programs (the training step, evaluation,
-// sampling: each planned, the latter two reading the step's parameter buffers), progress, evaluation,
-// metrics (JSONL), a generated sample at the end, and the process's peak memory next to the plans'.
-// Arguments and results are found by name in each program's signature.
+// sampling: each planned, the latter two reading the step's parameter buffers; trainer/programs.h), progress,
+// evaluation, metrics (JSONL), checkpoints (train/checkpoint_manager.h), a generated sample at the end, and
+// the process's peak memory next to the plans'. What the config derives before anything compiles (the mesh,
+// the pipeline schedule, the step's shape) is `plan_run`, shared with `remat plan`.
 #pragma once
 
 #include "compile/compile.h"
@@ -9,6 +10,7 @@
 #include "train/data.h"
 
 #include <map>
+#include <optional>
 #include <string>
 
 namespace remat::trainer {
@@ -49,6 +51,18 @@ struct RunConfig {
   int64_t num_pipeline_repeats = -1;             // chunks per rank; -1: layers / (stages x layers per stage)
   std::string pipeline_schedule = "gpipe";       // gpipe | 1f1b | interleaved_1f1b
 };
+
+// What a run's config derives before anything compiles, the same for `remat train` (its launched ranks) and
+// `remat plan` (one device of the mesh the config describes).
+struct RunPlan {
+  nn::Mesh replicas;                            // the data and fsdp axes: one stage's ranks (ModelConfig::mesh)
+  std::optional<parallel::Schedule> pipeline;   // when ici_pipeline_parallelism > 1 (the stages: an outer axis)
+  train::StepShape shape;                       // one device's step: under a pipeline, one microbatch's
+};
+
+// The run's plan over `ranks` launched processes (0 where none are, as for `remat plan`). CHECKs that the
+// ranks split into the stages and the parallelism keys, and that the pipeline fits the model and the batch.
+RunPlan plan_run(const RunConfig& config, int64_t ranks);
 
 // The pipeline schedule the config asks for (keys ici_pipeline_parallelism, num_pipeline_microbatches,
 // num_layers_per_pipeline_stage, num_pipeline_repeats, pipeline_schedule), CHECKed to fit the model.

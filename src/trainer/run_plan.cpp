@@ -1,0 +1,90 @@
+#include "trainer/trainer.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+
+namespace remat::trainer {
+
+RunPlan plan_run(const RunConfig& c, int64_t ranks) {
+  RunPlan plan{.replicas = {}, .pipeline = std::nullopt, .shape = c.shape};
+  // A pipeline's stages are the outer mesh axis; the data and fsdp axes (the replicas) fill the ranks left.
+  const int64_t stages = c.ici_pipeline_parallelism;
+  if (stages > 1) {
+    plan.pipeline = pipeline_schedule(c);
+    CHECK(ranks % stages == 0,
+          "ici_pipeline_parallelism={} needs a multiple of {} ranks, but {} {} launched: start `mpirun -np {} remat "
+          "train ...`", stages, stages, ranks, ranks == 1 ? "process was" : "processes were", stages);
+  }
+  plan.replicas = mesh_of(c, ranks / stages);
+  if (plan.pipeline) plan.shape = pipeline_step_shape(c, *plan.pipeline);
+  return plan;
+}
+
+nn::Mesh mesh_of(const RunConfig& c, int64_t ranks) {
+  struct Key {
+    const char* name;
+    int64_t value;
+  };
+  std::array<Key, 4> keys = {{{"ici_data_parallelism", c.ici_data_parallelism},
+                              {"dcn_data_parallelism", c.dcn_data_parallelism},
+                              {"ici_fsdp_parallelism", c.ici_fsdp_parallelism},
+                              {"dcn_fsdp_parallelism", c.dcn_fsdp_parallelism}}};
+  int64_t given = 1;
+  Key* fill = nullptr;
+  for (Key& k : keys) {
+    CHECK(k.value == -1 || k.value >= 1, "config key '{}' must be >= 1 or -1 (fill with the ranks left), got {}", k.name,
+          k.value);
+    if (k.value >= 1) {
+      given *= k.value;
+      continue;
+    }
+    CHECK(fill == nullptr, "config keys '{}' and '{}' are both -1: at most one parallelism key may fill with the ranks left",
+          fill ? fill->name : "", k.name);
+    fill = &k;
+  }
+  const auto shown = [&] {
+    std::vector<std::string> s;
+    for (const Key& k : keys)
+      if (k.value > 1) s.push_back(fmt::format("{}={}", k.name, k.value));
+    return s.empty() ? std::string("one device") : fmt::format("{}", fmt::join(s, " "));
+  };
+  if (fill != nullptr) {
+    CHECK(ranks == 0 || ranks % given == 0,
+          "{} needs a multiple of {} ranks, but {} {} launched: start `mpirun -np {} remat train ...`", shown(), given,
+          ranks, ranks == 1 ? "process was" : "processes were", given);
+    fill->value = ranks == 0 ? 1 : ranks / given;
+  }
+  return {{{"data", keys[0].value * keys[1].value}, {"fsdp", keys[2].value * keys[3].value}}};
+}
+
+parallel::Schedule pipeline_schedule(const RunConfig& c) {
+  const parallel::ScheduleKind kind = parallel::parse_schedule(c.pipeline_schedule);
+  const int64_t p = c.ici_pipeline_parallelism, per = c.num_layers_per_pipeline_stage, L = c.model.num_decoder_layers;
+  CHECK(p >= 1 && per >= 1, "ici_pipeline_parallelism ({}) and num_layers_per_pipeline_stage ({}) must be >= 1", p, per);
+  const parallel::PipelineShape shape{
+      p, c.num_pipeline_microbatches == -1 ? p : c.num_pipeline_microbatches,
+      c.num_pipeline_repeats == -1 ? std::max<int64_t>(1, L / (p * per)) : c.num_pipeline_repeats};
+  parallel::check_pipeline(kind, shape, L, per);
+  const int64_t group = c.model.layers_per_group;
+  CHECK(group == 0 || per % group == 0,
+        "layers_per_group={} does not divide num_layers_per_pipeline_stage={}: a stage's layers run as whole groups; "
+        "make the groups divide a stage's layers", group, per);
+  return parallel::make_schedule(kind, shape);
+}
+
+train::StepShape pipeline_step_shape(const RunConfig& c, const parallel::Schedule& schedule) {
+  const int64_t stages = schedule.shape.stages, m = schedule.shape.microbatches, replica_batch = c.shape.batch * stages;
+  CHECK(c.shape.accumulation == 1,
+        "gradient_accumulation_steps={} with a pipeline: the pipeline's microbatches accumulate the gradients; set "
+        "num_pipeline_microbatches instead (now {}) and gradient_accumulation_steps=1",
+        c.shape.accumulation, m);
+  CHECK(replica_batch % m == 0,
+        "per_device_batch_size={} x ici_pipeline_parallelism={} = {} sequences per pipeline do not split into "
+        "num_pipeline_microbatches={} equal microbatches: make the product a multiple of {}",
+        c.shape.batch, stages, replica_batch, m, m);
+  return {replica_batch / m, c.shape.seq, m};
+}
+
+}  // namespace remat::trainer
