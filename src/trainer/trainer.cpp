@@ -605,7 +605,7 @@ RunResult run(const RunConfig& config) {
   const int64_t k = c.shape.accumulation, B = c.shape.batch, T = c.shape.seq;
   compile::Compiled compiled = compile_program(c, compile::Kind::train_step, c.shape, stage);
   for (const std::string& w : compiled.warnings) fmt::print("warning: {}\n", w);
-  fmt::print("remat: policy {}; {}{}\n", c.model.remat_policy, compiled.explanation.step_summary(),
+  fmt::print("remat: policy {}; {}{}\n", c.model.remat_policy.written, compiled.explanation.step_summary(),
              schedule ? " (this stage's FLOPs; the bytes saved per microbatch)" : "");
   fmt::print("plan: arena {} device (lower bound {}), {} host; parameters, moments updated in place\n",
              plan::bytes_str(static_cast<double>(compiled.plan.arena[0])),
