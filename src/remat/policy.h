@@ -84,7 +84,6 @@ struct Policy {
 struct Spelling {
   std::map<std::string, std::string> preset;  // a name a preset lists -> the layer's (under a fusion, the fused one)
   std::map<std::string, std::string> custom;  // a `custom` key -> the layer's name (its naming)
-  bool operator==(const Spelling&) const = default;
 };
 
 // remat_policy=custom's per-name keys (MaxText's): checkpoint name -> remat | device | offload, in print order.
