@@ -2,7 +2,7 @@
 // accepted (tests/fuzz/seed_corpus_test.cpp), so that the CI smoke run starts from inputs that go deep.
 #pragma once
 
-#include "nn/checkpoint_names.h"
+#include "nn/model.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -32,17 +32,17 @@ inline ConfigInput config_input(std::string_view input) {
 // policy: the first byte picks the layer's names (bit 0 AXLearn naming, bit 1 fused qkv, bit 2 fused mlp),
 // the rest is the policy text. Seeds start with '0' (MaxText, unfused), '1' (AXLearn) or '6' (both fused).
 struct PolicyInput {
-  nn::names::Vocabulary names;
+  rematerialize::Spelling names;  // as that layer spells checkpoint names
   std::string_view text;
 };
 inline PolicyInput policy_input(std::string_view input) {
   if (input.empty()) return {};
   const auto first = static_cast<unsigned char>(input[0]);
-  nn::names::Vocabulary names;
-  names.naming = first & 1 ? nn::names::Naming::axlearn : nn::names::Naming::maxtext;
-  names.fused_qkv = first & 2;
-  names.fused_mlp = first & 4;
-  return {names, input.substr(1)};
+  nn::ModelConfig layer;
+  layer.checkpoint_naming = first & 1 ? nn::names::Naming::axlearn : nn::names::Naming::maxtext;
+  layer.fused_qkv = first & 2;
+  layer.fused_mlp = first & 4;
+  return {nn::policy_spelling(layer), input.substr(1)};
 }
 
 }  // namespace remat::fuzz

@@ -27,22 +27,22 @@ SearchInputs search_inputs(const Config& config, const char* what) {
 }
 
 std::optional<search::Result> resolve_auto(Config& config, bool print) {
-  std::string& policy = config.run.model.remat_policy;
-  if (policy != "auto") return std::nullopt;
+  nn::ModelConfig& model = config.run.model;
+  if (model.remat_policy.kind != rematerialize::Policy::Kind::automatic) return std::nullopt;
   const SearchInputs in = search_inputs(config, "remat_policy=auto");
   const search::Result r = search::search(in.request, in.limits, in.rates);
   // Every rank of a launch takes the first rank's answer (the measured rates differ a little between processes).
   const std::string chosen = exec::Mesh::first_rank_text(r.best ? r.best->policy : std::string());
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (print && (rank == nullptr || std::string(rank) == "0")) fmt::print("{}", r.text());
-  if (!chosen.empty()) policy = chosen;
+  if (!chosen.empty()) model.remat_policy = nn::parse_remat_policy(chosen, model);  // the printed placement
   return r;
 }
 
 void require_auto_fits(Config& config) {
   const std::optional<search::Result> r = resolve_auto(config, true);
   // The first rank's answer decides (a rank whose own search differs follows it).
-  CHECK(!r || config.run.model.remat_policy != "auto", "{}set a larger hbm_limit, shard more (ici_fsdp_parallelism), or lower per_device_batch_size or "
+  CHECK(!r || config.run.model.remat_policy.kind != rematerialize::Policy::Kind::automatic, "{}set a larger hbm_limit, shard more (ici_fsdp_parallelism), or lower per_device_batch_size or "
         "max_target_length", r ? r->text() : "");
 }
 

@@ -130,7 +130,7 @@ const std::vector<Key>& keys() {
       bind<int64_t>("loss_scale_period", [](Config& c) -> int64_t& { return c.run.optimizer.loss_scale.period; }, at_least(1)),
       bind<double>("loss_scale_factor", [](Config& c) -> double& { return c.run.optimizer.loss_scale.factor; }, above(1)),
       bind<double>("loss_scale_min", [](Config& c) -> double& { return c.run.optimizer.loss_scale.min_scale; }, at_least(1)),
-      bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.run.model.remat_policy; }),
+      bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.remat_policy; }),
       bind<bool>("remat_allow_unmatched", [](Config& c) -> bool& { return c.run.remat_allow_unmatched; }),
       bind_enum("checkpoint_naming", {"maxtext", "axlearn"}, [](Config& c) -> std::string& { return c.checkpoint_naming; }),
       bind<bool>("fused_qkv", [](Config& c) -> bool& { return c.run.model.fused_qkv; }),
@@ -345,22 +345,19 @@ Config load_config(const std::string& config_path, const std::vector<std::string
         ls.initial, ls.factor, ls.period, ls.min_scale);
   c.run.model.checkpoint_naming = c.checkpoint_naming == "axlearn" ? nn::names::Naming::axlearn : nn::names::Naming::maxtext;
   nn::validate(c.run.model);
-  std::string& policy = c.run.model.remat_policy;
-  if (policy == "custom") {
-    std::vector<std::string> items;
-    // The names this layer carries, and any other key set away from remat (lint then rejects it by name).
-    for (const nn::names::Name& name : nn::names::kAll) {
-      const std::string key(name.maxtext), where = c.custom_remat[key];
-      if (!key.empty() && (nn::names::carries(name, nn::vocabulary(c.run.model)) || where != "remat"))
-        items.push_back(fmt::format("{}={}", key, where));
-    }
-    policy = fmt::format("custom({})", fmt::join(items, ", "));
+  rematerialize::CustomKeys keys;  // what a bare remat_policy=custom places
+  // The names this layer carries, and any other key set away from remat (lint then rejects it by name).
+  for (const nn::names::Name& name : nn::names::kAll) {
+    const std::string key(name.maxtext), where = c.custom_remat[key];
+    if (!key.empty() && (nn::names::carries(name, nn::vocabulary(c.run.model)) || where != "remat"))
+      keys.emplace_back(key, where);
   }
   c.run.optimizer.schedule_steps = c.run.steps;
   c.run.run_dir = (fs::path(c.base_output_directory) / (c.run_name.empty() ? c.model : c.run_name)).string();
-  if (policy == "auto") return c;  // resolved by the command (cli::resolve_auto), which prints its choice
-  try {  // the policy is parsed here, once: a bad one is a config error before anything is traced
-    rematerialize::parse_policy(policy, nn::vocabulary(c.run.model));
+  // The policy is parsed here, once: a bad one is a config error before anything is traced. `auto` is resolved
+  // by the command (cli::resolve_auto), which prints its choice.
+  try {
+    c.run.model.remat_policy = nn::parse_remat_policy(c.remat_policy, c.run.model, keys);
   } catch (const Error& e) {
     CHECK(false, "config key 'remat_policy': {}", e.what());
   }

@@ -23,7 +23,7 @@ std::string explain_report(const Config& config, bool json) {
   if (json) {
     nlohmann::json out = e.json();
     out["model"] = config.model;
-    out["remat_policy"] = run.model.remat_policy;
+    out["remat_policy"] = run.model.remat_policy.written;
     out["warnings"] = warnings;
     return out.dump(2) + "\n";
   }
@@ -41,7 +41,7 @@ std::string explain_report(const Config& config, bool json) {
                                                             run.model.layers_per_group)
                                               : " (scanned)",
              pipeline ? trainer::pipeline_step_shape(run, *pipeline).batch : run.shape.batch, run.shape.seq,
-             run.model.remat_policy);
+             run.model.remat_policy.written);
   if (e.residuals.empty()) text += "no remat regions (remat_policy none): the backward keeps every residual\n";
   return text + e.text();
 }
@@ -50,7 +50,7 @@ int run_explain(const Config& given, bool json) {
   Config config = given;
   if (json) {
     const std::optional<search::Result> r = resolve_auto(config, false);
-    CHECK(!r || config.run.model.remat_policy != "auto", "{}", r ? r->text() : "");
+    CHECK(!r || config.run.model.remat_policy.kind != rematerialize::Policy::Kind::automatic, "{}", r ? r->text() : "");
   } else {
     require_auto_fits(config);
   }

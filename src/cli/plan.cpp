@@ -103,7 +103,7 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
   return fmt::format("model {} ({:.2f}B parameters), {} stages x {} microbatches of {} x {} tokens{}, remat_policy {}\n",
                      config.model, params / 1e9, s.shape.stages, s.shape.microbatches, shape.batch, shape.seq,
                      model.mesh.ranks() > 1 ? fmt::format(" per replica; {} replicas (data x fsdp) of each stage", model.mesh.ranks()) : "",
-                     run.model.remat_policy) +
+                     run.model.remat_policy.written) +
          parallel::grid(s, t) + "\nEach rank's plan (its own program: the stage's parameters and moments, the arena of its actions in order):\n" +
          table + (limit > 0 ? fmt::format("hbm_limit {} per device: {}\n", plan::bytes_str(static_cast<double>(limit)),
                                          every_rank_fits ? "every rank fits" : "some rank does not fit")
@@ -154,7 +154,7 @@ std::string plan_report(const Config& config, bool json, const std::string& time
                         : fsdp == 1   ? fmt::format(" per device, {} data-parallel ranks", devices)
                         : fsdp == devices ? fmt::format(" per device, {} FSDP ranks", devices)
                                           : fmt::format(" per device, {} ranks ({} data-parallel x {} FSDP)", devices, devices / fsdp, fsdp),
-                        run.model.remat_policy,
+                        run.model.remat_policy.written,
                         mp.compute == mp.param ? std::string()
                                                : fmt::format(", {} weights, {} compute, mp_cast {}", dtype_name(mp.param),
                                                              dtype_name(mp.compute), config.mp_cast));
@@ -174,7 +174,7 @@ int run_plan(const Config& given, bool json, const std::string& timeline, const 
   Config config = given;
   if (!frontier.empty()) write_frontier(config, frontier, !json);
   const std::optional<search::Result> chosen = resolve_auto(config, !json);
-  if (chosen && config.run.model.remat_policy == "auto") {  // nothing fits (on the first rank, which decides)
+  if (chosen && config.run.model.remat_policy.kind == rematerialize::Policy::Kind::automatic) {  // nothing fits (on the first rank, which decides)
     fmt::print("{}", json ? nlohmann::json{{"auto", {{"fits", false}, {"smallest_peak", chosen->smallest.peak},
                                                      {"smallest_policy", chosen->smallest.policy}}}}.dump(2) + "\n"
                           : std::string());

@@ -7,10 +7,9 @@ Compiled compile(const Request& r) {
   Compiled c;
   train::Program traced;
   if (r.kind == Kind::train_step || r.kind == Kind::grads) {  // differentiated: remat regions are split
-    const nn::names::Vocabulary names = nn::vocabulary(r.model);
     ir::Graph forward = nn::loss_graph(r.model, r.shape.batch, r.shape.seq);
-    c.warnings = rematerialize::lint(forward, {.allow_unmatched = r.allow_unmatched, .names = names});
-    rematerialize::Decider own(names);
+    c.warnings = rematerialize::lint(forward, r.model.remat_policy, {.allow_unmatched = r.allow_unmatched});
+    rematerialize::Decider own({r.model.remat_policy});
     rematerialize::Decider& decider = r.decider != nullptr ? *r.decider : own;
     CHECK(r.pipeline == nullptr || r.kind == Kind::train_step, "compile: under a pipeline, gradients come with the train step");
     traced = r.pipeline ? train::pipeline_step_program(r.model, r.shape, r.optimizer, *r.pipeline, r.stage, &decider)

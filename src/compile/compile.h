@@ -37,8 +37,7 @@ struct Request {
   bool allow_unmatched = false;          // lint: a policy name that matches no checkpoint name only warns
   const exec::Backend* backend = &exec::cpu();  // whose kernels' workspace is planned
   // Decides every residual of every remat region while differentiating, and records each decision for the
-  // explanation (hand a fresh one). Null: a decider applying each region's policy (the model's
-  // remat_policy). A policy search hands its own.
+  // explanation (hand a fresh one, handed the model's remat_policy). Null: a decider of this call's own.
   rematerialize::Decider* decider = nullptr;
   // The debugging form: a finite check after every floating-point op (ir::insert_finite_checks), so a run
   // fails at the first op whose output is a NaN or an infinity, naming it. It updates nothing in place.

@@ -301,9 +301,17 @@ std::vector<std::string> region_inputs(const ModelConfig& c) {
   return names;
 }
 
-// One layer, inside a remat region unless the policy is "none".
+// Whether each layer (and group) is a remat region: not under remat_policy none.
+bool remat_regions(const ModelConfig& c) {
+  CHECK(c.remat_policy.kind != rematerialize::Policy::Kind::automatic,
+        "remat_policy=auto reached the model: the policy search (remat plan, explain or train) picks the placement "
+        "before the model is traced; give a policy, or run a remat command");
+  return c.remat_policy.kind != rematerialize::Policy::Kind::none;
+}
+
+// One layer, inside a remat region unless the policy is none.
 Tensor checkpointed_layer(Builder& b, const ModelConfig& c, Tensor x, std::span<const Tensor> w, const LayerConsts& k) {
-  if (c.remat_policy == "none") return decoder_layer(b, c, x, layer_weights(c, w), k);
+  if (!remat_regions(c)) return decoder_layer(b, c, x, layer_weights(c, w), k);
   std::vector<Tensor> in{x};
   in.insert(in.end(), w.begin(), w.end());
   in.insert(in.end(), {k.cos, k.sin, k.mask});
@@ -313,7 +321,7 @@ Tensor checkpointed_layer(Builder& b, const ModelConfig& c, Tensor x, std::span<
     return std::vector<Tensor>{decoder_layer(rb, c, a[0], layer_weights(c, a.subspan(1, nw)), kb)};
   };
   const std::vector<std::string> names = region_inputs(c);
-  return checkpoint(b, in, body, c.remat_policy, "decoder_layer", names)[0];
+  return checkpoint(b, in, body, c.remat_policy.written, "decoder_layer", names)[0];
 }
 
 // A scan over stacked layers [n, ...]: carry x, consts the tables.
@@ -347,9 +355,9 @@ Tensor scan_groups(Builder& b, const ModelConfig& c, Tensor x, std::span<const T
       LayerConsts kb{a[1 + nw], a[2 + nw], a[3 + nw]};
       return std::vector<Tensor>{scan_layers(rb, c, a[0], a.subspan(1, nw), kb, "decoder_layer")};
     };
-    if (c.remat_policy == "none") return group(gb, in);
+    if (!remat_regions(c)) return group(gb, in);
     const std::vector<std::string> names = region_inputs(c);
-    return checkpoint(gb, in, group, c.remat_policy, "layer_group", names);
+    return checkpoint(gb, in, group, c.remat_policy.written, "layer_group", names);
   };
   return scan(b, groups, std::array{k.cos, k.sin, k.mask}, std::array{x}, grouped, body, "layer_group")[0];
 }
@@ -509,6 +517,18 @@ Tensor head_loss(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const 
 }
 
 }  // namespace
+
+rematerialize::Spelling policy_spelling(const ModelConfig& c) {
+  const names::Vocabulary v = vocabulary(c);
+  rematerialize::Spelling s;
+  for (const names::Name& n : names::kAll) {
+    if (n.maxtext.empty()) continue;
+    const std::string maxtext(n.maxtext);
+    s.preset[maxtext] = names::preset_name(n.maxtext, v);
+    s.custom[maxtext] = names::from_maxtext(n.maxtext, v.naming);
+  }
+  return s;
+}
 
 void validate(const ModelConfig& c) {
   auto positive = [](int64_t v, const char* key) { CHECK(v > 0, "config key '{}' must be positive, got {}", key, v); };

@@ -24,6 +24,7 @@
 #include "exec/exec.h"
 #include "ir/ir.h"
 #include "nn/precision.h"
+#include "remat/policy.h"
 
 #include <optional>
 #include <string>
@@ -44,7 +45,8 @@ struct ModelConfig {
   bool logits_via_embedding = false; // tie the output projection to the embedding
   bool scan_layers = true;           // run the layers under a scan (else unrolled)
   int64_t layers_per_group = 0;      // > 0: a scan over groups of this many layers, each a scan (double scan)
-  std::string remat_policy = "full"; // remat policy of each layer (and group); "none": no remat region
+  rematerialize::Policy remat_policy = rematerialize::parse_policy("full");  // of each layer (and group);
+                                                                            // kind none: no remat region
   names::Naming checkpoint_naming = names::Naming::maxtext;  // the checkpoint names the layer's tensors carry
   bool fused_qkv = false;            // q, k, v as one matmul against [D, H+2KV, Dh], named qkv_proj (MaxText's)
   bool fused_mlp = false;            // gate and up as one matmul against [D, 2, F], named mlpwi (MaxText's)
@@ -72,6 +74,16 @@ void validate(const ModelConfig& c);
 
 // The checkpoint names the model's layer carries (its naming and fusions).
 inline names::Vocabulary vocabulary(const ModelConfig& c) { return {c.checkpoint_naming, c.fused_qkv, c.fused_mlp}; }
+
+// How the layer of `c` spells the names MaxText presets and `custom` keys write: what the policy parser is
+// handed, so that remat/ need not know the layer.
+rematerialize::Spelling policy_spelling(const ModelConfig& c);
+
+// Policy text as the layer of `c` spells it (the parser, handed policy_spelling(c)).
+inline rematerialize::Policy parse_remat_policy(const std::string& text, const ModelConfig& c,
+                                                const rematerialize::CustomKeys& keys = {}) {
+  return rematerialize::parse_policy(text, policy_spelling(c), keys);
+}
 
 enum class Init { normal, ones };
 

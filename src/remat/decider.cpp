@@ -1,11 +1,16 @@
 #include "remat/remat.h"
 
+#include "base/check.h"
+
+#include <algorithm>
+
 namespace remat::rematerialize {
 
-const Policy& Decider::policy(const std::string& text) {
-  auto it = cache_.find(text);
-  if (it == cache_.end()) it = cache_.emplace(text, parse_policy(text, names_)).first;
-  return it->second;
+const Policy& Decider::policy(const std::string& written) const {
+  auto it = std::find_if(policies_.begin(), policies_.end(), [&](const Policy& p) { return p.written == written; });
+  CHECK(it != policies_.end(), "a remat region traced with policy '{}' reached a decider that was not handed it "
+        "(it applies {} policies); hand the policy value to rematerialize::Decider", written, policies_.size());
+  return *it;
 }
 
 Residency Decider::decide(const autodiff::ResidualQuery& q) {
@@ -13,7 +18,7 @@ Residency Decider::decide(const autodiff::ResidualQuery& q) {
   Verdict v = q.parameter_derived ? Verdict{Residency::recompute, "parameter-derived: always recomputed"}
                                   : evaluate(p, q.graph, q.producer, q.output);
   ResidualRecord r;
-  r.policy = p.preset.empty() ? p.text : p.preset + " = " + p.text;
+  r.policy = p.described();
   r.what = q.producer.op == ir::Op::name ? q.producer.attrs.str("name")
                                          : fmt::format("{} @ {}", ir::op_name(q.producer.op), q.producer.scope);
   r.scope = q.producer.scope;
@@ -34,7 +39,7 @@ void Decider::note_input(const std::string& policy_text, uint64_t region, int in
                          const ir::Type& type, bool parameter_derived, int64_t trip_count) {
   const Policy& p = policy(policy_text);
   ResidualRecord r;
-  r.policy = p.preset.empty() ? p.text : p.preset + " = " + p.text;
+  r.policy = p.described();
   r.what = "input %" + param_name;
   r.type = type;
   r.residency = Residency::save;

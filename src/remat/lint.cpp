@@ -10,13 +10,13 @@ namespace {
 
 struct Found {
   std::set<std::string> names;   // checkpoint names inside remat regions
-  std::set<std::string> policies;
+  bool regions = false;
   int dots = 0, batched_dots = 0;
 };
 
 void collect(const ir::Graph& g, bool in_region, Found& f) {
   for (const ir::Node& n : g.nodes) {
-    if (n.op == ir::Op::remat) f.policies.insert(n.attrs.str("policy"));
+    f.regions = f.regions || n.op == ir::Op::remat;
     if (in_region && n.op == ir::Op::name) f.names.insert(n.attrs.str("name"));
     if (in_region && n.op == ir::Op::dot_general) {
       ++f.dots;
@@ -58,11 +58,11 @@ void check_policy(const Policy& p, const Found& f, const LintOptions& o, std::ve
 
 }  // namespace
 
-std::vector<std::string> lint(const ir::Graph& forward, const LintOptions& options) {
+std::vector<std::string> lint(const ir::Graph& forward, const Policy& policy, const LintOptions& options) {
   Found f;
   collect(forward, false, f);
   std::vector<std::string> warnings;
-  for (const std::string& text : f.policies) check_policy(parse_policy(text, options.names), f, options, warnings);
+  if (f.regions) check_policy(policy, f, options, warnings);
   return warnings;
 }
 

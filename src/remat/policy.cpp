@@ -1,7 +1,6 @@
 #include "remat/policy.h"
 
 #include "base/check.h"
-#include "nn/checkpoint_names.h"
 
 #include <algorithm>
 #include <cctype>
@@ -26,7 +25,7 @@ const char* kGrammar =
     "save_and_offload_only_these_names_regex(save=\"re\", offload=\"re\") (JAX/AXLearn keywords too: "
     "names_which_can_be_saved=, names_which_can_be_offloaded=, offload_src=\"device\", "
     "offload_dst=\"pinned_host\"; None; r\"...\" and adjacent literals), save_from_both_policies(P, Q), "
-    "combine(P, Q[, prefer=save|offload]), custom(name=remat|device|offload, ...), or a MaxText preset";
+    "combine(P, Q[, prefer=save|offload]), custom(name=remat|device|offload, ...), none, auto, or a MaxText preset";
 
 // MaxText's presets (src/maxtext/layers/decoders.py) as policy text. Names our decoder does not have
 // (kv_proj, qkv_proj, mlpwi) are left out: lint would reject them as matching nothing.
@@ -51,6 +50,71 @@ const std::map<std::string, std::string>& presets() {
 
 bool listed(const std::vector<std::string>& names, const std::string& n);
 
+// `name` as `names` spells it: as written when the map does not have it.
+std::string spelled(const std::map<std::string, std::string>& names, const std::string& name) {
+  auto it = names.find(name);
+  return it == names.end() ? name : it->second;
+}
+
+// The residency a custom(...) placement word names, if it is one.
+std::optional<Residency> custom_residency(const std::string& word) {
+  for (Residency r : {Residency::recompute, Residency::save, Residency::offload})
+    if (word == custom_word(r)) return r;
+  return std::nullopt;
+}
+
+// A string literal that string_literal() reads back as `s`: `"` escaped, and `\\` escaped where it would
+// otherwise form an escape the reader removes (before `\\`, a quote or the closing quote).
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (size_t i = 0; i < s.size(); ++i) {
+    const bool next_unescapes = i + 1 == s.size() || s[i + 1] == '\\' || s[i + 1] == '"' || s[i + 1] == '\'';
+    if (s[i] == '"' || (s[i] == '\\' && next_unescapes)) out += '\\';
+    out += s[i];
+  }
+  return out + "\"";
+}
+// A name as written in a list: bare when it lexes as one identifier, else quoted.
+std::string name_text(const std::string& n) {
+  const bool bare = !n.empty() && n != "None" && std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+  });
+  return bare ? n : quoted(n);
+}
+std::string names_text(const std::vector<std::string>& v) {
+  std::vector<std::string> out;
+  for (const std::string& n : v) out.push_back(name_text(n));
+  return fmt::format("{}", fmt::join(out, ", "));
+}
+std::string canonical(const Policy& p) {
+  auto list = [](const std::vector<std::string>& v) { return fmt::format("[{}]", names_text(v)); };
+  switch (p.kind) {
+    case Kind::none: return "none";
+    case Kind::automatic: return "auto";
+    case Kind::everything_saveable: return "everything_saveable";
+    case Kind::nothing_saveable: return "nothing_saveable";
+    case Kind::dots_saveable: return "dots_saveable";
+    case Kind::dots_with_no_batch_dims_saveable: return "dots_with_no_batch_dims_saveable";
+    case Kind::offload_dot_with_no_batch_dims: return "offload_dot_with_no_batch_dims";
+    case Kind::save_only_these_names: return fmt::format("save_only_these_names({})", names_text(p.save_names));
+    case Kind::save_any_names_but_these: return fmt::format("save_any_names_but_these({})", names_text(p.save_names));
+    case Kind::custom:  // as the JAX policy it is: explain prints "custom = save_and_offload_only_these_names(...)"
+    case Kind::save_and_offload_only_these_names:
+      return fmt::format("save_and_offload_only_these_names(save={}, offload={})", list(p.save_names),
+                         list(p.offload_names));
+    case Kind::save_and_offload_regex:
+      return fmt::format("save_and_offload_only_these_names_regex(save={}, offload={})", quoted(p.save_regex),
+                         quoted(p.offload_regex));
+    case Kind::save_from_both_policies:
+      return fmt::format("save_from_both_policies({}, {})", p.first->text, p.second->text);
+    case Kind::combine:
+      return fmt::format("combine({}, {}{})", p.first->text, p.second->text,
+                         p.prefer ? (*p.prefer == Residency::save ? ", prefer=save" : ", prefer=offload") : "");
+  }
+  return "?";
+}
+
+
 struct Tok {
   enum Kind { ident, string, punct, end } kind;
   std::string text;
@@ -58,7 +122,10 @@ struct Tok {
 
 class Parser {
  public:
-  Parser(const std::string& src, const nn::names::Vocabulary& names) : src_(src), names_(names) { lex(); }
+  Parser(const std::string& src, const Spelling& spelling, const CustomKeys& keys)
+      : src_(src), spelling_(spelling), keys_(keys) {
+    lex();
+  }
 
   Policy policy() {
     Tok t = next();
@@ -67,10 +134,10 @@ class Parser {
     if (preset != presets().end()) {  // written in MaxText names: spelled as the model's layer spells them
       Policy p = parse_policy(preset->second);
       for (std::vector<std::string>* list : {&p.save_names, &p.offload_names}) {
-        std::vector<std::string> spelled;
+        std::vector<std::string> as_layer;
         for (const std::string& n : *list)
-          if (std::string s(nn::names::preset_name(n, names_)); !listed(spelled, s)) spelled.push_back(s);
-        *list = spelled;
+          if (std::string s = spelled(spelling_.preset, n); !listed(as_layer, s)) as_layer.push_back(s);
+        *list = as_layer;
       }
       p.text = canonical(p);
       p.preset = t.text;
@@ -78,6 +145,7 @@ class Parser {
     }
     static const std::map<std::string, Kind> plain = {
         {"none", Kind::none},
+        {"auto", Kind::automatic},
         {"everything_saveable", Kind::everything_saveable},
         {"nothing_saveable", Kind::nothing_saveable},
         {"dots_saveable", Kind::dots_saveable},
@@ -128,27 +196,7 @@ class Parser {
             "combine(P, Q, prefer=...)",
             src_);
     } else if (t.text == "custom") {
-      p.kind = Kind::save_and_offload_only_these_names;
-      p.preset = "custom";
-      std::map<std::string, std::string> where = {
-          {std::string(nn::names::from_maxtext("decoder_layer_input", names_.naming)), "device"}};
-      open();
-      for (bool first = true; !peek(")"); first = false) {
-        if (!first) comma();
-        if (peek(")")) break;  // a trailing comma, as Python allows
-        Tok key = next();
-        expect(key.kind == Tok::ident, key, "a checkpoint name");
-        expect(next().text == "=", key, "name=remat|device|offload");
-        Tok v = next();
-        expect(v.kind == Tok::ident && (v.text == "remat" || v.text == "device" || v.text == "offload"), v,
-               "remat, device or offload");
-        where[std::string(nn::names::from_maxtext(key.text, names_.naming))] = v.text;
-      }
-      close();
-      for (const auto& [name, loc] : where) {
-        if (loc == "device") p.save_names.push_back(name);
-        if (loc == "offload") p.offload_names.push_back(name);
-      }
+      return peek("(") ? custom_placement() : configured_placement();
     } else {
       std::vector<std::string> all = preset_names();
       CHECK(false, "unknown remat policy '{}' in '{}'; {} ({})", t.text, src_, kGrammar, fmt::join(all, ", "));
@@ -156,6 +204,9 @@ class Parser {
     p.text = canonical(p);
     return p;
   }
+
+  // Whether the policy took its placement from the per-name keys (a bare `custom`): it then prints as placed.
+  bool placed_keys() const { return placed_keys_; }
 
   void done() {
     Tok t = next();
@@ -178,55 +229,6 @@ class Parser {
       }
     }
   }
-  // A string literal that string_literal() reads back as `s`: `"` escaped, and `\\` escaped where it would
-  // otherwise form an escape the reader removes (before `\\`, a quote or the closing quote).
-  static std::string quoted(const std::string& s) {
-    std::string out = "\"";
-    for (size_t i = 0; i < s.size(); ++i) {
-      const bool next_unescapes = i + 1 == s.size() || s[i + 1] == '\\' || s[i + 1] == '"' || s[i + 1] == '\'';
-      if (s[i] == '"' || (s[i] == '\\' && next_unescapes)) out += '\\';
-      out += s[i];
-    }
-    return out + "\"";
-  }
-  // A name as written in a list: bare when it lexes as one identifier, else quoted.
-  static std::string name_text(const std::string& n) {
-    const bool bare = !n.empty() && n != "None" && std::all_of(n.begin(), n.end(), [](char c) {
-      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
-    });
-    return bare ? n : quoted(n);
-  }
-  static std::string names_text(const std::vector<std::string>& v) {
-    std::vector<std::string> out;
-    for (const std::string& n : v) out.push_back(name_text(n));
-    return fmt::format("{}", fmt::join(out, ", "));
-  }
-  static std::string canonical(const Policy& p) {
-    auto list = [](const std::vector<std::string>& v) { return fmt::format("[{}]", names_text(v)); };
-    switch (p.kind) {
-      case Kind::none: return "none";
-      case Kind::everything_saveable: return "everything_saveable";
-      case Kind::nothing_saveable: return "nothing_saveable";
-      case Kind::dots_saveable: return "dots_saveable";
-      case Kind::dots_with_no_batch_dims_saveable: return "dots_with_no_batch_dims_saveable";
-      case Kind::offload_dot_with_no_batch_dims: return "offload_dot_with_no_batch_dims";
-      case Kind::save_only_these_names: return fmt::format("save_only_these_names({})", names_text(p.save_names));
-      case Kind::save_any_names_but_these: return fmt::format("save_any_names_but_these({})", names_text(p.save_names));
-      case Kind::save_and_offload_only_these_names:
-        return fmt::format("save_and_offload_only_these_names(save={}, offload={})", list(p.save_names),
-                           list(p.offload_names));
-      case Kind::save_and_offload_regex:
-        return fmt::format("save_and_offload_only_these_names_regex(save={}, offload={})", quoted(p.save_regex),
-                           quoted(p.offload_regex));
-      case Kind::save_from_both_policies:
-        return fmt::format("save_from_both_policies({}, {})", p.first->text, p.second->text);
-      case Kind::combine:
-        return fmt::format("combine({}, {}{})", p.first->text, p.second->text,
-                           p.prefer ? (*p.prefer == Residency::save ? ", prefer=save" : ", prefer=offload") : "");
-    }
-    return "?";
-  }
-
   // Python's literal syntax where policies come from Python configs: '...' or "...", r"..." (raw: backslashes
   // kept), adjacent literals concatenated into one ("(a" "|b)" is "(a|b)"), `#` comments to the end of the
   // line, and the identifier None.
@@ -281,6 +283,38 @@ class Parser {
     ++i;
     return text;
   }
+  // custom(name=remat|device|offload, ...), names in MaxText's spelling.
+  Policy custom_placement() {
+    std::vector<std::pair<std::string, Residency>> placement;
+    open();
+    for (bool first = true; !peek(")"); first = false) {
+      if (!first) comma();
+      if (peek(")")) break;  // a trailing comma, as Python allows
+      Tok key = next();
+      expect(key.kind == Tok::ident, key, "a checkpoint name");
+      expect(next().text == "=", key, "name=remat|device|offload");
+      Tok v = next();
+      const std::optional<Residency> r = v.kind == Tok::ident ? custom_residency(v.text) : std::nullopt;
+      expect(r.has_value(), v, "remat, device or offload");
+      placement.emplace_back(key.text, *r);
+    }
+    close();
+    return custom_policy(placement, spelling_);
+  }
+  // A bare `custom`: the placement of the per-name config keys.
+  Policy configured_placement() {
+    CHECK(!keys_.empty(), "remat policy '{}': a bare custom places the names as the per-name config keys say "
+          "(query_proj=offload, ...), and none were given; write custom(name=remat|device|offload, ...)", src_);
+    std::vector<std::pair<std::string, Residency>> placement;
+    for (const auto& [name, word] : keys_) {
+      const std::optional<Residency> r = custom_residency(word);
+      CHECK(r.has_value(), "remat policy 'custom': key '{}' is '{}'; expected remat, device or offload", name, word);
+      placement.emplace_back(name, *r);
+    }
+    placed_keys_ = true;
+    return custom_policy(placement, spelling_);
+  }
+
   Tok next() { return toks_[pos_ < toks_.size() - 1 ? pos_++ : pos_]; }
   bool peek(const char* p) const { return toks_[pos_].kind == Tok::punct && toks_[pos_].text == p; }
   void expect(bool ok, const Tok& t, const std::string& wanted) const {
@@ -369,7 +403,9 @@ class Parser {
   }
 
   std::string src_;
-  nn::names::Vocabulary names_;
+  Spelling spelling_;
+  CustomKeys keys_;
+  bool placed_keys_ = false;
   std::vector<Tok> toks_;
   size_t pos_ = 0;
 };
@@ -385,6 +421,7 @@ Verdict recompute(std::string rule) { return {Residency::recompute, std::move(ru
 bool Policy::can_offload() const {
   switch (kind) {
     case Kind::offload_dot_with_no_batch_dims: return true;
+    case Kind::custom:
     case Kind::save_and_offload_only_these_names: return !offload_names.empty();
     case Kind::save_and_offload_regex: return !offload_regex.empty();
     case Kind::save_from_both_policies:
@@ -393,11 +430,35 @@ bool Policy::can_offload() const {
   }
 }
 
-Policy parse_policy(const std::string& text, const nn::names::Vocabulary& names) {
-  Parser p(text, names);
+Policy parse_policy(const std::string& text, const Spelling& spelling, const CustomKeys& keys) {
+  Parser p(text, spelling, keys);
   Policy policy = p.policy();
   p.done();
+  if (!p.placed_keys()) policy.written = text;
   return policy;
+}
+
+Policy custom_policy(const std::vector<std::pair<std::string, Residency>>& placement, const Spelling& spelling) {
+  std::map<std::string, Residency> where = {{spelled(spelling.custom, "decoder_layer_input"), Residency::save}};
+  std::vector<std::string> items;
+  for (const auto& [name, r] : placement) {
+    where[spelled(spelling.custom, name)] = r;
+    items.push_back(fmt::format("{}={}", name, custom_word(r)));
+  }
+  Policy p;
+  p.kind = Kind::custom;
+  p.preset = "custom";
+  for (const auto& [name, r] : where) {
+    if (r == Residency::save) p.save_names.push_back(name);
+    if (r == Residency::offload) p.offload_names.push_back(name);
+  }
+  p.text = canonical(p);
+  p.written = fmt::format("custom({})", fmt::join(items, ", "));
+  return p;
+}
+
+const char* custom_word(Residency r) {
+  return r == Residency::save ? "device" : r == Residency::offload ? "offload" : "remat";
 }
 
 std::vector<std::string> preset_names() {
@@ -413,6 +474,10 @@ Verdict evaluate(const Policy& p, const ir::Graph& graph, const ir::Node& produc
   const std::string name = named ? producer.attrs.str("name") : "";
   switch (p.kind) {
     case Kind::none: return {Residency::save, "none: no remat region, every residual is kept"};
+    case Kind::automatic:
+      CHECK(false, "remat policy 'auto' reached a remat region: the policy search (search::search, run by the "
+            "remat command) replaces it with the placement it picks before the model is traced");
+      break;
     case Kind::everything_saveable: return {Residency::save, "everything_saveable"};
     case Kind::nothing_saveable: return recompute("nothing_saveable");
     case Kind::dots_saveable:
@@ -433,8 +498,9 @@ Verdict evaluate(const Policy& p, const ir::Graph& graph, const ir::Node& produc
         return {Residency::save, fmt::format("save_any_names_but_these: '{}' not excluded", name)};
       return recompute(named ? fmt::format("save_any_names_but_these: '{}' excluded", name)
                              : "save_any_names_but_these: unnamed");
+    case Kind::custom:
     case Kind::save_and_offload_only_these_names: {
-      std::string label = p.preset == "custom" ? "custom" : "save_and_offload_only_these_names";
+      std::string label = p.kind == Kind::custom ? "custom" : "save_and_offload_only_these_names";
       if (named && listed(p.save_names, name)) return {Residency::save, fmt::format("{}: '{}' saved", label, name)};
       if (named && listed(p.offload_names, name))
         return {Residency::offload, fmt::format("{}: '{}' offloaded", label, name)};

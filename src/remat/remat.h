@@ -1,9 +1,9 @@
 // Public header of the remat stage (docs/policies.md): policies (policy.h), the decider that applies them while
 // autodiff splits remat regions, lint of policies against a traced model, and `remat explain`.
 //
-//   rematerialize::Decider decider;
+//   rematerialize::Decider decider({policy});
 //   ir::Graph step = autodiff::grad_graph(forward, wrt, &decider);
-//   for (auto& w : rematerialize::lint(forward, {})) fmt::print("warning: {}\n", w);   // errors throw
+//   for (auto& w : rematerialize::lint(forward, policy, {})) fmt::print("warning: {}\n", w);   // errors throw
 //   fmt::print("{}", rematerialize::explain(decider.records(), step).text());
 #pragma once
 
@@ -19,7 +19,7 @@ namespace remat::rematerialize {
 
 // One residual of one remat region, as decided.
 struct ResidualRecord {
-  std::string policy;           // the region's policy (canonical text)
+  std::string policy;           // the region's policy, as Policy::described() prints it
   std::string what;             // checkpoint name, or "op @ scope", or "input %name"
   std::string scope;
   ir::Type type;
@@ -34,33 +34,32 @@ struct ResidualRecord {
   int position = 0;             // report order within the region: inputs (negative) first, then forward order
 };
 
-// Applies the policies of remat regions; keeps a record of every decision.
+// Applies the policies it is handed to the remat regions of a graph; keeps a record of every decision. A
+// region names its policy by the text it was traced with (its `policy` attribute, Policy::written), which
+// picks one of the handed values: nothing is parsed here.
 class Decider : public autodiff::RematDecider {
  public:
-  // `names`: the checkpoint names of the model's layer, in which MaxText presets are spelled.
-  explicit Decider(const nn::names::Vocabulary& names = {}) : names_(names) {}
-  const nn::names::Vocabulary& names() const { return names_; }
+  explicit Decider(std::vector<Policy> policies = {}) : policies_(std::move(policies)) {}
   Residency decide(const autodiff::ResidualQuery& q) override;
   void note_input(const std::string& policy, uint64_t region, int index, const std::string& param_name,
                   const ir::Type& type, bool parameter_derived, int64_t trip_count) override;
   const std::vector<ResidualRecord>& records() const { return records_; }
-  const Policy& policy(const std::string& text);  // parsed once per text
 
  private:
-  nn::names::Vocabulary names_;
-  std::map<std::string, Policy> cache_;
+  const Policy& policy(const std::string& written) const;  // the handed value a region traced with `written` names
+
+  std::vector<Policy> policies_;
   std::vector<ResidualRecord> records_;
 };
 
 struct LintOptions {
   bool allow_unmatched = false;  // a name or regex that matches no checkpoint name is then only a warning
-  nn::names::Vocabulary names = {};  // the checkpoint names of the model's layer (MaxText presets are spelled in them)
 };
 
-// Checks the policies of every remat region of `forward` against the checkpoint names it holds: a name or
-// regex matching none is an error listing the names that exist; dots_with_no_batch_dims_saveable where
-// every dot has batch dims is a warning. Returns the warnings.
-std::vector<std::string> lint(const ir::Graph& forward, const LintOptions& options);
+// Checks `policy`, the policy of the remat regions of `forward`, against the checkpoint names they hold: a
+// name or regex matching none is an error listing the names that exist; dots_with_no_batch_dims_saveable
+// where every dot has batch dims is a warning. Returns the warnings. No remat region: nothing to check.
+std::vector<std::string> lint(const ir::Graph& forward, const Policy& policy, const LintOptions& options);
 
 struct Explanation {
   std::vector<ResidualRecord> residuals;

@@ -22,8 +22,8 @@ Frontier frontier(const compile::Request& request, const Limits& limits, const R
     if (budget <= 0) break;
   }
   for (const std::string& preset : rematerialize::preset_names()) {
-    Candidate c = evaluate_policy(request, preset, {.device = 0, .host = limits.host}, rates);
-    c.policy = preset;
+    Candidate c = evaluate_policy(request, nn::parse_remat_policy(preset, request.model),
+                                  {.device = 0, .host = limits.host}, rates);
     f.presets.push_back(std::move(c));
   }
   return f;

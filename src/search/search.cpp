@@ -17,7 +17,6 @@ namespace remat::search {
 
 namespace {
 
-const char* word(Residency r) { return r == Residency::save ? "device" : r == Residency::offload ? "offload" : "remat"; }
 
 // Seconds per run of an IR program on the CPU kernels, in its planned arena, after a warm-up run.
 double seconds_per_run(const std::string& text) {
@@ -111,7 +110,7 @@ class Searcher {
     for (size_t i = 0; i < p.size(); ++i)
       if (saved >> i & 1) p[i] = Residency::save;
     compile::Request r = request_;
-    r.model.remat_policy = policy_text(result_.names, p);
+    r.model.remat_policy = placed(r.model, result_.names, p);
     r.kind = compile::Kind::grads;
     r.plan = false;
     const compile::Compiled c = compile::compile(r);
@@ -235,10 +234,11 @@ Rates measure(DType compute, double host_bandwidth) {
   return r;
 }
 
-std::string policy_text(const std::vector<std::string>& names, const std::vector<Residency>& placement) {
-  std::vector<std::string> items;
-  for (size_t i = 0; i < names.size(); ++i) items.push_back(fmt::format("{}={}", names[i], word(placement[i])));
-  return fmt::format("custom({})", fmt::join(items, ", "));
+rematerialize::Policy placed(const nn::ModelConfig& model, const std::vector<std::string>& names,
+                             const std::vector<Residency>& placement) {
+  std::vector<std::pair<std::string, Residency>> where;
+  for (size_t i = 0; i < names.size(); ++i) where.emplace_back(names[i], placement[i]);
+  return rematerialize::custom_policy(where, nn::policy_spelling(model));
 }
 
 std::vector<std::string> searched_names(const compile::Request& request, std::vector<double>* bytes) {
@@ -247,7 +247,7 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
   for (const nn::names::Name& n : nn::names::kAll)
     if (!n.maxtext.empty() && nn::names::carries(n, v)) candidates.emplace_back(n.maxtext);
   compile::Request r = request;
-  r.model.remat_policy = policy_text(candidates, std::vector<Residency>(candidates.size(), Residency::save));
+  r.model.remat_policy = placed(r.model, candidates, std::vector<Residency>(candidates.size(), Residency::save));
   r.kind = compile::Kind::grads;
   r.plan = false;
   const compile::Compiled c = compile::compile(r);
@@ -270,12 +270,12 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
 
 Candidate evaluate(const compile::Request& request, const std::vector<std::string>& names,
                    const std::vector<Residency>& placement, const Limits& limits, const Rates& rates) {
-  Candidate k = evaluate_policy(request, policy_text(names, placement), limits, rates);
+  Candidate k = evaluate_policy(request, placed(request.model, names, placement), limits, rates);
   k.placement = placement;
   return k;
 }
 
-Candidate evaluate_policy(const compile::Request& request, const std::string& policy, const Limits& limits,
+Candidate evaluate_policy(const compile::Request& request, const rematerialize::Policy& policy, const Limits& limits,
                           const Rates& rates) {
   compile::Request r = request;
   r.model.remat_policy = policy;
@@ -284,7 +284,7 @@ Candidate evaluate_policy(const compile::Request& request, const std::string& po
   const compile::Compiled c = compile::compile(r);
   const plan::Report rep = plan::report(c.plan, c.program, c.signature, {});
   Candidate k;
-  k.policy = r.model.remat_policy;
+  k.policy = policy.written;
   k.peak = rep.total;
   k.host = rep.host;
   k.recompute_flops = c.explanation.recompute_flops;
@@ -327,7 +327,7 @@ std::string Result::text() const {
   for (const Candidate& c : cheaper) {
     std::string change;
     for (size_t i = 0; i < names.size(); ++i)
-      if (c.placement[i] != b.placement[i]) change = fmt::format("{}={}", names[i], word(c.placement[i]));
+      if (c.placement[i] != b.placement[i]) change = fmt::format("{}={}", names[i], rematerialize::custom_word(c.placement[i]));
     const bool over_device = limits.device > 0 && c.peak > limits.device;
     out += fmt::format("    {:<24} est. {:.3g} s, {}\n", change, c.seconds,
                        over_device ? fmt::format("peak {} > {}", str(static_cast<double>(c.peak)), str(static_cast<double>(limits.device)))

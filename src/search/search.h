@@ -91,8 +91,8 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
 Candidate evaluate(const compile::Request& request, const std::vector<std::string>& names,
                    const std::vector<Residency>& placement, const Limits& limits, const Rates& rates);
 
-// Plans any policy text as evaluate() plans a placement (presets beside the search's answers).
-Candidate evaluate_policy(const compile::Request& request, const std::string& policy, const Limits& limits,
+// Plans any policy as evaluate() plans a placement (presets beside the search's answers).
+Candidate evaluate_policy(const compile::Request& request, const rematerialize::Policy& policy, const Limits& limits,
                           const Rates& rates);
 
 // The Pareto frontier of the space, peak against cost, from exact solves at falling budgets (under
@@ -105,7 +105,9 @@ struct Frontier {
 };
 Frontier frontier(const compile::Request& request, const Limits& limits, const Rates& rates);
 
-// custom(name=remat|device|offload, ...) for a placement.
-std::string policy_text(const std::vector<std::string>& names, const std::vector<Residency>& placement);
+// The custom policy placing `names` (MaxText's) as `placement` says, spelled as the layer of `model` spells them;
+// it prints as custom(name=remat|device|offload, ...).
+rematerialize::Policy placed(const nn::ModelConfig& model, const std::vector<std::string>& names,
+                             const std::vector<Residency>& placement);
 
 }  // namespace remat::search

@@ -185,7 +185,7 @@ compile::Compiled Session::compile(compile::Request r) const {
 compile::Compiled Session::compile_step() {
   compile::Compiled compiled = compile({.shape = c.shape, .kind = compile::Kind::train_step});
   for (const std::string& w : compiled.warnings) fmt::print("warning: {}\n", w);
-  fmt::print("remat: policy {}; {}{}\n", c.model.remat_policy, compiled.explanation.step_summary(),
+  fmt::print("remat: policy {}; {}{}\n", c.model.remat_policy.written, compiled.explanation.step_summary(),
              run_plan.pipeline ? " (this stage's FLOPs; the bytes saved per microbatch)" : "");
   fmt::print("plan: arena {} device (lower bound {}), {} host; parameters, moments updated in place\n",
              plan::bytes_str(static_cast<double>(compiled.plan.arena[0])),

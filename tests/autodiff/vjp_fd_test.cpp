@@ -19,6 +19,10 @@ namespace {
 
 using namespace ir;
 
+// The policies of the cases' remat regions: names saved, offloaded, recomputed (everything else).
+constexpr const char* kRegionPolicies[] = {"nothing_saveable", "everything_saveable",
+                                           "save_and_offload_only_these_names(save=[mlpwi_0], offload=[mlpwo])"};
+
 constexpr DType F = DType::f64;
 
 // An i32 constant vector built from primitives.
@@ -150,8 +154,7 @@ std::vector<Case> cases() {
     Tensor g = checkpoint_name(exp(h) * a[0], "mlpwo");
     return std::vector<Tensor>{logistic(matmul(g, a[1])) * h};
   };
-  for (const char* policy : {"nothing_saveable", "everything_saveable",
-                             "save_and_offload_only_these_names(save=[mlpwi_0], offload=[mlpwo])"}) {
+  for (const char* policy : kRegionPolicies) {
     c.push_back({std::string("remat_") + (policy[0] == 's' ? "save_offload" : policy), [=](Builder& b) {
                    Tensor x = p(b, "x", {3, 3}), w = p(b, "w", {3, 3});
                    return checkpoint(b, std::array{x, w}, block, policy)[0];
@@ -216,7 +219,9 @@ class VjpFiniteDifference : public testing::TestWithParam<Case> {};
 TEST_P(VjpFiniteDifference, MatchesCentralDifferences) {
   const Case& c = GetParam();
   Built built = build(c);
-  rematerialize::Decider decider;
+  std::vector<rematerialize::Policy> policies;
+  for (const char* p : kRegionPolicies) policies.push_back(rematerialize::parse_policy(p));
+  rematerialize::Decider decider(policies);
   Graph g = autodiff::grad_graph(built.f, built.wrt, &decider);
   verify(g);
   std::mt19937 rng(42);

@@ -32,10 +32,10 @@ TEST(CheckpointNames, EachNameOncePerLayerInEveryVocabulary) {
     for (bool scan : {false, true}) {
       nn::ModelConfig c = one_layer(scan);
       c.num_decoder_layers = 3;
-      c.remat_policy = "minimal";
       c.checkpoint_naming = v.naming;
       c.fused_qkv = v.fused_qkv;
       c.fused_mlp = v.fused_mlp;
+      c.remat_policy = nn::parse_remat_policy("minimal", c);
       std::map<std::string, int> counts;
       count_names(nn::loss_graph(c, 1, 4), counts, 1);
       size_t carried = 0;

@@ -143,8 +143,8 @@ TEST(FusedProjections, EachOpRunsInTheSameDtypeFusedOrNot) {
 TEST(FusedProjections, MinimalSavesTheFusedTensorsAndTheSameBytes) {
   auto saved = [](bool fused) {
     nn::ModelConfig c = model(fused, fused, false);
-    c.remat_policy = "minimal";
-    rematerialize::Decider d(nn::vocabulary(c));
+    c.remat_policy = nn::parse_remat_policy("minimal", c);
+    rematerialize::Decider d({c.remat_policy});
     train::grads_program(c, {2, 16, 1}, &d);
     std::map<std::string, std::string> out;  // name -> type
     int64_t bytes = 0;
@@ -167,9 +167,9 @@ TEST(FusedProjections, MinimalSavesTheFusedTensorsAndTheSameBytes) {
 
 TEST(FusedProjections, UnfusedNamesUnderAFusionAreLintErrors) {
   nn::ModelConfig c = model(true, true, false);
-  c.remat_policy = "save_only_these_names(query_proj, mlpwi_0)";
+  c.remat_policy = nn::parse_remat_policy("save_only_these_names(query_proj, mlpwi_0)", c);
   try {
-    rematerialize::lint(nn::loss_graph(c, 2, 16), {.names = nn::vocabulary(c)});
+    rematerialize::lint(nn::loss_graph(c, 2, 16), c.remat_policy, {});
     FAIL() << "lint accepted names the fused layer does not have";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("name 'query_proj' matches no checkpoint name in the model; the names are: "

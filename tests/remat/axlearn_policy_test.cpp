@@ -126,8 +126,9 @@ TEST(AxlearnSpellings, RegexesBeyondCheckpointNameSizesAreRefused) {
 }
 
 nn::ModelConfig model(const std::string& policy, Naming naming) {
-  nn::ModelConfig c = testing_support::small_model(2, true, policy);
+  nn::ModelConfig c = testing_support::small_model(2, true, "full");
   c.checkpoint_naming = naming;
+  c.remat_policy = nn::parse_remat_policy(policy, c);
   return c;
 }
 
@@ -142,8 +143,8 @@ std::vector<exec::Array> args_for(const nn::ModelConfig& c) {
 
 TEST(SeedPolicy, SavesExactlyWhatItsRegexMatchesAndTrainsExactly) {
   nn::ModelConfig c = model(kSeedPolicy, Naming::axlearn);
-  EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.names = {Naming::axlearn}}).empty());
-  rematerialize::Decider d({Naming::axlearn});
+  EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), c.remat_policy, {}).empty());
+  rematerialize::Decider d({c.remat_policy});
   ir::Graph g = train::grads_program(c, {2, 16, 1}, &d).graph;
   // Which residuals are saved, derived here with re.fullmatch semantics over the recorded names.
   const std::regex seed(kSeedRegex);
@@ -170,7 +171,8 @@ TEST(SeedPolicy, SavesExactlyWhatItsRegexMatchesAndTrainsExactly) {
 
 TEST(SeedPolicy, UnderMaxTextNamesLintListsTheRealNames) {
   try {
-    rematerialize::lint(nn::loss_graph(model(kSeedPolicy, Naming::maxtext), 2, 16), {});
+    const nn::ModelConfig c = model(kSeedPolicy, Naming::maxtext);
+    rematerialize::lint(nn::loss_graph(c, 2, 16), c.remat_policy, {});
     FAIL() << "lint accepted a regex that matches no MaxText name";
   } catch (const Error& e) {
     const std::string m = e.what();
@@ -186,9 +188,9 @@ TEST(SeedPolicy, MaxTextPresetsMeanTheSameUnderAxlearnNames) {
   for (const std::string& preset : rematerialize::preset_names()) {
     std::vector<std::pair<Residency, int64_t>> decisions[2];
     for (Naming naming : {Naming::maxtext, Naming::axlearn}) {
-      rematerialize::Decider d({naming});
       nn::ModelConfig c = model(preset == "custom" ? "custom(query_proj=offload, mlpwo=device)" : preset, naming);
-      EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), {.names = {naming}}).empty()) << preset;
+      rematerialize::Decider d({c.remat_policy});
+      EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), c.remat_policy, {}).empty()) << preset;
       train::grads_program(c, {2, 16, 1}, &d);
       for (const rematerialize::ResidualRecord& r : d.records())
         if (!r.region_input && !r.alias && r.what.rfind("TransformerAttentionLayer.", 0) != 0)
@@ -203,9 +205,10 @@ TEST(SeedPolicy, MaxTextPresetsMeanTheSameUnderAxlearnNames) {
 // and o_proj, removing 5 of the 8 dots nothing_saveable recomputes per layer.
 TEST(SeedPolicy, AxlearnDotCountHoldsUnderAxlearnNames) {
   auto recomputed_dots = [](const std::string& policy) {
-    nn::ModelConfig c = testing_support::micro_model(1, false, policy);
+    nn::ModelConfig c = testing_support::micro_model(1, false, "full");
     c.checkpoint_naming = Naming::axlearn;
-    rematerialize::Decider d({Naming::axlearn});
+    c.remat_policy = nn::parse_remat_policy(policy, c);
+    rematerialize::Decider d({c.remat_policy});
     int n = 0;
     for (const ir::Node& node : train::grads_program(c, {1, 4, 1}, &d).graph.nodes) n += node.recomputed && node.op == ir::Op::dot_general;
     return n;

@@ -9,13 +9,20 @@
 namespace remat {
 namespace {
 
-ir::Graph model_with(const std::string& policy) {
-  return nn::loss_graph(testing_support::micro_model(2, true, policy), 1, 4);
+// A traced model and the policy of its remat regions.
+struct Traced {
+  ir::Graph graph;
+  rematerialize::Policy policy;
+};
+
+Traced model_with(const std::string& policy) {
+  const nn::ModelConfig c = testing_support::micro_model(2, true, policy);
+  return {nn::loss_graph(c, 1, 4), c.remat_policy};
 }
 
-std::string lint_error(const ir::Graph& g, bool allow = false) {
+std::string lint_error(const Traced& t, bool allow = false) {
   try {
-    rematerialize::lint(g, {.allow_unmatched = allow});
+    rematerialize::lint(t.graph, t.policy, {.allow_unmatched = allow});
   } catch (const Error& e) {
     return e.what();
   }
@@ -43,9 +50,9 @@ TEST(Lint, UnmatchedRegexIsAnError) {  // "attention\\..*" is Python's way of wr
 }
 
 TEST(Lint, AllowUnmatchedTurnsTheErrorIntoAWarning) {
-  ir::Graph g = model_with("save_only_these_names(query_proj, qkv_proj)");
-  EXPECT_EQ(lint_error(g, true), "");
-  std::vector<std::string> w = rematerialize::lint(g, {.allow_unmatched = true});
+  const Traced t = model_with("save_only_these_names(query_proj, qkv_proj)");
+  EXPECT_EQ(lint_error(t, true), "");
+  std::vector<std::string> w = rematerialize::lint(t.graph, t.policy, {.allow_unmatched = true});
   ASSERT_EQ(w.size(), 1u);
   EXPECT_NE(w[0].find("name 'qkv_proj' matches no checkpoint name"), std::string::npos);
 }
@@ -65,12 +72,12 @@ TEST(Lint, NoBatchDimsPolicyOnBatchedDotsWarns) {
     return std::vector<ir::Tensor>{ir::tanh(ir::matmul(a[0], a[0]))};
   };
   b.result(ir::checkpoint(b, std::array{x}, body, "dots_with_no_batch_dims_saveable")[0]);
-  std::vector<std::string> w = rematerialize::lint(g, {});
+  std::vector<std::string> w = rematerialize::lint(g, rematerialize::parse_policy("dots_with_no_batch_dims_saveable"), {});
   ASSERT_EQ(w.size(), 1u);
   EXPECT_NE(w[0].find("every one of the 1 dot_generals in remat regions has batch dimensions, so it saves nothing"),
             std::string::npos)
       << w[0];
-  EXPECT_TRUE(rematerialize::lint(model_with("dots_with_no_batch_dims_saveable"), {}).empty());
+  EXPECT_EQ(lint_error(model_with("dots_with_no_batch_dims_saveable")), "");
 }
 
 TEST(Policy, ParseErrorsShowTheGrammar) {

@@ -23,11 +23,12 @@ struct Fusion {
 };
 
 nn::ModelConfig model(Layout layout, const std::string& policy, bool bf16 = false, Fusion fusion = {}) {
-  nn::ModelConfig c = testing_support::small_model(layout == Layout::nested ? 4 : 2, layout != Layout::unrolled, policy);
+  nn::ModelConfig c = testing_support::small_model(layout == Layout::nested ? 4 : 2, layout != Layout::unrolled, "full");
   c.layers_per_group = layout == Layout::nested ? 2 : 0;
   if (bf16) c.precision = nn::parse_precision("p=f32,c=bf16");
   c.fused_qkv = fusion.qkv;
   c.fused_mlp = fusion.mlp;
+  c.remat_policy = nn::parse_remat_policy(policy, c);  // spelled as the fused layer spells its names
   return c;
 }
 
@@ -98,7 +99,7 @@ void expect_exact_gradients(Layout layout, bool bf16, const std::string& policy,
   nn::ModelConfig base = model(layout, "everything_saveable", bf16, fusion), c = model(layout, policy, bf16, fusion);
   std::vector<exec::Array> args = args_for(c);
   std::vector<exec::Array> want = exec::run(train::grads_program(base, {2, 16, 1}).graph, args);
-  rematerialize::Decider decider(nn::vocabulary(c));
+  rematerialize::Decider decider({c.remat_policy});
   ir::Graph g = train::grads_program(c, {2, 16, 1}, &decider).graph;
   ir::verify(g);
   // Run as compile runs it: regions inlined, then fused (the invariants hold with fusion on).

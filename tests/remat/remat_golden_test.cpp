@@ -65,8 +65,9 @@ TEST(RematGolden, SavingAttentionProjectionsRemovesFiveRecomputedDots) {
 // dots (batch dims b, h) are recomputed. `.at()` throws for a scope with no record, so a dot the decider
 // never saw fails the test instead of reading as a default.
 TEST(RematGolden, DotsWithNoBatchDimsSavesProjectionsNotAttentionDots) {
-  rematerialize::Decider d;
-  train::grads_program(one_layer("dots_with_no_batch_dims_saveable"), {1, 4, 1}, &d);
+  const nn::ModelConfig c = one_layer("dots_with_no_batch_dims_saveable");
+  rematerialize::Decider d({c.remat_policy});
+  train::grads_program(c, {1, 4, 1}, &d);
   std::map<std::string, std::vector<rematerialize::Residency>> dots;  // by scope, in record order
   for (const rematerialize::ResidualRecord& r : d.records())
     if (r.what.rfind("dot_general @ ", 0) == 0) dots[r.scope].push_back(r.residency);

@@ -16,7 +16,7 @@ inline nn::ModelConfig model(int64_t layers, bool scan, const std::string& polic
   c.head_dim = head_dim;
   c.mlp_dim = mlp;
   c.scan_layers = scan;
-  c.remat_policy = policy;
+  c.remat_policy = nn::parse_remat_policy(policy, c);  // spelled for the default layer: re-parse after changing its names
   return c;
 }
 
