@@ -1,13 +1,16 @@
 // VJP of a remat region (jax.checkpoint), with the policy applied as JAX's partial evaluation does:
-//  1. Inline the remat regions nested in the body (here and inside its scans): the outermost policy
-//     decides every residual.
-//  2. Differentiate the flattened body as a joint graph (forward part F, backward part K), as scan does
-//     (partial_eval.h).
-//  3. Residuals are F values that K reads. Region inputs and outputs are available as they are. Each other
+//  1. Differentiate the body as a joint graph (forward part F, backward part K), as scan does
+//     (partial_eval.h). A remat region nested in the body (a group's layers, inside its scan) is split by its
+//     own policy on the way: its forward returns what its policy saves, which the enclosing scan stacks, and
+//     its backward recomputes the rest. So this region's policy is asked about the nested forward's results
+//     (a stacked residual is judged by its producer inside, a checkpoint name included), and a recompute of
+//     the nested forward reruns it with the nested policy applied: an op runs at most three times (forward,
+//     this region's recompute, the nested region's recompute), JAX's nested jax.checkpoint.
+//  2. Residuals are F values that K reads. Region inputs and outputs are available as they are. Each other
 //     residual is saved (an extra region output), offloaded (an `offload` at the end of the body, a
 //     `reload` before the backward) or recomputed, as the decider says (it must recompute the
 //     parameter-derived ones); a checkpoint name on a region input is that input.
-//  4. The region's body becomes F plus the saved/offloaded outputs. Into the outer graph go the reloads,
+//  3. The region's body becomes F plus the saved/offloaded outputs. Into the outer graph go the reloads,
 //     clones of the F nodes that recomputed residuals need (marked `recomputed`, keeping their origin),
 //     then K, all with values mapped to outer ones.
 // A recomputed scan node is cloned whole, with the residual outputs its own VJP gave it, so the inner
@@ -25,26 +28,38 @@ using namespace remat::ir;
 
 namespace {
 
-// The op a policy judges for output `k` of `n`: for a scan's stacked output, the producer inside the
-// body (recursively), when there is one.
+// The checkpoint name a body param carries where it is used: a `name` of it in `body`, or in the body of a
+// remat region it enters (a layer names its own input, decoder_layer_input), with the graph holding that
+// `name`. Nulls if none.
+std::pair<const Graph*, const Node*> name_of_param(const Graph& body, ValueId param) {
+  for (const Node& m : body.nodes) {
+    if (m.op == Op::name && m.inputs[0] == param) return {&body, &m};
+    if (m.op != Op::remat) continue;
+    for (size_t i = 0; i < m.inputs.size(); ++i)
+      if (auto named = name_of_param(*m.body, m.body->params[i]); m.inputs[i] == param && named.second) return named;
+  }
+  return {nullptr, nullptr};
+}
+
+// The op a policy judges for output `k` of `n`: for a scan's stacked output or a nested remat region's
+// result, the producer inside the body (recursively), when there is one; for a scan's stacked carry or xs
+// slice, the checkpoint name the body gives it, when there is one.
 void resolve(const Graph*& graph, const Node*& node, size_t& output, int64_t& trips) {
-  while (node->op == Op::scan) {
+  while (node->op == Op::scan || node->op == Op::remat) {
     const Graph& body = *node->body;
-    ValueId inner = body.results[output];
-    bool found = false;
-    for (const Node& m : body.nodes) {
-      for (size_t j = 0; j < m.outputs.size() && !found; ++j) {
-        if (m.outputs[j] == inner) {
-          trips *= scan_attrs(node->attrs).length;
-          graph = &body;
-          node = &m;
-          output = j;
-          found = true;
-        }
-      }
-      if (found) break;
-    }
-    if (!found) return;  // a body param stacked as it is: the scan itself is the producer
+    const ValueId inner = body.results[output];
+    const int64_t times = node->op == Op::scan ? scan_attrs(node->attrs).length : 1;
+    std::pair<const Graph*, const Node*> made{nullptr, nullptr};
+    size_t made_output = 0;
+    for (const Node& m : body.nodes)
+      for (size_t j = 0; j < m.outputs.size() && made.second == nullptr; ++j)
+        if (m.outputs[j] == inner) made = {&body, &m}, made_output = j;
+    if (made.second == nullptr) made = name_of_param(body, inner), made_output = 0;
+    if (made.second == nullptr) return;  // a body param returned as it is, unnamed: the region is the producer
+    trips *= times;
+    graph = made.first;
+    node = made.second;
+    output = made_output;
   }
 }
 
@@ -92,11 +107,10 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   CHECK(ctx.decider != nullptr,
         "{}: differentiating a remat region (policy '{}') needs a remat decider; pass one to autodiff::grad",
         describe_node(b.graph(), index), n.attrs.str("policy"));
-  Graph body = n.body->clone();
-  ir::inline_remat_regions(body);
+  const Graph& body = *n.body;
   const size_t np = body.params.size();
 
-  // 2. The joint graph.
+  // 1. The joint graph.
   std::vector<std::string> seed_names;
   for (size_t k = 0; k < body.results.size(); ++k)
     seed_names.push_back(is_float(body.type(body.results[k]).dtype) && out_cots[k] ? fmt::format("dr{}", k) : "");
@@ -108,7 +122,7 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   Joint joint = differentiate({.body = body, .seed_names = seed_names, .accumulators = {}, .parameter_derived = flags,
                                .differentiable = diff_flags, .decider = ctx.decider, .trip_count = ctx.trip_count});
 
-  // 3. Residuals and their residency, decided as JAX's partial evaluation does: a value the policy keeps is a
+  // 2. Residuals and their residency, decided as JAX's partial evaluation does: a value the policy keeps is a
   // residual; a recomputed one needs its producer's inputs, which are decided in turn. So a recompute chain
   // stops at the first value the policy saves (the backward of `minimal` recomputes x + out_proj from the
   // saved out_proj, not the attention behind it). The region's outputs exist outside: nobody is asked.
@@ -122,7 +136,7 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
       ctx.decider->note_input(n.attrs.str("policy"), n.origin, static_cast<int>(p), n.body->param_names[p],
                               joint.graph.type(v), joint.parameter_derived[static_cast<size_t>(v)], ctx.trip_count);
 
-  // 4a. The region's forward: F, returning the saved residuals and host copies of the offloaded ones.
+  // 3a. The region's forward: F, returning the saved residuals and host copies of the offloaded ones.
   const std::vector<ValueId> saved = of_kind(split, ResidualKind::save);
   const std::vector<ValueId> offloaded = of_kind(split, ResidualKind::offload);
   std::vector<Type> types;
@@ -139,7 +153,7 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
     if (joint.seeds[k] >= 0) env.emplace(joint.seeds[k], *out_cots[k]);
   }
 
-  // 4b. The backward in the outer graph: reloads, recompute clones, then K.
+  // 3b. The backward in the outer graph: reloads, recompute clones, then K.
   for (size_t k = 0; k < offloaded.size(); ++k) {
     b.set_scope(n.scope);
     env.emplace(offloaded[k], b.emit1(Op::reload, std::array{kept[saved.size() + k]}));

@@ -131,6 +131,7 @@ const std::vector<Key>& keys() {
       bind<double>("loss_scale_factor", [](Config& c) -> double& { return c.run.optimizer.loss_scale.factor; }, above(1)),
       bind<double>("loss_scale_min", [](Config& c) -> double& { return c.run.optimizer.loss_scale.min_scale; }, at_least(1)),
       bind<std::string>("remat_policy", [](Config& c) -> std::string& { return c.remat_policy; }),
+      bind<std::string>("group_remat_policy", [](Config& c) -> std::string& { return c.group_remat_policy; }),
       bind<bool>("remat_allow_unmatched", [](Config& c) -> bool& { return c.run.remat_allow_unmatched; }),
       bind_enum("checkpoint_naming", {"maxtext", "axlearn"}, [](Config& c) -> std::string& { return c.checkpoint_naming; }),
       bind<bool>("fused_qkv", [](Config& c) -> bool& { return c.run.model.fused_qkv; }),
@@ -361,6 +362,16 @@ Config load_config(const std::string& config_path, const std::vector<std::string
   } catch (const Error& e) {
     CHECK(false, "config key 'remat_policy': {}", e.what());
   }
+  try {
+    c.run.model.group_remat_policy = nn::parse_remat_policy(c.group_remat_policy, c.run.model);
+  } catch (const Error& e) {
+    CHECK(false, "config key 'group_remat_policy': {}", e.what());
+  }
+  using Kind = rematerialize::Policy::Kind;
+  const Kind g = c.run.model.group_remat_policy.kind;
+  CHECK(g != Kind::automatic && g != Kind::none && g != Kind::custom,
+        "config key 'group_remat_policy' is '{}': a group's policy is a preset (full, minimal, ...), a JAX policy or "
+        "a name list; auto, none and custom apply to remat_policy only", c.group_remat_policy);
   return c;
 }
 

@@ -16,6 +16,7 @@ namespace remat::cli {
 struct Config {
   trainer::RunConfig run;
   std::string remat_policy = "full";          // as written; parsed into run.model.remat_policy
+  std::string group_remat_policy = "nothing_saveable";  // as written; parsed into run.model.group_remat_policy
   std::map<std::string, std::string> custom_remat;  // checkpoint name -> remat|device|offload (remat_policy=custom)
   std::string model = "tiny";                 // preset name (configs/models/<model>.yml)
   std::string run_name;                       // "" = the model name

@@ -9,7 +9,10 @@ Compiled compile(const Request& r) {
   if (r.kind == Kind::train_step || r.kind == Kind::grads) {  // differentiated: remat regions are split
     ir::Graph forward = nn::loss_graph(r.model, r.shape.batch, r.shape.seq);
     c.warnings = rematerialize::lint(forward, r.model.remat_policy, {.allow_unmatched = r.allow_unmatched});
-    rematerialize::Decider own({r.model.remat_policy});
+    if (r.model.layers_per_group > 0)  // the group's policy sees the same names (its layers')
+      for (std::string& w : rematerialize::lint(forward, r.model.group_remat_policy, {.allow_unmatched = r.allow_unmatched}))
+        c.warnings.push_back(std::move(w));
+    rematerialize::Decider own(nn::remat_policies(r.model));
     rematerialize::Decider& decider = r.decider != nullptr ? *r.decider : own;
     CHECK(r.pipeline == nullptr || r.kind == Kind::train_step, "compile: under a pipeline, gradients come with the train step");
     traced = r.pipeline ? train::pipeline_step_program(r.model, r.shape, r.optimizer, *r.pipeline, r.stage, &decider)

@@ -16,7 +16,7 @@ using ir::Op;
 
 struct Executable::Frame {
   std::vector<Array> values;                 // by value id
-  std::vector<Array> ins, outs, body_args;   // scratch, reused
+  std::vector<Array> ins, outs, body_args, body_slices;  // scratch, reused
   std::vector<int> first_write, last_read;   // by buffer, for the measured peak (top graph only)
 };
 
@@ -167,7 +167,7 @@ const std::vector<Array>& Executable::run(std::span<const Array> args) {
   Frame& f = frame_for(g);
   f.first_write.assign(plan_.buffers.size(), -1);
   f.last_read.assign(plan_.buffers.size(), -1);
-  run_graph(g, plan_, 0, 0, f, args, true);
+  run_graph(g, plan_, 0, 0, f, args, {}, true);
   backend_.synchronize();
   results_.clear();
   for (size_t r = 0; r < g.results.size(); ++r) {
@@ -193,12 +193,17 @@ const std::vector<Array>& Executable::run(std::span<const Array> args) {
 }
 
 void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_base, int64_t host_base, Frame& f,
-                           std::span<const Array> args, bool top) {
+                           std::span<const Array> args, std::span<const Array> slices, bool top) {
   for (size_t i = 0; i < args.size(); ++i) f.values[static_cast<size_t>(g.params[i])] = args[i];
   std::vector<Array>& vals = f.values;
   // A value's storage: its planned arena slot, or (donated results) its argument's buffer.
   auto storage = [&](ir::ValueId v) -> Array {
     const int b = p.buffer_of[static_cast<size_t>(v)];
+    if (b == plan::kInSlice) {  // a stacked result: its slice of the scan's output
+      for (size_t r = 0; r < g.results.size(); ++r)
+        if (p.in_slice[r] && p.root[static_cast<size_t>(g.results[r])] == v) return slices[r].view(&g.type(v));
+      ASSERT(false);
+    }
     if (b == -1) {  // donated: the argument's buffer
       for (size_t r = 0; r < g.results.size(); ++r)
         if (g.results[r] == v && p.donated_param[r] >= 0) return args[static_cast<size_t>(p.donated_param[r])];
@@ -252,9 +257,13 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
             f.body_args.push_back(q < nc        ? f.ins[q]
                                   : q < nc + nh ? f.outs[q - nc]
                                                 : f.ins[q].slice0(t, &body.type(body.params[q])));
-          run_graph(body, bp, body_device, body_host, bf, f.body_args, false);
+          f.body_slices.assign(nh, Array());
+          for (size_t k = nh; k < n.outputs.size(); ++k)
+            f.body_slices.push_back(f.outs[k].slice0(t, &body.type(body.results[k])));
+          run_graph(body, bp, body_device, body_host, bf, f.body_args, f.body_slices, false);
           // ys first: a y may be a carry param, which is the outer carry buffer the carries overwrite next.
           for (size_t k = nh; k < n.outputs.size(); ++k) {
+            if (bp.in_slice[k]) continue;  // made there
             const Array& r = bf.values[static_cast<size_t>(body.results[k])];
             backend_.copy(r, f.outs[k], t * r.type().bytes());
           }

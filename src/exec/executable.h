@@ -54,8 +54,9 @@ class Executable {
 
  private:
   struct Frame;  // per-graph execution state, reused every run (no steady-state allocation)
+  // `slices`: per result of a scan body, its slice of the stacked output (used where plan::Plan::in_slice).
   void run_graph(const ir::Graph& g, const plan::Plan& p, int64_t device_base, int64_t host_base, Frame& f,
-                 std::span<const Array> args, bool top);
+                 std::span<const Array> args, std::span<const Array> slices, bool top);
   Frame& frame_for(const ir::Graph& g);
   void check_workspace(const ir::Graph& g, const plan::Plan& p) const;
   void call_kernel(const ir::Graph& g, const ir::Node& n, std::span<const Array> in, std::span<Array> out,

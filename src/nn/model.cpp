@@ -335,7 +335,8 @@ Tensor scan_layers(Builder& b, const ModelConfig& c, Tensor x, std::span<const T
   return scan(b, stacked[0].dim(0), std::array{k.cos, k.sin, k.mask}, std::array{x}, stacked, body, name)[0];
 }
 
-// The double scan: groups of layers_per_group layers; each group is a remat region around a layer scan.
+// The double scan: groups of layers_per_group layers; each group is a remat region (group_remat_policy) around
+// a scan of the layers' regions (remat_policy).
 Tensor scan_groups(Builder& b, const ModelConfig& c, Tensor x, std::span<const Tensor> stacked, const LayerConsts& k) {
   const int64_t per = c.layers_per_group, groups = c.num_decoder_layers / per;
   std::vector<Tensor> grouped;
@@ -357,7 +358,7 @@ Tensor scan_groups(Builder& b, const ModelConfig& c, Tensor x, std::span<const T
     };
     if (!remat_regions(c)) return group(gb, in);
     const std::vector<std::string> names = region_inputs(c);
-    return checkpoint(gb, in, group, c.remat_policy.written, "layer_group", names);
+    return checkpoint(gb, in, group, c.group_remat_policy.written, "layer_group", names);
   };
   return scan(b, groups, std::array{k.cos, k.sin, k.mask}, std::array{x}, grouped, body, "layer_group")[0];
 }

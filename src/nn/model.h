@@ -5,7 +5,9 @@
 // No biases. Layer parameters are stacked [L, ...]; with scan_layers the layers run under one scan over
 // them, otherwise unrolled over slices of the same stacked parameters: the same arithmetic either way.
 // Each layer is a remat region (jax.checkpoint) with remat_policy; with layers_per_group the scan runs
-// over groups, each group a remat region holding a scan over its layers (remat on both levels).
+// over groups, each group a remat region with group_remat_policy holding a scan over its layers' regions
+// (JAX's nested jax.checkpoint: a group's backward recomputes its forward with remat_policy applied to its
+// layers).
 // Mixed precision: weights are stored in precision.param; activations and matmuls run in
 // precision.compute, each layer casting its own matmul kernels inside the scanned body, as one allocation
 // (a convert_group: weight-derived, so under remat it is recomputed, never stacked); mp_cast=upfront casts
@@ -45,8 +47,10 @@ struct ModelConfig {
   bool logits_via_embedding = false; // tie the output projection to the embedding
   bool scan_layers = true;           // run the layers under a scan (else unrolled)
   int64_t layers_per_group = 0;      // > 0: a scan over groups of this many layers, each a scan (double scan)
-  rematerialize::Policy remat_policy = rematerialize::parse_policy("full");  // of each layer (and group);
-                                                                            // kind none: no remat region
+  rematerialize::Policy remat_policy = rematerialize::parse_policy("full");  // of each layer; kind none: no
+                                                                            // remat region (nor group region)
+  // Of each group (layers_per_group > 0): what crosses groups. Its default keeps only the groups' inputs.
+  rematerialize::Policy group_remat_policy = rematerialize::parse_policy("nothing_saveable");
   names::Naming checkpoint_naming = names::Naming::maxtext;  // the checkpoint names the layer's tensors carry
   bool fused_qkv = false;            // q, k, v as one matmul against [D, H+2KV, Dh], named qkv_proj (MaxText's)
   bool fused_mlp = false;            // gate and up as one matmul against [D, 2, F], named mlpwi (MaxText's)
@@ -83,6 +87,11 @@ rematerialize::Spelling policy_spelling(const ModelConfig& c);
 inline rematerialize::Policy parse_remat_policy(const std::string& text, const ModelConfig& c,
                                                 const rematerialize::CustomKeys& keys = {}) {
   return rematerialize::parse_policy(text, policy_spelling(c), keys);
+}
+
+// The policies the model's remat regions are traced with (a rematerialize::Decider is handed these).
+inline std::vector<rematerialize::Policy> remat_policies(const ModelConfig& c) {
+  return {c.remat_policy, c.group_remat_policy};
 }
 
 enum class Init { normal, ones };

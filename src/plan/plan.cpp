@@ -37,9 +37,10 @@ std::vector<int> schedule(const Graph& g, size_t invariant, bool float_recompute
       all = all && (p < 0 ? !variant[static_cast<size_t>(v)] : floating[static_cast<size_t>(p)]);
     }
     const Node& node = g.nodes[static_cast<size_t>(i)];
-    // Effectful nodes never move (so they keep their order among themselves), nor do regions.
-    floating[static_cast<size_t>(i)] =
-        (all || (float_recomputes && node.recomputed)) && !node.body && !ir::is_effectful(node.op);
+    // Effectful nodes never move (so they keep their order among themselves), nor do scans; a fusion is one
+    // kernel and moves like one.
+    floating[static_cast<size_t>(i)] = (all || (float_recomputes && node.recomputed)) &&
+                                       (!node.body || node.op == Op::fusion) && !ir::is_effectful(node.op);
   }
   std::vector<std::vector<int>> consumers(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)
@@ -192,6 +193,21 @@ Plan build(const Graph& g, const Options& options) {
     }
   }
 
+  // Stacked in place (a scan body's ys): a result made by a body node (or a view of one) takes its slice of the
+  // stacked output as storage. Not a param's view, nor a convert_group's shared buffer, nor a value that is two
+  // results (two slices).
+  p.in_slice.assign(g.results.size(), false);
+  std::vector<bool> made_in_slice(g.types.size(), false);
+  for (size_t r = std::min(options.stacked_results_from, g.results.size()); r < g.results.size(); ++r) {
+    const ValueId rr = p.root[static_cast<size_t>(g.results[r])];
+    const auto same_root = [&](ValueId x) { return p.root[static_cast<size_t>(x)] == rr; };
+    if (def[static_cast<size_t>(rr)] < 0 || std::count_if(g.results.begin(), g.results.end(), same_root) != 1 ||
+        g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(def[static_cast<size_t>(rr)])])].op == Op::convert_group)
+      continue;
+    p.in_slice[r] = true;
+    made_in_slice[static_cast<size_t>(rr)] = true;
+  }
+
   p.buffer_of.assign(g.types.size(), -2);
   p.within.assign(g.types.size(), 0);
   for (ValueId v : g.params) p.buffer_of[static_cast<size_t>(v)] = -1;
@@ -199,8 +215,10 @@ Plan build(const Graph& g, const Options& options) {
     const int i = p.schedule[static_cast<size_t>(s)];
     const Node& node = g.nodes[static_cast<size_t>(i)];
     if (node.op == Op::scan) {
+      const ir::ScanAttrs scan = ir::scan_attrs(node.attrs);
       Plan body = build(*node.body, {.donate = {},
-                                     .invariant_params = static_cast<size_t>(ir::scan_attrs(node.attrs).num_consts),
+                                     .invariant_params = static_cast<size_t>(scan.num_consts),
+                                     .stacked_results_from = static_cast<size_t>(scan.num_carry),
                                      .float_recomputes = !node.recomputed,
                                      .workspace = options.workspace});
       for (Space sp : {Space::device, Space::host}) {
@@ -254,6 +272,10 @@ Plan build(const Graph& g, const Options& options) {
         continue;
       }
       if (p.root[static_cast<size_t>(v)] != v) continue;  // written in place over an operand
+      if (made_in_slice[static_cast<size_t>(v)]) {
+        p.buffer_of[static_cast<size_t>(v)] = kInSlice;
+        continue;
+      }
       Buffer b;
       b.value = v;
       b.node = i;

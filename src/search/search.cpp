@@ -252,12 +252,13 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
   r.plan = false;
   const compile::Compiled c = compile::compile(r);
   std::vector<std::string> names;
+  const std::string layer_policy = r.model.remat_policy.described();  // a group's records are its own policy's
   for (const std::string& name : candidates) {
     const std::string spelled(nn::names::from_maxtext(name, v.naming));
     double b = 0;
     bool decided = false;
     for (const rematerialize::ResidualRecord& rec : c.explanation.residuals)
-      if (rec.what == spelled && !rec.alias && !rec.region_input) {
+      if (rec.what == spelled && !rec.alias && !rec.region_input && rec.policy == layer_policy) {
         decided = true;
         b += static_cast<double>(rec.type.bytes()) * static_cast<double>(rec.trip_count);
       }

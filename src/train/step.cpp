@@ -229,7 +229,7 @@ Tensor learning_rate(Builder& b, const OptimizerConfig& o, Tensor step) {
 }
 
 Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider) {
-  rematerialize::Decider local({model.remat_policy});
+  rematerialize::Decider local(nn::remat_policies(model));
   Program prog;
   Graph& g = prog.graph;
   g.name = "grads";
@@ -316,7 +316,7 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
 
 Program step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
                      rematerialize::Decider* decider) {
-  rematerialize::Decider local({model.remat_policy});
+  rematerialize::Decider local(nn::remat_policies(model));
   Program prog;
   Graph& g = prog.graph;
   g.name = "train_step";
@@ -378,7 +378,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   const int64_t p = ps.stages, m = ps.microbatches;
   CHECK(shape.accumulation == m, "pipeline step: {} microbatches in the batch for a schedule of {}", shape.accumulation, m);
   ASSERT(rank >= 0 && rank < p);
-  rematerialize::Decider local({model.remat_policy});
+  rematerialize::Decider local(nn::remat_policies(model));
   Program prog;
   Graph& g = prog.graph;
   g.name = fmt::format("pipeline_step_stage{}", rank);
@@ -514,7 +514,7 @@ parallel::Costs chunk_costs(const nn::ModelConfig& model, const parallel::Pipeli
   const size_t forward_nodes = g.nodes.size();
   Tensor dy = b.param("dy", y.type());
   const std::pair<ValueId, ValueId> seed{y.id, dy.id};
-  rematerialize::Decider decider({model.remat_policy});
+  rematerialize::Decider decider(nn::remat_policies(model));
   std::vector<ValueId> weights(wrt.begin() + 1, wrt.end());
   for (ValueId d : autodiff::vjp(g, std::span(&seed, 1), wrt, &decider, weights)) g.results.push_back(d);
   parallel::Costs c{0, 0};

@@ -187,6 +187,7 @@ const Bound kBounds[] = {
     {"loss_scale_factor", "1", "a number > 1", "1.5"},
     {"loss_scale_min", "0.5", "a number >= 1", "1"},
     {"remat_policy", "mostly", "remat_policy", "none"},
+    {"group_remat_policy", "auto", "group_remat_policy", "everything_saveable"},
     {"remat_allow_unmatched", "sometimes", "true or false", "true"},
     {"checkpoint_naming", "flax", "one of maxtext, axlearn", "axlearn"},
     {"fused_qkv", "both", "true or false", "true"},

@@ -20,7 +20,7 @@ TEST_P(ExplainRuns, RunsPerStepAreTheExecutedKernelCalls) {
   auto [policy, group] = GetParam();
   nn::ModelConfig c = testing_support::micro_model(4, true, policy);
   c.layers_per_group = group;
-  rematerialize::Decider decider({c.remat_policy});
+  rematerialize::Decider decider(nn::remat_policies(c));
   ir::Graph step = train::grads_program(c, {2, 8, 1}, &decider).graph;
   rematerialize::Explanation e = rematerialize::explain(decider.records(), nn::loss_graph(c, 2, 8), step);
   std::vector<exec::Array> args = nn::init_params(c, 1);
@@ -85,7 +85,7 @@ TEST_P(ExplainPipeline, EachLayerSavesWhatItSavesWithoutAPipeline) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, ExplainPipeline, testing::Values("minimal", "dots_with_no_batch_dims_saveable"));
 
-TEST(ExplainPipeline, NoForwardOpRunsMoreThanTwicePerLayerAndMicrobatch) {
+TEST(ExplainPipeline, NoForwardOpRunsMoreThanTwicePerLayerAndMicrobatchOrThriceInGroups) {
   for (int64_t group : {0, 2}) {
     nn::ModelConfig c = testing_support::micro_model(4, true, "full");
     c.layers_per_group = group;
@@ -103,12 +103,14 @@ TEST(ExplainPipeline, NoForwardOpRunsMoreThanTwicePerLayerAndMicrobatch) {
     };
     for (const rematerialize::ResidualRecord& r : step.explanation.residuals) {
       if (r.region_input) continue;
-      // Microbatch 0's producers, by origin: once per layer forward, at most once per layer recomputed; a
-      // broadcast or constant that fusion copied into all its readers is no kernel of its own (it runs 0 times).
+      // Microbatch 0's producers, by origin: once per layer forward, at most once per layer recomputed (and in
+      // groups once more, in the group's recompute); a broadcast or constant that fusion copied into all its
+      // readers is no kernel of its own (it runs 0 times).
       EXPECT_EQ(runs(step.explanation.runs, r.origin), runs(profile.runs_by_origin, r.origin)) << r.what;
       const bool copy = r.what.starts_with("broadcast_in_dim") || r.what.starts_with("iota") || r.what.starts_with("full");
       if (copy && runs(profile.runs_by_origin, r.origin) == 0) continue;
-      EXPECT_LE(profile.runs_by_origin.at(r.origin), 2 * r.trip_count) << r.what << " (groups of " << group << ")";
+      EXPECT_LE(profile.runs_by_origin.at(r.origin), (group > 0 ? 3 : 2) * r.trip_count)
+          << r.what << " (groups of " << group << ")";
       EXPECT_GE(profile.runs_by_origin.at(r.origin), r.trip_count) << r.what;
     }
   }

@@ -75,9 +75,8 @@ TEST_P(AutoPolicy, EqualsTheBruteForceOptimumUnderEveryBudget) {
   for (const search::Candidate& c : all) peaks.push_back(c.peak);
   std::sort(peaks.begin(), peaks.end());
   peaks.erase(std::unique(peaks.begin(), peaks.end()), peaks.end());
-  // Tight: only the smallest peak fits; middle; loose: all but the all-device placement's peak. (Under the double
-  // scan every placement has the same peak — the inner layers' residuals live in the backward body either way —
-  // so its loose budget is twice that.)
+  // Tight: only the smallest peak fits; middle; loose: all but the all-device placement's peak (twice the one peak
+  // if every placement had the same).
   const int64_t loose = peaks.size() > 1 ? peaks.back() - 1 : 2 * peaks.back();
   for (int64_t budget : {peaks.front(), peaks[peaks.size() / 2], loose}) {
     const search::Result got = search::search(r, {.device = budget}, rates);
@@ -138,17 +137,17 @@ TEST_P(AutoPolicy, EqualsTheBruteForceOptimumUnderEveryBudget) {
 }
 
 // Not searched: a name on a region input, kept with it (decoder_layer_input of a layer scan), and one the
-// backward never reads: mlpwo (only the residual add reads it). In the double scan with grouped-query attention
-// also key_proj, value_proj and out_proj: inside a group the backward reads the repeated k and v heads and
-// x + out_proj, so placing those names changes neither the saved bytes nor the recompute (`remat explain`).
+// backward never reads: mlpwo (only the residual add reads it). The double scan searches the layers' policy
+// (the groups keep theirs, nothing_saveable) over the same names; fused projections keep it to 3^4 plans.
 const std::vector<std::string> kUnfusedNames = {"query_proj", "key_proj", "value_proj", "context", "out_proj",
                                                 "mlpwi_0",    "mlpwi_1"};
 INSTANTIATE_TEST_SUITE_P(
     Models, AutoPolicy,
     testing::ValuesIn(testing_support::sanitizer_subset(std::vector<Model>{Model{"tiny", {"model=tiny"}, kUnfusedNames},
                     Model{"gqa_double_scan",
-                          {"model=tiny", "base_num_kv_heads=2", "layers_per_group=2", "max_target_length=512"},
-                          {"decoder_layer_input", "query_proj", "context", "mlpwi_0", "mlpwi_1"}},
+                          {"model=tiny", "base_num_kv_heads=2", "layers_per_group=2", "max_target_length=512",
+                           "fused_qkv=true", "fused_mlp=true"},
+                          {"context", "out_proj", "qkv_proj", "mlpwi"}},
                     Model{"llama2_7b_4096", {"model=llama2-7b", "per_device_batch_size=1", "max_target_length=4096"},
                           kUnfusedNames}},
         {"gqa_double_scan"})),
