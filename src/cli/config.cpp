@@ -296,6 +296,8 @@ std::vector<std::string> config_keys() {
 
 Config load_config(const std::string& config_path, const std::vector<std::string>& overrides) {
   Config c;
+  c.config_path = config_path;
+  c.overrides = overrides;
   auto apply = [&](const std::vector<std::pair<std::string, std::string>>& kvs, const std::string& where) {
     for (const auto& [k, v] : kvs) {
       find_key(k, where).set(c, v, fmt::format("in {}", where));
@@ -361,6 +363,14 @@ Config load_config(const std::string& config_path, const std::vector<std::string
   } catch (const Error& e) {
     CHECK(false, "config key 'remat_policy': {}", e.what());
   }
+  return c;
+}
+
+Config with_overrides(const Config& config, const std::vector<std::string>& more) {
+  std::vector<std::string> overrides = config.overrides;
+  overrides.insert(overrides.end(), more.begin(), more.end());
+  Config c = load_config(config.config_path, overrides);
+  c.run.dump_ir_after = config.run.dump_ir_after;
   return c;
 }
 
