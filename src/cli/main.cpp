@@ -85,8 +85,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--compare", compare,
                        "KEY=V1,V2,...: plan the config once per value instead (repeat for more keys: every combination), "
                        "one row each: total, peak, saved and offloaded bytes, recompute, estimated step time")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      ->allow_extra_args(false);  // one value per --compare: what follows it is the command line's again
   remat::cli::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
   demo_cmd->add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
