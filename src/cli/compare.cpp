@@ -199,7 +199,7 @@ int run_compare(const Config& config, const std::vector<std::string>& compare, b
     const search::Rates& r = rates[key];
     const double seconds = step_seconds(e, r);
     const std::string name = fmt::format("{}", fmt::join(values, " "));
-    table += fmt::format("{:<{}}  {:>11} {:>11} {:>9} {:>11} {:>11} {:>12.5g} {:>11.3g}\n", name, width,
+    table += fmt::format("{:<{}}  {:>11} {:>11} {:>9} {:>11} {:>11} {:>12.5g} {:>11.4g}\n", name, width,
                          str(static_cast<double>(p.report.total)), str(static_cast<double>(p.report.lower_bound)),
                          p.report.peak_step, str(e.saved_bytes()), str(e.offloaded_bytes()), e.recompute_flops / 1e9, seconds);
     json_rows.push_back({{"variant", values},
