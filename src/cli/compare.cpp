@@ -5,7 +5,6 @@
 #include "cli/config.h"
 
 #include "base/check.h"
-#include "exec/mesh.h"
 #include "ir/text.h"
 #include "plan/report.h"
 
@@ -17,7 +16,6 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <tuple>
 
 namespace remat::cli {
 
@@ -97,6 +95,25 @@ double step_seconds(const rematerialize::Explanation& e, const search::Rates& r)
          2 * e.offloaded_bytes() / r.host_bandwidth;
 }
 
+// Each combination of the --compare arguments' values and its config, every one loaded (and so checked) before
+// any is planned.
+std::vector<std::pair<std::vector<std::string>, Config>> load_variants(const Config& config,
+                                                                      const std::vector<std::string>& compare) {
+  std::vector<std::pair<std::vector<std::string>, Config>> rows;
+  for (const std::vector<std::string>& v : variants(compare)) {
+    try {
+      rows.emplace_back(v, with_overrides(config, v));
+    } catch (const Error& e) {
+      CHECK(false, "--compare variant {}: {}", fmt::join(v, " "), e.what());
+    }
+    CHECK(rows.back().second.run.model.remat_policy.kind != rematerialize::Policy::Kind::automatic,
+          "--compare variant {}: remat_policy=auto is not compared (it is a search, not one plan); run `remat plan "
+          "remat_policy=auto` and compare the custom(...) it prints",
+          fmt::join(v, " "));
+  }
+  return rows;
+}
+
 // ---- warnings ----
 
 // A remat setting of a config and the same config without it.
@@ -172,20 +189,9 @@ void print_setting_warnings(const Config& config, int64_t ranks) {
 }
 
 int run_compare(const Config& config, const std::vector<std::string>& compare, bool json) {
-  // Every variant is loaded (and so checked) before any is planned.
-  std::vector<std::pair<std::vector<std::string>, Config>> rows;
-  for (const std::vector<std::string>& v : variants(compare)) {
-    try {
-      rows.emplace_back(v, with_overrides(config, v));
-    } catch (const Error& e) {
-      CHECK(false, "--compare variant {}: {}", fmt::join(v, " "), e.what());
-    }
-    CHECK(rows.back().second.run.model.remat_policy.kind != rematerialize::Policy::Kind::automatic,
-          "--compare variant {}: remat_policy=auto is not compared (it is a search, not one plan); run `remat plan "
-          "remat_policy=auto` and compare the custom(...) it prints",
-          fmt::join(v, " "));
-  }
-  std::map<std::pair<DType, std::string>, search::Rates> rates;  // measured once per compute dtype and host_bandwidth
+  const std::vector<std::pair<std::vector<std::string>, Config>> rows = load_variants(config, compare);
+  // Measured once per compute dtype, so that rows differ by what they plan rather than by timing noise.
+  std::map<DType, search::Rates> measured;
   nlohmann::json json_rows = nlohmann::json::array();
   size_t width = std::string("variant").size();
   for (const auto& [values, variant] : rows) width = std::max(width, fmt::format("{}", fmt::join(values, " ")).size());
@@ -194,9 +200,11 @@ int run_compare(const Config& config, const std::vector<std::string>& compare, b
   for (const auto& [values, variant] : rows) {
     const Planned p = plan_config(variant, 0, "remat plan --compare");
     const rematerialize::Explanation& e = p.step.explanation;
-    const auto key = std::pair(variant.run.model.precision.compute, variant.host_bandwidth);
-    if (!rates.count(key)) rates[key] = search_inputs(variant, "remat plan --compare").rates;
-    const search::Rates& r = rates[key];
+    const DType compute = variant.run.model.precision.compute;
+    if (!measured.count(compute)) measured[compute] = search::measure(compute);
+    search::Rates r = measured[compute];
+    if (!variant.host_bandwidth.empty())
+      r.host_bandwidth = static_cast<double>(plan::parse_bytes(variant.host_bandwidth, "host_bandwidth"));
     const double seconds = step_seconds(e, r);
     const std::string name = fmt::format("{}", fmt::join(values, " "));
     table += fmt::format("{:<{}}  {:>11} {:>11} {:>9} {:>11} {:>11} {:>12.5g} {:>11.4g}\n", name, width,
@@ -222,9 +230,9 @@ int run_compare(const Config& config, const std::vector<std::string>& compare, b
     return 0;
   }
   fmt::print("{}", table);
-  for (const auto& [key, r] : rates)
-    fmt::print("{} rates: GEMM {:.3g} GFLOP/s, elementwise {:.3g} GFLOP/s, host copies {}/s\n", dtype_name(key.first),
-               r.gemm_flops / 1e9, r.other_flops / 1e9, str(r.host_bandwidth));
+  for (const auto& [compute, r] : measured)
+    fmt::print("{} rates: GEMM {:.3g} GFLOP/s, elementwise {:.3g} GFLOP/s, host copies {}/s (host_bandwidth, where set, "
+               "replaces it)\n", dtype_name(compute), r.gemm_flops / 1e9, r.other_flops / 1e9, str(r.host_bandwidth));
   fmt::print("{}\n", how);
   return 0;
 }
