@@ -2,10 +2,12 @@
 #pragma once
 
 #include "search/search.h"
+#include "trainer/trainer.h"
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace remat::cli {
 
@@ -46,6 +48,26 @@ std::string explain_report(const Config& config, bool json);
 // presets marked; a table of it is printed too.
 int run_plan(const Config& config, bool json, const std::string& timeline, const std::string& frontier = "");
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits);
+// One device's training step as `remat plan` compiles and plans it (its shards, its part of the batch, its
+// collectives); `planned`: trainer::plan_run's for the config, not under a pipeline.
+compile::Compiled compile_step(const Config& config, const trainer::RunPlan& planned);
+
+// `remat plan --compare KEY=V1,V2,...` (one argument per key): plans every combination of the values, each the
+// config loaded again with its KEY=V overrides after the command line's (every key's checks apply), and prints one
+// row per combination: plan total, live peak and its schedule step, saved and offloaded bytes, recompute FLOPs and
+// an estimated step time (at this machine's rates, as remat_policy=auto measures them); or JSON with `json`. Errors
+// name the --compare argument or the combination; pipelines and remat_policy=auto are refused.
+int run_compare(const Config& config, const std::vector<std::string>& compare, bool json);
+
+// Remat settings of `config` that do nothing or raise the plan total, each planned against the same config without
+// it: layers_per_group > 0 against 0, num_vocab_tiling > 1 against 1, a remat_policy other than full and none against
+// full, and an offloading name-list policy against the same names saved on device. "Does nothing": the same step
+// program op for op (ir::print) and the same plan (plan::trace). "Raises" (not for remat_policy, whose saving costs
+// memory by design): a larger plan total. `ranks`: launched processes (0 for `remat plan`). None under a pipeline or
+// remat_policy=auto.
+std::vector<std::string> setting_warnings(const Config& config, int64_t ranks);
+// Prints them to stderr as "warning: ..." lines, on the first rank of a launch only.
+void print_setting_warnings(const Config& config, int64_t ranks);
 
 // Trains an MLP (16 -> 64 -> 64 -> 1, tanh) on y = sin(x . a) + 0.5 cos(x . b), reporting train and
 // held-out MSE. The whole step (forward, backward, momentum update) is one graph run by the executor.

@@ -297,6 +297,8 @@ std::vector<std::string> config_keys() {
 
 Config load_config(const std::string& config_path, const std::vector<std::string>& overrides) {
   Config c;
+  c.config_path = config_path;
+  c.overrides = overrides;
   auto apply = [&](const std::vector<std::pair<std::string, std::string>>& kvs, const std::string& where) {
     for (const auto& [k, v] : kvs) {
       find_key(k, where).set(c, v, fmt::format("in {}", where));
@@ -372,6 +374,14 @@ Config load_config(const std::string& config_path, const std::vector<std::string
   CHECK(g != Kind::automatic && g != Kind::none && g != Kind::custom,
         "config key 'group_remat_policy' is '{}': a group's policy is a preset (full, minimal, ...), a JAX policy or "
         "a name list; auto, none and custom apply to remat_policy only", c.group_remat_policy);
+  return c;
+}
+
+Config with_overrides(const Config& config, const std::vector<std::string>& more) {
+  std::vector<std::string> overrides = config.overrides;
+  overrides.insert(overrides.end(), more.begin(), more.end());
+  Config c = load_config(config.config_path, overrides);
+  c.run.dump_ir_after = config.run.dump_ir_after;
   return c;
 }
 

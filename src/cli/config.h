@@ -30,6 +30,9 @@ struct Config {
   std::string attention = "dot_product";      // MaxText's: dot_product (primitives) or flash (one fused op)
   std::string mp_cast = "per_layer";          // where weights are cast: per_layer (in the scan body) or upfront
   std::string checkpoint_naming = "maxtext";  // the names the layer's tensors carry: maxtext | axlearn
+  // What it was loaded from (load_config's arguments): a variant is the same load with more overrides after these.
+  std::string config_path;
+  std::vector<std::string> overrides;
 };
 
 // Every key the config accepts, in documentation order.
@@ -39,6 +42,10 @@ std::vector<std::string> config_keys();
 // model preset (models/<model>.yml beside `config_path` if there is one, else the built-in one), then
 // `overrides` ("key=value" strings). Fills run.run_dir.
 Config load_config(const std::string& config_path, const std::vector<std::string>& overrides);
+
+// `config` loaded again as its command line was, with `more` ("key=value") after its own overrides; the run's
+// dump_ir_after is kept.
+Config with_overrides(const Config& config, const std::vector<std::string>& more);
 
 // configs/ as built into the binary, by path relative to it: "base.yml", "models/tiny.yml", ...
 const std::map<std::string, std::string>& embedded_configs();

@@ -2,6 +2,7 @@
 //   remat train [CONFIG.yml] [key=value ...]   trains the configured decoder (built-in configs/base.yml, CONFIG.yml over it)
 //   remat explain [CONFIG.yml] [key=value ...] [--json]   every residual of the step and its remat decision
 //   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg] [--frontier FILE.svg]   the memory plan of the step
+//   remat plan [CONFIG.yml] [key=value ...] [--json] --compare KEY=V1,V2,... [--compare ...]   one row per combination
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
 // train, explain and plan also take --dump-ir=PASS: every program they compile, printed after that pass.
 #include "cli/commands.h"
@@ -38,6 +39,7 @@ remat::cli::Config config_from(const std::vector<std::string>& args, const std::
 
 int train_command(const std::vector<std::string>& args, const std::string& dump_ir) {
   remat::cli::Config config = config_from(args, dump_ir);
+  remat::cli::print_setting_warnings(config, remat::exec::Mesh::launched_ranks());
   remat::cli::require_auto_fits(config);
   remat::trainer::RunResult r = remat::trainer::run(config.run);
   fmt::print("final: train loss {:.4f}, validation loss {:.4f} nats/byte\n", r.train_loss, r.validation_loss);
@@ -79,6 +81,11 @@ int main(int argc, char** argv) {
   std::string frontier;
   plan_cmd->add_option("--frontier", frontier,
                        "write an SVG of the Pareto frontier of remat placements (peak vs recompute cost), MaxText presets marked");
+  std::vector<std::string> compare;
+  plan_cmd->add_option("--compare", compare,
+                       "KEY=V1,V2,...: plan the config once per value instead (repeat for more keys: every combination), "
+                       "one row each: total, peak, saved and offloaded bytes, recompute, estimated step time")
+      ->allow_extra_args(false);  // one value per --compare: what follows it is the command line's again
   remat::cli::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
   demo_cmd->add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
@@ -90,6 +97,11 @@ int main(int argc, char** argv) {
   std::string error;
   try {
     if (train_cmd->parsed()) return train_command(train_args, dump_ir);
+    if (plan_cmd->parsed() && !compare.empty()) {
+      CHECK(timeline.empty() && frontier.empty(), "remat plan --compare prints a table of plans and takes no --timeline or "
+            "--frontier: run `remat plan` with the row's overrides for those");
+      return remat::cli::run_compare(config_from(plan_args, dump_ir), compare, plan_json);
+    }
     if (plan_cmd->parsed()) return remat::cli::run_plan(config_from(plan_args, dump_ir), plan_json, timeline, frontier);
     if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args, dump_ir), explain_json);
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);

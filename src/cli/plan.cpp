@@ -133,16 +133,21 @@ void write_frontier(const Config& config, const std::string& path, bool table) {
 
 }  // namespace
 
+compile::Compiled compile_step(const Config& config, const trainer::RunPlan& planned) {
+  const trainer::RunConfig& run = config.run;
+  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
+  model.mesh = planned.replicas;
+  return compile::compile({.model = model, .shape = run.shape, .optimizer = run.optimizer,
+                           .allow_unmatched = run.remat_allow_unmatched, .fuse = run.fusion,
+                           .dump_ir_after = run.dump_ir_after});
+}
+
 std::string plan_report(const Config& config, bool json, const std::string& timeline, bool* fits) {
   const trainer::RunConfig& run = config.run;
   const trainer::RunPlan planned = trainer::plan_run(run, 0);
   if (planned.pipeline) return pipeline_report(config, planned, json, timeline, fits);
-  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
-  model.mesh = planned.replicas;
-  const int64_t devices = model.mesh.ranks(), fsdp = model.mesh.size("fsdp");
-  compile::Compiled step = compile::compile({.model = model, .shape = run.shape, .optimizer = run.optimizer,
-                                             .allow_unmatched = run.remat_allow_unmatched, .fuse = run.fusion,
-                                             .dump_ir_after = run.dump_ir_after});
+  const int64_t devices = planned.replicas.ranks(), fsdp = planned.replicas.size("fsdp");
+  compile::Compiled step = compile_step(config, planned);
   const rematerialize::Explanation& e = step.explanation;
   plan::ReportOptions o;
   const double params = static_cast<double>(nn::param_count(run.model));
@@ -183,6 +188,8 @@ int run_plan(const Config& given, bool json, const std::string& timeline, const 
   bool fits = true;
   std::string text = plan_report(config, json, timeline, &fits);
   fmt::print("{}", text);
+  std::fflush(stdout);  // the warnings (stderr) after the report
+  print_setting_warnings(given, 0);
   return fits ? 0 : 3;
 }
 

@@ -7,9 +7,10 @@
 namespace remat::rematerialize {
 namespace {
 
-// Counts executions by origin (as exec::Profile counts them: ir::for_each_op_run) and the FLOPs of recomputed
-// ops (all, and the contractions': dot_general, attention). A recomputed region's body is marked recomputed too,
-// so its ops are counted there, once; a fusion's ops are recomputed when the fusion is.
+// Counts executions by origin (as exec::Profile counts them: ir::for_each_op_run), the FLOPs of recomputed ops
+// (all, and the contractions': dot_general, attention) and the contractions' FLOPs of the whole step. A
+// recomputed region's body is marked recomputed too, so its ops are counted there, once; a fusion's ops are
+// recomputed when the fusion is.
 void count_runs(const ir::Graph& g, int64_t times, Explanation& e) {
   for (const ir::Node& n : g.nodes) {
     if (n.op == ir::Op::scan) {
@@ -19,10 +20,12 @@ void count_runs(const ir::Graph& g, int64_t times, Explanation& e) {
     } else {
       ir::for_each_op_run(g, n, [&](const ir::Graph& holder, const ir::Node& m, int64_t runs) {
         e.runs[m.origin] += runs * times;
-        if (!n.recomputed) return;
         const double f = static_cast<double>(times) * ir::flops(holder, m);
+        const bool contraction = ir::op_traits(m.op).cls == ir::OpClass::contraction;  // dot_general, attention
+        if (contraction) e.step_gemm_flops += f;
+        if (!n.recomputed) return;
         e.recompute_flops += f;
-        if (ir::op_traits(m.op).cls == ir::OpClass::contraction) e.recompute_gemm_flops += f;  // dot_general, attention
+        if (contraction) e.recompute_gemm_flops += f;
       });
     }
   }

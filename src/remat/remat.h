@@ -66,6 +66,7 @@ struct Explanation {
   std::map<uint64_t, int64_t> runs;  // executions per step by origin, in the differentiated graph
   double forward_flops = 0, step_flops = 0, recompute_flops = 0;
   double recompute_gemm_flops = 0;  // the part of recompute_flops in contractions (dot_general, attention)
+  double step_gemm_flops = 0;       // the part of step_flops in contractions
 
   // Activation bytes per step kept on device / on host by the policy (region inputs included,
   // weight-derived inputs excluded; stacked residuals count once per layer).
