@@ -142,6 +142,9 @@ std::vector<Setting> remat_settings(const Config& c) {
     out.push_back({name, override, saves_memory, with_overrides(c, {override})});
   };
   if (m.layers_per_group > 0) without(fmt::format("layers_per_group={}", m.layers_per_group), "layers_per_group=0", true);
+  if (m.layers_per_group > 0 && m.group_remat_policy.kind != rematerialize::Policy::Kind::nothing_saveable)
+    without(fmt::format("group_remat_policy={}", m.group_remat_policy.written), "group_remat_policy=nothing_saveable",
+            false);  // keeping more across groups costs memory by design: only "does nothing" is news
   if (m.num_vocab_tiling > 1) without(fmt::format("num_vocab_tiling={}", m.num_vocab_tiling), "num_vocab_tiling=1", true);
   using Kind = rematerialize::Policy::Kind;
   const std::string policy = fmt::format("remat_policy={}", m.remat_policy.written);

@@ -67,9 +67,14 @@ struct Explanation {
   double forward_flops = 0, step_flops = 0, recompute_flops = 0;
   double recompute_gemm_flops = 0;  // the part of recompute_flops in contractions (dot_general, attention)
   double step_gemm_flops = 0;       // the part of step_flops in contractions
+  // The double scan (layers_per_group): the group regions (each holds a scan of layer regions), and the part of
+  // recompute_flops that reruns a group's forward in its backward (the rest is the layers' own recompute).
+  std::vector<uint64_t> group_regions;
+  double group_recompute_flops = 0;
 
-  // Activation bytes per step kept on device / on host by the policy (region inputs included,
-  // weight-derived inputs excluded; stacked residuals count once per layer).
+  // Activation bytes per step kept on device / on host by the policies (region inputs included,
+  // weight-derived inputs excluded; stacked residuals count once per layer). Under groups a layer's are kept
+  // only while its group's backward runs; text() shows the two levels apart.
   double saved_bytes() const;
   double offloaded_bytes() const;
   std::string text() const;

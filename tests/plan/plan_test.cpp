@@ -256,7 +256,8 @@ TEST(PlannedStep, ChainedStepsThroughDonatedBuffersMatchTheReference) {
 }
 
 // The same on the real `tiny` training step (configs/, batch 16 x 128, AdamW), for the three policies
-// for bf16 compute with either cast placement, and with the output layer and loss tiled (num_vocab_tiling).
+// for bf16 compute with either cast placement, with the output layer and loss tiled (num_vocab_tiling), and
+// in groups (offloading layers; a group policy keeping named values of every layer across groups).
 class TinyStep : public testing::TestWithParam<std::vector<std::string>> {};
 
 TEST_P(TinyStep, MeasuredPeakIsThePlannedPeakByteForByte) {
@@ -285,7 +286,9 @@ INSTANTIATE_TEST_SUITE_P(Policies, TinyStep,
                                          std::vector<std::string>{"remat_policy=everything_saveable"},
                                          std::vector<std::string>{"dtype=bfloat16"},
                                          std::vector<std::string>{"dtype=bfloat16", "mp_cast=upfront"},
-                                         std::vector<std::string>{"dtype=bfloat16", "num_vocab_tiling=8"}));
+                                         std::vector<std::string>{"dtype=bfloat16", "num_vocab_tiling=8"},
+                                         std::vector<std::string>{"layers_per_group=2", "remat_policy=minimal_offloaded"},
+                                         std::vector<std::string>{"layers_per_group=2", "group_remat_policy=minimal"}));
 
 }  // namespace
 }  // namespace remat
