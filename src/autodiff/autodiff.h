@@ -4,14 +4,14 @@
 // `add`. Backward nodes carry their forward node's scope. Only floating-point values carry cotangents.
 //  - scan: the forward scan also emits its per-iteration residuals (stacked [length, ...]) and a reverse
 //    scan runs the body's VJP.
-//  - remat (jax.checkpoint): remat regions nested inside the region are inlined, so the outermost policy
-//    decides every residual ("outer policy wins", as in JAX). Each residual (a forward value the backward
-//    reads) is then saved (an extra output of the region), offloaded (copied to host inside the region,
-//    reloaded before the backward) or recomputed (its producer chain is cloned into the backward, marked
-//    `recomputed`, back to saved values and region inputs). Region inputs are always available; values
-//    that depend only on the weights (and constants) are always recomputed. Because
-//    recompute clones the region's own forward, which saves everything its inner backward needs, no
-//    activation op runs more than twice per step (weight-derived ones are recomputed wherever needed).
+//  - remat (jax.checkpoint): each residual (a forward value the backward reads) is saved (an extra output
+//    of the region), offloaded (copied to host inside the region, reloaded before the backward) or
+//    recomputed (its producer chain is cloned into the backward, marked `recomputed`, back to saved values
+//    and region inputs). Region inputs are always available; values that depend only on the weights (and
+//    constants) are always recomputed. A region nested inside another (a group's layers) is split by its
+//    own policy first, as JAX nests jax.checkpoint: the outer policy judges the nested forward's results,
+//    and recomputing them reruns that forward with the inner policy applied, so an activation op runs at
+//    most once per nesting level plus once (twice for one level, three times in a double scan).
 //
 //   ir::Graph step = autodiff::grad_graph(loss_graph, {0, 1}, &decider);
 #pragma once
