@@ -47,6 +47,10 @@ class RematDecider {
   // A region input the backward reads: always available (saved by whoever produced it). For reports.
   virtual void note_input(const std::string& policy, uint64_t region, int index, const std::string& param_name,
                           const ir::Type& type, bool parameter_derived, int64_t trip_count) = 0;
+  // The producer at `position` of `region` runs again in the backward whatever was decided for its outputs
+  // (a group's forward, rerun for the values the group's policy does not keep): all of them come from that
+  // rerun, none is kept. For reports.
+  virtual void rerun(uint64_t region, int position) = 0;
 };
 
 // Appends d(loss)/d(wrt[i]) for a scalar floating-point `loss` (the wrt values are params of g). A value that does not reach the loss gets

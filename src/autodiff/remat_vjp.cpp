@@ -131,6 +131,19 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
     if (c >= 0) wanted.push_back(c);
   std::vector<bool> input_read(np, false);
   Split split = partial_eval(joint, wanted, joint.results, policy_rule(n, joint, ctx, input_read), Walk::latest_first);
+  // A kept residual whose producer is recomputed anyway (a group's inner scan, rerun for the layer inputs its
+  // policy does not keep) comes from that rerun: a kept copy would be held across the region for nothing.
+  std::vector<bool> rerun(joint.num_forward, false);
+  for (const Node& m : split.backward)
+    if (m.recomputed && !m.outputs.empty() && static_cast<size_t>(m.outputs[0]) < joint.producer.size())
+      if (const int f = joint.producer[static_cast<size_t>(m.outputs[0])]; f >= 0) rerun[static_cast<size_t>(f)] = true;
+  for (Residual& r : split.residuals) {
+    const int f = joint.producer[static_cast<size_t>(r.value)];
+    if ((r.kind == ResidualKind::save || r.kind == ResidualKind::offload) && f >= 0 && rerun[static_cast<size_t>(f)]) {
+      r.kind = ResidualKind::recompute;
+      ctx.decider->rerun(n.origin, f);
+    }
+  }
   for (size_t p = 0; p < np; ++p)
     if (const ValueId v = joint.params[p]; input_read[p])
       ctx.decider->note_input(n.attrs.str("policy"), n.origin, static_cast<int>(p), n.body->param_names[p],

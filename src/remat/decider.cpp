@@ -52,4 +52,12 @@ void Decider::note_input(const std::string& policy_text, uint64_t region, int in
   records_.push_back(std::move(r));
 }
 
+void Decider::rerun(uint64_t region, int position) {
+  for (ResidualRecord& r : records_) {
+    if (r.region != region || r.position != position || r.region_input || r.residency == Residency::recompute) continue;
+    r.residency = Residency::recompute;
+    r.rule += "; its producer reruns in the backward anyway (for values not kept), so this comes from that rerun";
+  }
+}
+
 }  // namespace remat::rematerialize

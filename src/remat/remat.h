@@ -43,6 +43,7 @@ class Decider : public autodiff::RematDecider {
   Residency decide(const autodiff::ResidualQuery& q) override;
   void note_input(const std::string& policy, uint64_t region, int index, const std::string& param_name,
                   const ir::Type& type, bool parameter_derived, int64_t trip_count) override;
+  void rerun(uint64_t region, int position) override;
   const std::vector<ResidualRecord>& records() const { return records_; }
 
  private:

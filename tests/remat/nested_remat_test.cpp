@@ -103,6 +103,35 @@ TEST(NestedRemat, ExplainShowsBothLevels) {
   EXPECT_NE(text.find("group region (policy nothing_saveable), runs 2x per step"), std::string::npos) << text;
 }
 
+// A group policy that keeps minimal's names but not the layers' inputs: each group's forward reruns anyway (its
+// backward needs every layer's input), and the rerun makes those names again, so nothing more crosses groups
+// than under nothing_saveable (the same plan) and `explain` says so. Keeping the inputs too, nothing reruns.
+TEST(NestedRemat, AGroupPolicyKeepsAcrossGroupsOnlyWhatSparesTheRerun) {
+  const std::vector<std::string> base = {"model=tiny", "remat_policy=minimal", "layers_per_group=2"};
+  auto with = [&](const std::string& group_policy) {
+    std::vector<std::string> o = base;
+    o.push_back("group_remat_policy=" + group_policy);
+    return compiled(o);
+  };
+  const compile::Compiled nothing = with("nothing_saveable"), names = with("minimal"),
+                          inputs_too = with("save_only_these_names(decoder_layer_input, query_proj, key_proj, "
+                                            "value_proj, out_proj, mlpwi_0, mlpwi_1)");
+  EXPECT_EQ(plan::trace(names.plan, names.program), plan::trace(nothing.plan, nothing.program));
+  const cli::Config c = config(base);
+  const testing_support::LayerFlops t(c.run.model, c.run.shape);
+  const double x = 4 * t.N * t.D, kept_per_layer = 4 * t.N * (t.Q + 2 * t.K + t.D + 2 * t.F);  // q, k, v, out, wi x2
+  const nlohmann::json levels = names.explanation.json().at("groups");
+  EXPECT_EQ(levels.at("across_groups").at("saved").get<double>(), 2 * x) << "only the 2 groups' inputs";
+  EXPECT_GT(names.explanation.group_recompute_flops, 0);
+  // Keeping the inputs and the names: no rerun, every layer's input and kept values cross groups (a group's
+  // own input is its first layer's, in the stack: the backward no longer reads it apart).
+  EXPECT_EQ(inputs_too.explanation.group_recompute_flops, 0);
+  EXPECT_EQ(inputs_too.explanation.json().at("groups").at("across_groups").at("saved").get<double>(),
+            t.L * (x + kept_per_layer));
+  EXPECT_EQ(inputs_too.explanation.recompute_flops, with("nothing_saveable").explanation.recompute_flops -
+                                                         nothing.explanation.group_recompute_flops);
+}
+
 // Every MaxText preset under groups of 2 on tiny: presets that keep different sets of residuals plan apart (the
 // double scan no longer plans every policy as full does).
 TEST(NestedRemat, PresetsWithDifferentSavedSetsPlanApartUnderGroups) {
