@@ -345,6 +345,27 @@ Result search(const compile::Request& request, const Limits& limits, const Rates
   return Searcher(request, limits, rates).run();
 }
 
+Result search_group_sizes(const compile::Request& request, const Limits& limits, const Rates& rates) {
+  CHECK(request.model.scan_layers, "searching the group size (layers_per_group) needs scan_layers=true: groups are a "
+        "scan of scans");
+  std::optional<Result> chosen;
+  for (int64_t size = 0; size <= request.model.num_decoder_layers; ++size) {
+    if (size > 0 && request.model.num_decoder_layers % size != 0) continue;
+    compile::Request r = request;
+    r.model.layers_per_group = size;
+    Result got = search(r, limits, rates);
+    got.layers_per_group = size;
+    const auto better = [&] {
+      if (!chosen) return true;
+      if (got.best.has_value() != chosen->best.has_value()) return got.best.has_value();
+      if (!got.best) return got.smallest.peak < chosen->smallest.peak;
+      return std::pair(got.best->seconds, got.best->peak) < std::pair(chosen->best->seconds, chosen->best->peak);
+    };
+    if (better()) chosen = std::move(got);
+  }
+  return *chosen;
+}
+
 std::string Result::text() const {
   auto str = [](double b) { return plan::bytes_str(b); };
   std::string out;
@@ -353,13 +374,15 @@ std::string Result::text() const {
   if (!best) {
     out += fmt::format("remat_policy=auto: nothing fits {}: the smallest peak any placement of {} reaches is {} ({}{})\n",
                        limit, fmt::join(names, ", "), str(static_cast<double>(smallest.peak)), smallest.policy,
-                       smallest.group_policy.empty() ? "" : ", group_remat_policy " + smallest.group_policy);
+                       (smallest.group_policy.empty() ? "" : ", group_remat_policy " + smallest.group_policy) +
+                           (layers_per_group ? fmt::format(", layers_per_group {}", *layers_per_group) : ""));
     return out;
   }
   const Candidate& b = *best;
   out += fmt::format("remat_policy=auto under {}: the cheapest placement that fits (searched {} names{}: {} plans, {} "
                      "differentiations{})\n",
                      limit, names.size(), b.group_policy.empty() ? "" : " and the group policy", planned, differentiated, lemma_held ? "" : "; the memory bound did not hold, every candidate was planned");
+  if (layers_per_group) out += fmt::format("  layers_per_group: {}\n", *layers_per_group);
   out += fmt::format("  remat_policy: {}\n", b.policy);
   if (!b.group_policy.empty()) out += fmt::format("  group_remat_policy: {}\n", b.group_policy);
   out += fmt::format("  peak {}, host {}; recompute {:.4g} GFLOP ({:.1f}% of the step), offloaded {} per step; est. {:.3g} s per step "

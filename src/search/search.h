@@ -85,6 +85,7 @@ struct Result {
   Limits limits;
   Rates rates;
   int planned = 0, differentiated = 0;  // oracle calls: full plans, and differentiations for recompute costs
+  std::optional<int64_t> layers_per_group;  // set by search_group_sizes: the size answered (0: no groups)
   bool lemma_held = true;             // false: a plan fell below the memory bound (the search then planned all)
 
   // What a user acts on: the policy to paste, its peak, recompute share and offload bytes, and why each
@@ -95,6 +96,11 @@ struct Result {
 // `request`: the per-device training step to place (its model's remat_policy is replaced). Refuses a
 // pipeline (each rank would need its own placement).
 Result search(const compile::Request& request, const Limits& limits, const Rates& rates);
+
+// The group size searched too: search() under every layers_per_group that divides the layers (0: no groups, if
+// scan_layers), the cheapest answer that fits, equal cost to the lower peak, then the smaller size; when nothing
+// fits under any size, the smallest peak of all. Exact as each search is (the tests: brute force over every size).
+Result search_group_sizes(const compile::Request& request, const Limits& limits, const Rates& rates);
 
 // The names a search over `request` decides (a checkpoint name on a region input is kept with it whatever
 // the answer, so it is not searched), with each one's residual bytes per step.

@@ -243,6 +243,56 @@ TEST(AutoPolicy, UnderGroupsBothPrintedPoliciesGivenByHandPlanTheAnswer) {
   EXPECT_EQ(c.recompute_flops, r->best->recompute_flops);
 }
 
+// The group size searched too equals brute force over every size of 8 layers of the tiny model (0: no groups, 1, 2,
+// 4, 8), each size's every placement and group policy planned: the least cost that fits, then the least peak, under
+// four budgets, and four more with nothing offloaded, where groups pay (97 plans per grouped size, 81 without).
+TEST(AutoPolicy, TheGroupSizeSearchedTooEqualsTheBruteForceOverEverySize) {
+  if (exec::kAddressSanitizer) GTEST_SKIP() << "469 plans; the searches it combines run in Models/AutoPolicy";
+  const std::vector<std::string> keys = {"model=tiny", "base_num_kv_heads=2", "layers_per_group=2", "max_target_length=512",
+                                         "fused_qkv=true", "fused_mlp=true", "base_num_decoder_layers=8"};
+  std::vector<std::pair<int64_t, const search::Candidate*>> all;  // (size, candidate)
+  for (int64_t size : {0, 1, 2, 4, 8}) {
+    std::vector<std::string> sized = keys;
+    sized[2] = fmt::format("layers_per_group={}", size);
+    for (const search::Candidate& c : brute_force(sized)) all.emplace_back(size, &c);
+  }
+  std::vector<int64_t> peaks;
+  for (const auto& [size, c] : all) peaks.push_back(c->peak);
+  std::sort(peaks.begin(), peaks.end());
+  const compile::Request r = request_of(keys);
+  std::set<int64_t> sizes;
+  std::vector<int64_t> device_peaks;  // of the placements that offload nothing
+  for (const auto& [size, c] : all)
+    if (c->host == 0) device_peaks.push_back(c->peak);
+  std::sort(device_peaks.begin(), device_peaks.end());
+  std::vector<search::Limits> budgets;
+  for (const std::vector<int64_t>* p : {&peaks, &device_peaks})
+    for (size_t at : {size_t{0}, p->size() / 4, p->size() / 2, p->size() - 1})
+      budgets.push_back({.device = (*p)[at], .host = p == &peaks ? 0 : 1});
+  for (const search::Limits& limits : budgets) {
+    const int64_t budget = limits.device;
+    const std::pair<int64_t, const search::Candidate*>* want = nullptr;
+    for (const auto& sc : all)
+      if (sc.second->peak <= budget && (limits.host == 0 || sc.second->host == 0) &&
+          (!want || std::tuple(sc.second->seconds, sc.second->peak, sc.first) <
+                        std::tuple(want->second->seconds, want->second->peak, want->first)))
+        want = &sc;
+    ASSERT_TRUE(want != nullptr);
+    const search::Result got = search::search_group_sizes(r, limits, kRates);
+    ASSERT_TRUE(got.best.has_value()) << budget;
+    EXPECT_EQ(got.best->seconds, want->second->seconds) << budget << ": got " << got.text() << "brute force: layers_per_group "
+                                                       << want->first << " " << want->second->policy << " " << want->second->group_policy;
+    EXPECT_EQ(got.best->peak, want->second->peak) << budget;
+    EXPECT_EQ(got.layers_per_group, want->first) << budget;
+    EXPECT_NE(got.text().find(fmt::format("  layers_per_group: {}\n", want->first)), std::string::npos) << got.text();
+    sizes.insert(want->first);
+  }
+  EXPECT_GE(sizes.size(), 2u) << "the budgets are answered by different group sizes";
+  const search::Result none = search::search_group_sizes(r, {.device = peaks.front() - 1}, kRates);
+  EXPECT_FALSE(none.best.has_value());
+  EXPECT_EQ(none.smallest.peak, peaks.front());
+}
+
 // Recompute FLOPs (GEMM and the rest) of three placements of the tiny model, derived from its shapes, equal
 // the search's. The backward reads the normed inputs h of every projection, the softmax's probs, the context
 // (for Wo's gradient), x + out_proj (the second norm's input) and silu(gate)·up (for Wo of the MLP).
