@@ -1,6 +1,7 @@
 // remat_policy=auto (search::search) against brute force over every placement of the searched names, planned
 // by the real planner: the same optimum (least estimated cost, then least peak) under three budgets per model,
-// one of them tight; the memory bound of the search (the lemma) below every plan. The cost model itself is
+// one of them tight; the memory bound of the search (the lemma) below every plan. Under groups the space and the
+// brute force include the group policy (and, in search_group_sizes, the group size). The cost model itself is
 // checked apart from the code: recompute FLOPs of three placements of the tiny model derived from its shapes,
 // and the placements the memory bound spares the planner counted from residual bytes derived by hand.
 #include "cli/commands.h"
