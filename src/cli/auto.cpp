@@ -33,9 +33,11 @@ std::optional<search::Result> resolve_auto(Config& config, bool print) {
   const search::Result r = search::search(in.request, in.limits, in.rates);
   // Every rank of a launch takes the first rank's answer (the measured rates differ a little between processes).
   const std::string chosen = exec::Mesh::first_rank_text(r.best ? r.best->policy : std::string());
+  const std::string group = exec::Mesh::first_rank_text(r.best ? r.best->group_policy : std::string());
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (print && (rank == nullptr || std::string(rank) == "0")) fmt::print("{}", r.text());
   if (!chosen.empty()) model.remat_policy = nn::parse_remat_policy(chosen, model);  // the printed placement
+  if (!group.empty()) model.group_remat_policy = nn::parse_remat_policy(group, model);  // and group policy
   return r;
 }
 

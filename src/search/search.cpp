@@ -51,8 +51,10 @@ class Searcher {
     for (size_t i : order) names.push_back(result_.names[i]), bytes.push_back(result_.name_bytes[i]);
     result_.names = names;
     result_.name_bytes = bytes;
-    const Candidate& all_device = plan(std::vector<Residency>(names.size(), Residency::save));
-    base_ = static_cast<double>(all_device.peak) - device_bytes(all_device.placement);
+    for (bool keeps : group_choices(request)) {
+      const Candidate& all_device = plan(std::vector<Residency>(names.size(), Residency::save), keeps);
+      base_[keeps] = static_cast<double>(all_device.peak) - device_bytes(all_device.placement);
+    }
   }
 
   // A plan below its memory bound (the lemma failed) found in any pass turns the bound off; the search then runs
@@ -64,13 +66,17 @@ class Searcher {
       result_.cheaper.clear();
       find_best();
       if (result_.best) {
+        const bool keeps = result_.best->group_keeps;
         for (size_t i = 0; i < result_.names.size(); ++i)
           for (Residency r : {Residency::save, Residency::offload, Residency::recompute}) {
             std::vector<Residency> p = result_.best->placement;
             if (p[i] == r) continue;
             p[i] = r;
-            if (cost(p) < result_.best->seconds) result_.cheaper.push_back(plan(p));
+            if (in_space(p, keeps) && cost(p, keeps) < result_.best->seconds) result_.cheaper.push_back(plan(p, keeps));
           }
+        const Placement& p = result_.best->placement;
+        if (groups_.size() > 1 && in_space(p, !keeps) && cost(p, !keeps) < result_.best->seconds)
+          result_.cheaper.push_back(plan(p, !keeps));
       } else {
         find_smallest();
       }
@@ -94,28 +100,30 @@ class Searcher {
       if (p[i] == Residency::offload) b += result_.name_bytes[i];
     return b;
   }
-  // The memory bound of the header: no plan of p can be smaller.
-  double device_bound(const Placement& p) const { return base_ + device_bytes(p); }
-  bool within_bounds(const Placement& p) const {
-    return (limits_.device <= 0 || !lemma_ || device_bound(p) <= static_cast<double>(limits_.device)) &&
+  // The memory bound of the header: no plan of p (with G keeping or not) can be smaller.
+  double device_bound(const Placement& p, bool keeps) const { return base_[keeps] + device_bytes(p); }
+  bool within_bounds(const Placement& p, bool keeps) const {
+    return (limits_.device <= 0 || !lemma_ || device_bound(p, keeps) <= static_cast<double>(limits_.device)) &&
            (limits_.host <= 0 || host_bytes(p) <= static_cast<double>(limits_.host));
   }
 
-  // Recompute FLOPs (all, GEMM) of the placement saving exactly `saved` (a bit per name): a differentiation,
-  // no plan; memoized.
-  std::pair<double, double> recompute(uint64_t saved) {
-    auto it = recompute_.find(saved);
+  // Recompute FLOPs (all, GEMM) of the placement saving exactly `saved` (a bit per name), G keeping or not: a
+  // differentiation, no plan; memoized.
+  std::pair<double, double> recompute(uint64_t saved, bool keeps) {
+    const auto key = std::pair(saved, keeps);
+    auto it = recompute_.find(key);
     if (it != recompute_.end()) return it->second;
     Placement p(result_.names.size(), Residency::recompute);
     for (size_t i = 0; i < p.size(); ++i)
       if (saved >> i & 1) p[i] = Residency::save;
     compile::Request r = request_;
     r.model.remat_policy = placed(r.model, result_.names, p);
+    if (r.model.layers_per_group > 0) r.model.group_remat_policy = group_placed(r.model, result_.names, p, keeps);
     r.kind = compile::Kind::grads;
     r.plan = false;
     const compile::Compiled c = compile::compile(r);
     ++result_.differentiated;
-    return recompute_[saved] = {c.explanation.recompute_flops, c.explanation.recompute_gemm_flops};
+    return recompute_[key] = {c.explanation.recompute_flops, c.explanation.recompute_gemm_flops};
   }
   static uint64_t saved_set(const Placement& p) {
     uint64_t s = 0;
@@ -123,55 +131,62 @@ class Searcher {
       if (p[i] != Residency::recompute) s |= uint64_t{1} << i;
     return s;
   }
-  double cost(const Placement& p) {
-    const auto [all, gemm] = recompute(saved_set(p));
+  // The space of the header: a keeping G with a P that offloads nothing.
+  static bool in_space(const Placement& p, bool keeps) {
+    return !keeps || std::find(p.begin(), p.end(), Residency::offload) == p.end();
+  }
+  double cost(const Placement& p, bool keeps) {
+    const auto [all, gemm] = recompute(saved_set(p), keeps);
     return cost_of(rates_, all, gemm, host_bytes(p));
   }
 
-  const Candidate& plan(const Placement& p) {
-    auto it = planned_.find(p);
+  const Candidate& plan(const Placement& p, bool keeps) {
+    auto it = planned_.find({p, keeps});
     if (it != planned_.end()) return it->second;
-    Candidate c = evaluate(request_, result_.names, p, limits_, rates_);
+    Candidate c = evaluate(request_, result_.names, p, limits_, rates_, keeps);
     ++result_.planned;
     // The lemma, checked wherever it can be: a plan below its bound turns the bound off.
-    if (static_cast<double>(c.peak) < device_bound(p)) lemma_ = result_.lemma_held = false;
-    return planned_[p] = std::move(c);
+    if (static_cast<double>(c.peak) < device_bound(p, keeps)) lemma_ = result_.lemma_held = false;
+    return planned_[{p, keeps}] = std::move(c);
   }
 
-  // Best-first branch and bound over the names in order; a node is a placement of the first `depth` names.
+  // Best-first branch and bound over G's choice (at the root) and the names in order; a node is G's choice and a
+  // placement of the first `depth` names.
   void find_best() {
     struct Node {
       double cost, bound;
+      bool keeps;
       Placement prefix;
       bool operator>(const Node& o) const { return std::pair(cost, bound) > std::pair(o.cost, o.bound); }
     };
     const size_t k = result_.names.size();
-    // The cheapest completion of a prefix: the rest on device.
-    auto node = [&](Placement prefix) {
+    // The cheapest completion of a prefix: the rest on device (with G fixed, saving never adds recompute: a
+    // keeping G keeps it across groups, and nothing_saveable reruns the group whatever P keeps).
+    auto node = [&](Placement prefix, bool keeps) {
       Placement full = prefix;
       full.resize(k, Residency::save);
       Placement lowest = prefix;  // the completion with the least device memory: the rest off device
       lowest.resize(k, Residency::recompute);
-      return Node{cost(full), device_bound(lowest), std::move(prefix)};
+      return Node{cost(full, keeps), device_bound(lowest, keeps), keeps, std::move(prefix)};
     };
     std::priority_queue<Node, std::vector<Node>, std::greater<>> open;
-    open.push(node({}));
+    for (bool keeps : groups_) open.push(node({}, keeps));
     while (!open.empty()) {
       Node n = open.top();
       open.pop();
       if (result_.best && n.cost > result_.best->seconds) break;  // every placement left costs more
       Placement lowest = n.prefix;
       lowest.resize(k, Residency::recompute);
-      if (!within_bounds(lowest)) continue;
+      if (!within_bounds(lowest, n.keeps)) continue;
       if (n.prefix.size() < k) {
         for (Residency r : {Residency::save, Residency::offload, Residency::recompute}) {
           Placement child = n.prefix;
           child.push_back(r);
-          open.push(node(std::move(child)));
+          if (in_space(child, n.keeps)) open.push(node(std::move(child), n.keeps));
         }
         continue;
       }
-      const Candidate& c = plan(n.prefix);
+      const Candidate& c = plan(n.prefix, n.keeps);
       // The planned step's cost is the one the search ordered by (the same differentiation, without the plan).
       ASSERT(std::abs(c.seconds - n.cost) <= 1e-9 * std::max(1e-30, std::abs(n.cost)));
       if (c.fits && (!result_.best || std::pair(c.seconds, c.peak) < std::pair(result_.best->seconds, result_.best->peak)))
@@ -182,19 +197,24 @@ class Searcher {
   // Nothing fits: the smallest peak, best bound first (the bound is the memory bound, or 0 without the lemma).
   void find_smallest() {
     const size_t k = result_.names.size();
-    std::vector<Placement> all;
+    std::vector<std::pair<Placement, bool>> all;
     Placement p(k, Residency::recompute);
     std::function<void(size_t)> each = [&](size_t i) {
-      if (i == k) return all.push_back(p);
+      if (i == k) {
+        for (bool keeps : groups_)
+          if (in_space(p, keeps)) all.emplace_back(p, keeps);
+        return;
+      }
       for (Residency r : {Residency::recompute, Residency::offload, Residency::save}) p[i] = r, each(i + 1);
     };
     each(0);
-    std::stable_sort(all.begin(), all.end(), [&](const Placement& a, const Placement& b) { return device_bound(a) < device_bound(b); });
+    auto bound = [&](const std::pair<Placement, bool>& q) { return device_bound(q.first, q.second); };
+    std::stable_sort(all.begin(), all.end(), [&](const auto& a, const auto& b) { return bound(a) < bound(b); });
     std::optional<Candidate> smallest;  // within host_limit (every recompute placement is: one always exists)
-    for (const Placement& q : all) {
-      if (smallest && lemma_ && device_bound(q) >= static_cast<double>(smallest->peak)) break;
-      if (limits_.host > 0 && host_bytes(q) > static_cast<double>(limits_.host)) continue;
-      const Candidate& c = plan(q);
+    for (const auto& q : all) {
+      if (smallest && lemma_ && bound(q) >= static_cast<double>(smallest->peak)) break;
+      if (limits_.host > 0 && host_bytes(q.first) > static_cast<double>(limits_.host)) continue;
+      const Candidate& c = plan(q.first, q.second);
       if ((limits_.host <= 0 || c.host <= limits_.host) && (!smallest || c.peak < smallest->peak)) smallest = c;
     }
     ASSERT(smallest.has_value());
@@ -205,10 +225,11 @@ class Searcher {
   Limits limits_;
   Rates rates_;
   Result result_;
-  double base_ = 0;  // peak minus device_bytes with every name on device (0 until that is planned)
+  std::vector<bool> groups_ = group_choices(request_);  // G's choices searched (keeps or not)
+  double base_[2] = {0, 0};  // per G choice: peak minus device_bytes with every name on device (0 until planned)
   bool lemma_ = true;
-  std::map<uint64_t, std::pair<double, double>> recompute_;
-  std::map<Placement, Candidate> planned_;
+  std::map<std::pair<uint64_t, bool>, std::pair<double, double>> recompute_;
+  std::map<std::pair<Placement, bool>, Candidate> planned_;
 };
 
 }  // namespace
@@ -269,10 +290,30 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
   return names;
 }
 
+rematerialize::Policy group_placed(const nn::ModelConfig& model, const std::vector<std::string>& names,
+                                   const std::vector<Residency>& placement, bool keeps) {
+  if (!keeps) return nn::parse_remat_policy("nothing_saveable", model);
+  const nn::names::Naming naming = nn::vocabulary(model).naming;
+  std::vector<std::string> kept{std::string(nn::names::from_maxtext("decoder_layer_input", naming))};
+  for (size_t i = 0; i < names.size(); ++i)
+    if (placement[i] != Residency::recompute) kept.emplace_back(nn::names::from_maxtext(names[i], naming));
+  return nn::parse_remat_policy(fmt::format("save_only_these_names({})", fmt::join(kept, ", ")), model);
+}
+
+std::vector<bool> group_choices(const compile::Request& request) {
+  if (request.model.layers_per_group > 0) return {false, true};
+  return {false};
+}
+
 Candidate evaluate(const compile::Request& request, const std::vector<std::string>& names,
-                   const std::vector<Residency>& placement, const Limits& limits, const Rates& rates) {
-  Candidate k = evaluate_policy(request, placed(request.model, names, placement), limits, rates);
+                   const std::vector<Residency>& placement, const Limits& limits, const Rates& rates,
+                   bool group_keeps) {
+  compile::Request r = request;
+  if (r.model.layers_per_group > 0) r.model.group_remat_policy = group_placed(r.model, names, placement, group_keeps);
+  Candidate k = evaluate_policy(r, placed(request.model, names, placement), limits, rates);
   k.placement = placement;
+  k.group_keeps = group_keeps;
+  if (r.model.layers_per_group > 0) k.group_policy = r.model.group_remat_policy.written;
   return k;
 }
 
@@ -304,21 +345,46 @@ Result search(const compile::Request& request, const Limits& limits, const Rates
   return Searcher(request, limits, rates).run();
 }
 
+Result search_group_sizes(const compile::Request& request, const Limits& limits, const Rates& rates) {
+  CHECK(request.model.scan_layers, "searching the group size (layers_per_group) needs scan_layers=true: groups are a "
+        "scan of scans");
+  std::optional<Result> chosen;
+  for (int64_t size = 0; size <= request.model.num_decoder_layers; ++size) {
+    if (size > 0 && request.model.num_decoder_layers % size != 0) continue;
+    compile::Request r = request;
+    r.model.layers_per_group = size;
+    Result got = search(r, limits, rates);
+    got.layers_per_group = size;
+    const auto better = [&] {
+      if (!chosen) return true;
+      if (got.best.has_value() != chosen->best.has_value()) return got.best.has_value();
+      if (!got.best) return got.smallest.peak < chosen->smallest.peak;
+      return std::pair(got.best->seconds, got.best->peak) < std::pair(chosen->best->seconds, chosen->best->peak);
+    };
+    if (better()) chosen = std::move(got);
+  }
+  return *chosen;
+}
+
 std::string Result::text() const {
   auto str = [](double b) { return plan::bytes_str(b); };
   std::string out;
   const std::string limit = fmt::format("hbm_limit {}{}", limits.device > 0 ? str(static_cast<double>(limits.device)) : "unlimited",
                                         limits.host > 0 ? fmt::format(", host_limit {}", str(static_cast<double>(limits.host))) : "");
   if (!best) {
-    out += fmt::format("remat_policy=auto: nothing fits {}: the smallest peak any placement of {} reaches is {} ({})\n",
-                       limit, fmt::join(names, ", "), str(static_cast<double>(smallest.peak)), smallest.policy);
+    out += fmt::format("remat_policy=auto: nothing fits {}: the smallest peak any placement of {} reaches is {} ({}{})\n",
+                       limit, fmt::join(names, ", "), str(static_cast<double>(smallest.peak)), smallest.policy,
+                       (smallest.group_policy.empty() ? "" : ", group_remat_policy " + smallest.group_policy) +
+                           (layers_per_group ? fmt::format(", layers_per_group {}", *layers_per_group) : ""));
     return out;
   }
   const Candidate& b = *best;
-  out += fmt::format("remat_policy=auto under {}: the cheapest placement that fits (searched {} names: {} plans, {} "
+  out += fmt::format("remat_policy=auto under {}: the cheapest placement that fits (searched {} names{}: {} plans, {} "
                      "differentiations{})\n",
-                     limit, names.size(), planned, differentiated, lemma_held ? "" : "; the memory bound did not hold, every candidate was planned");
+                     limit, names.size(), b.group_policy.empty() ? "" : " and the group policy", planned, differentiated, lemma_held ? "" : "; the memory bound did not hold, every candidate was planned");
+  if (layers_per_group) out += fmt::format("  layers_per_group: {}\n", *layers_per_group);
   out += fmt::format("  remat_policy: {}\n", b.policy);
+  if (!b.group_policy.empty()) out += fmt::format("  group_remat_policy: {}\n", b.group_policy);
   out += fmt::format("  peak {}, host {}; recompute {:.4g} GFLOP ({:.1f}% of the step), offloaded {} per step; est. {:.3g} s per step "
                      "for recompute and transfers\n",
                      str(static_cast<double>(b.peak)), str(static_cast<double>(b.host)), b.recompute_flops / 1e9,
@@ -326,7 +392,7 @@ std::string Result::text() const {
   if (cheaper.empty()) out += "  nothing cheaper exists in this space\n";
   else out += "  each cheaper one-name change does not fit:\n";
   for (const Candidate& c : cheaper) {
-    std::string change;
+    std::string change = c.group_keeps != b.group_keeps ? "group_remat_policy=" + c.group_policy : "";
     for (size_t i = 0; i < names.size(); ++i)
       if (c.placement[i] != b.placement[i]) change = fmt::format("{}={}", names[i], rematerialize::custom_word(c.placement[i]));
     const bool over_device = limits.device > 0 && c.peak > limits.device;

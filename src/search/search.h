@@ -1,6 +1,16 @@
 // Public header of the policy search (`remat_policy: auto`, docs/policies.md): the cheapest placement of the model's
 // checkpoint names — each one recomputed, saved on device or offloaded to host, the space of MaxText's
 // `custom(...)` — whose per-device plan fits the memory limits, proved optimal.
+// Under groups (layers_per_group > 0) the group policy G is searched with it (the two levels of issue 32). G is
+// asked about the stacked values of a group's layers: each layer's input and what P keeps; if the group's backward
+// needs one G does not keep, the group's whole forward is rerun, which makes every one of them again. So a G that
+// keeps only some of them plans as nothing_saveable does (a test checks it), and G has two meaningful choices:
+//  - nothing_saveable: only the groups' inputs cross groups; each group's forward is rerun in its backward;
+//  - save_only_these_names(decoder_layer_input, the names P saves), with a P that offloads nothing: no group
+//    recompute. (A name P offloads is stacked as its host copy, which G cannot name: the group's forward is then
+//    rerun and the plan is nothing_saveable's, so those pairs are left out; a test checks it.)
+// The space is P's placements with nothing_saveable, and those that offload nothing with the keeping G; the brute
+// force of the tests enumerates the same.
 //
 // Objective: estimated seconds per step spent on the policy: recompute FLOPs at the measured GEMM rate
 // (contractions: dot_general, flash attention) and elementwise rate (everything else), plus offload traffic (each offloaded byte goes to
@@ -11,7 +21,8 @@
 //  - Cost bound of a partial placement: the rest saved on device. Exact and valid: saving a value never adds
 //    recompute (a recompute chain stops at saved values), and device adds no traffic.
 //  - Memory bound (the model): peak(a) >= B + saved(a), where saved(a) is the device bytes of a's saved
-//    residuals (additive over names) and B = peak - saved of the placement with every name on device.
+//    residuals (additive over names) and B = peak - saved of the placement with every name on device (one B per
+//    group policy: G keeping P's names across groups changes what a saved name costs).
 //    That is the lemma "keeping a residual on device costs exactly its bytes; recomputing or offloading it
 //    can only add temporaries elsewhere in the peak". Host: the host arena holds at least every offloaded
 //    residual (all are live when the loss is computed).
@@ -55,7 +66,9 @@ struct Limits {
 // One placement, planned.
 struct Candidate {
   std::vector<Residency> placement;  // per searched name (Result::names)
+  bool group_keeps = false;          // under groups: G keeps what the group's backward reads (see above)
   std::string policy;                // its custom(...) text, paste-able as remat_policy
+  std::string group_policy;          // under groups: G's text, paste-able as group_remat_policy; else empty
   int64_t peak = 0, host = 0;        // the plan's device total and host arena
   double recompute_flops = 0, recompute_gemm_flops = 0, step_flops = 0;
   double offloaded_bytes = 0;        // per step (stacked residuals count once per layer)
@@ -68,10 +81,11 @@ struct Result {
   std::vector<double> name_bytes;     // per name: its residuals' bytes per step (every layer)
   std::optional<Candidate> best;      // the cheapest that fits; none when nothing fits
   Candidate smallest;                 // when nothing fits: the smallest peak (within host_limit)
-  std::vector<Candidate> cheaper;     // each one-name change of `best` that would cost less, planned
+  std::vector<Candidate> cheaper;     // each one-name change of `best` (or of G) that would cost less, planned
   Limits limits;
   Rates rates;
   int planned = 0, differentiated = 0;  // oracle calls: full plans, and differentiations for recompute costs
+  std::optional<int64_t> layers_per_group;  // set by search_group_sizes: the size answered (0: no groups)
   bool lemma_held = true;             // false: a plan fell below the memory bound (the search then planned all)
 
   // What a user acts on: the policy to paste, its peak, recompute share and offload bytes, and why each
@@ -83,13 +97,20 @@ struct Result {
 // pipeline (each rank would need its own placement).
 Result search(const compile::Request& request, const Limits& limits, const Rates& rates);
 
+// The group size searched too: search() under every layers_per_group that divides the layers (0: no groups, if
+// scan_layers), the cheapest answer that fits, equal cost to the lower peak, then the smaller size; when nothing
+// fits under any size, the smallest peak of all. Exact as each search is (the tests: brute force over every size).
+Result search_group_sizes(const compile::Request& request, const Limits& limits, const Rates& rates);
+
 // The names a search over `request` decides (a checkpoint name on a region input is kept with it whatever
 // the answer, so it is not searched), with each one's residual bytes per step.
 std::vector<std::string> searched_names(const compile::Request& request, std::vector<double>* bytes = nullptr);
 
-// Plans one placement of `names` (the oracle; the tests' brute force uses it too).
+// Plans one placement of `names` (the oracle; the tests' brute force uses it too); under groups with G as
+// group_placed() gives it for `group_keeps`.
 Candidate evaluate(const compile::Request& request, const std::vector<std::string>& names,
-                   const std::vector<Residency>& placement, const Limits& limits, const Rates& rates);
+                   const std::vector<Residency>& placement, const Limits& limits, const Rates& rates,
+                   bool group_keeps = false);
 
 // Plans any policy as evaluate() plans a placement (presets beside the search's answers).
 Candidate evaluate_policy(const compile::Request& request, const rematerialize::Policy& policy, const Limits& limits,
@@ -109,5 +130,13 @@ Frontier frontier(const compile::Request& request, const Limits& limits, const R
 // it prints as custom(name=remat|device|offload, ...).
 rematerialize::Policy placed(const nn::ModelConfig& model, const std::vector<std::string>& names,
                              const std::vector<Residency>& placement);
+
+// The group policy G of the searched space (above): nothing_saveable, or with `keeps`
+// save_only_these_names(decoder_layer_input, the names `placement` keeps), spelled as `model`'s layer spells them.
+rematerialize::Policy group_placed(const nn::ModelConfig& model, const std::vector<std::string>& names,
+                                   const std::vector<Residency>& placement, bool keeps);
+
+// The group policy choices a search over `request` decides: {false, true} under groups, else {false}.
+std::vector<bool> group_choices(const compile::Request& request);
 
 }  // namespace remat::search

@@ -1,13 +1,16 @@
 // remat_policy=auto (search::search) against brute force over every placement of the searched names, planned
 // by the real planner: the same optimum (least estimated cost, then least peak) under three budgets per model,
-// one of them tight; the memory bound of the search (the lemma) below every plan. The cost model itself is
+// one of them tight; the memory bound of the search (the lemma) below every plan. Under groups the space and the
+// brute force include the group policy (and, in search_group_sizes, the group size). The cost model itself is
 // checked apart from the code: recompute FLOPs of three placements of the tiny model derived from its shapes,
 // and the placements the memory bound spares the planner counted from residual bytes derived by hand.
+#include "cli/commands.h"
 #include "cli/config.h"
 #include "remat/layer_flops.h"
 #include "search/search.h"
 #include "support/sanitizer_subset.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,7 +31,9 @@ compile::Request request_of(const std::vector<std::string>& keys) {
 
 const search::Rates kRates{.gemm_flops = 2e11, .other_flops = 5e9, .host_bandwidth = 2e10};
 
-// Every placement of the model `keys` configure, planned (3^k plans), once per test program.
+// Every placement of the model `keys` configure, planned (3^k plans; under groups each with group policy
+// nothing_saveable, and those that offload nothing (2^k) also with G keeping the layer inputs and the names they
+// save), once per test program.
 const std::vector<search::Candidate>& brute_force(const std::vector<std::string>& keys) {
   static std::map<std::vector<std::string>, std::vector<search::Candidate>> planned;
   if (planned.contains(keys)) return planned[keys];
@@ -37,7 +42,12 @@ const std::vector<search::Candidate>& brute_force(const std::vector<std::string>
   std::vector<search::Candidate>& all = planned[keys];
   std::vector<Residency> p(names.size(), Residency::recompute);
   std::function<void(size_t)> each = [&](size_t i) {
-    if (i == names.size()) return all.push_back(search::evaluate(r, names, p, {}, kRates));
+    if (i == names.size()) {
+      all.push_back(search::evaluate(r, names, p, {}, kRates));
+      if (r.model.layers_per_group > 0 && std::count(p.begin(), p.end(), Residency::offload) == 0)
+        all.push_back(search::evaluate(r, names, p, {}, kRates, true));
+      return;
+    }
     for (Residency x : {Residency::recompute, Residency::save, Residency::offload}) p[i] = x, each(i + 1);
   };
   each(0);
@@ -59,17 +69,21 @@ TEST_P(AutoPolicy, EqualsTheBruteForceOptimumUnderEveryBudget) {
   const std::vector<std::string> names = search::searched_names(r, &bytes);
   EXPECT_EQ(names, GetParam().searched);
   const std::vector<search::Candidate>& all = brute_force(GetParam().keys);
-  // The lemma, on every placement: peak >= (peak - device bytes of the all-device placement) + device bytes.
+  // The lemma, on every placement: peak >= (peak - device bytes of the all-device placement with the same group
+  // policy) + device bytes.
   auto device_bytes = [&](const search::Candidate& c) {
     double b = 0;
     for (size_t i = 0; i < names.size(); ++i) b += c.placement[i] == Residency::save ? bytes[i] : 0;
     return b;
   };
-  const search::Candidate& all_device = *std::find_if(all.begin(), all.end(), [](const search::Candidate& c) {
-    return std::all_of(c.placement.begin(), c.placement.end(), [](Residency x) { return x == Residency::save; });
-  });
-  const double base = static_cast<double>(all_device.peak) - device_bytes(all_device);
-  for (const search::Candidate& c : all) EXPECT_GE(static_cast<double>(c.peak), base + device_bytes(c)) << c.policy;
+  for (const search::Candidate& c : all) {
+    const search::Candidate& all_device = *std::find_if(all.begin(), all.end(), [&](const search::Candidate& d) {
+      return d.group_keeps == c.group_keeps &&
+             std::all_of(d.placement.begin(), d.placement.end(), [](Residency x) { return x == Residency::save; });
+    });
+    const double base = static_cast<double>(all_device.peak) - device_bytes(all_device);
+    EXPECT_GE(static_cast<double>(c.peak), base + device_bytes(c)) << c.policy << " " << c.group_policy;
+  }
 
   std::vector<int64_t> peaks;
   for (const search::Candidate& c : all) peaks.push_back(c.peak);
@@ -86,8 +100,9 @@ TEST_P(AutoPolicy, EqualsTheBruteForceOptimumUnderEveryBudget) {
         want = &c;
     ASSERT_TRUE(want != nullptr);
     ASSERT_TRUE(got.best.has_value()) << budget;
-    EXPECT_EQ(got.best->seconds, want->seconds) << "budget " << budget << ": got " << got.best->policy << ", brute force "
-                                                << want->policy;
+    EXPECT_EQ(got.best->seconds, want->seconds) << "budget " << budget << ": got " << got.best->policy << " "
+                                                << got.best->group_policy << ", brute force " << want->policy << " "
+                                                << want->group_policy;
     EXPECT_EQ(got.best->peak, want->peak) << budget;
     EXPECT_LE(got.best->peak, budget);
     EXPECT_TRUE(got.lemma_held);
@@ -152,6 +167,132 @@ INSTANTIATE_TEST_SUITE_P(
                           kUnfusedNames}},
         {"gqa_double_scan"})),
     [](const testing::TestParamInfo<Model>& i) { return i.param.name; });
+
+// The group policies the search leaves out plan as nothing_saveable does, so deciding between nothing_saveable
+// and G keeping the layer inputs with every name P saves loses nothing: a G keeping only some of them (the
+// group's forward is rerun, making all again), and the keeping G under a P that offloads a name (G cannot keep its
+// host copy). The keeping G reruns no group: its recompute is P's own without groups.
+TEST(AutoPolicy, UnderGroupsOnlyNothingSaveableAndKeepingAllThatCrossesGroupsDiffer) {
+  const std::vector<std::string> keys = {"model=tiny", "base_num_kv_heads=2", "layers_per_group=2",
+                                         "max_target_length=512", "fused_qkv=true", "fused_mlp=true"};
+  compile::Request r = request_of(keys);
+  const std::vector<std::string> names = search::searched_names(r);
+  ASSERT_EQ(names, (std::vector<std::string>{"context", "out_proj", "qkv_proj", "mlpwi"}));
+  using R = Residency;
+  const std::vector<R> saves_two = {R::save, R::recompute, R::save, R::recompute};  // context, qkv_proj
+  const search::Candidate nothing = search::evaluate(r, names, saves_two, {}, kRates);
+  const search::Candidate keeping = search::evaluate(r, names, saves_two, {}, kRates, true);
+  EXPECT_EQ(keeping.group_policy, "save_only_these_names(decoder_layer_input, context, qkv_proj)");
+  EXPECT_LT(keeping.recompute_flops, nothing.recompute_flops);
+  const std::vector<std::string> crossing = {"decoder_layer_input", "context", "qkv_proj"};
+  for (unsigned subset = 0; subset + 1 < 1u << crossing.size(); ++subset) {  // every strict subset
+    std::vector<std::string> kept;
+    for (size_t i = 0; i < crossing.size(); ++i)
+      if (subset >> i & 1) kept.push_back(crossing[i]);
+    compile::Request g = r;
+    g.model.group_remat_policy = nn::parse_remat_policy(fmt::format("save_only_these_names({})", fmt::join(kept, ", ")), g.model);
+    const search::Candidate c = search::evaluate_policy(g, search::placed(g.model, names, saves_two), {}, kRates);
+    EXPECT_EQ(c.peak, nothing.peak) << g.model.group_remat_policy.written;
+    EXPECT_EQ(c.recompute_flops, nothing.recompute_flops) << g.model.group_remat_policy.written;
+  }
+  const std::vector<R> offloads = {R::save, R::recompute, R::offload, R::recompute};
+  const search::Candidate off_nothing = search::evaluate(r, names, offloads, {}, kRates);
+  const search::Candidate off_keeping = search::evaluate(r, names, offloads, {}, kRates, true);
+  EXPECT_EQ(off_keeping.peak, off_nothing.peak);
+  EXPECT_EQ(off_keeping.recompute_flops, off_nothing.recompute_flops);
+  // Every P that offloads nothing: the keeping G's recompute is P's without groups, below nothing_saveable's.
+  std::vector<std::string> flat_keys = keys;
+  flat_keys[2] = "layers_per_group=0";
+  const compile::Request flat = request_of(flat_keys);
+  for (unsigned saved = 0; saved < 1u << names.size(); ++saved) {
+    std::vector<R> p;
+    for (size_t i = 0; i < names.size(); ++i) p.push_back(saved >> i & 1 ? R::save : R::recompute);
+    const search::Candidate k = search::evaluate(r, names, p, {}, kRates, true);
+    EXPECT_EQ(k.recompute_flops, search::evaluate(flat, names, p, {}, kRates).recompute_flops) << k.policy;
+    EXPECT_LT(k.recompute_flops, search::evaluate(r, names, p, {}, kRates).recompute_flops) << k.policy;
+  }
+}
+
+// Under groups, what auto prints is paste-able and is what the config runs with: the two printed lines, given by
+// hand as remat_policy and group_remat_policy, plan the answer's peak and recompute, and resolve_auto (train's and
+// plan's route) sets both policies of the model.
+TEST(AutoPolicy, UnderGroupsBothPrintedPoliciesGivenByHandPlanTheAnswer) {
+  const std::vector<std::string> keys = {"model=tiny", "base_num_kv_heads=2", "layers_per_group=2",
+                                         "max_target_length=512", "fused_qkv=true", "fused_mlp=true"};
+  std::vector<std::string> automatic = keys;
+  automatic.push_back("remat_policy=auto");  // unlimited: every name saved, kept across groups (the least recompute)
+  cli::Config config = cli::load_config("", automatic);
+  const std::optional<search::Result> r = cli::resolve_auto(config, false);
+  ASSERT_TRUE(r && r->best) << (r ? r->text() : "");
+  const std::string text = r->text();
+  auto line = [&](const std::string& key) {
+    const size_t at = text.find("  " + key + ": ");
+    if (at == std::string::npos) return std::string();
+    const size_t from = at + key.size() + 4;
+    return text.substr(from, text.find('\n', from) - from);
+  };
+  const std::string p = line("remat_policy"), g = line("group_remat_policy");
+  ASSERT_NE(g, "") << text;
+  EXPECT_EQ(g, "save_only_these_names(decoder_layer_input, mlpwi, qkv_proj, context, out_proj)") << text;
+  EXPECT_EQ(config.run.model.remat_policy.written, p);
+  EXPECT_EQ(config.run.model.group_remat_policy.written, g);
+  std::vector<std::string> by_hand = keys;
+  by_hand.insert(by_hand.end(), {"remat_policy=" + p, "group_remat_policy=" + g});
+  const compile::Request h = request_of(by_hand);
+  const search::Candidate c = search::evaluate_policy(h, h.model.remat_policy, {}, kRates);
+  EXPECT_EQ(c.peak, r->best->peak);
+  EXPECT_EQ(c.recompute_flops, r->best->recompute_flops);
+}
+
+// The group size searched too equals brute force over every size of 8 layers of the tiny model (0: no groups, 1, 2,
+// 4, 8), each size's every placement and group policy planned: the least cost that fits, then the least peak, under
+// four budgets, and four more with nothing offloaded, where groups pay (97 plans per grouped size, 81 without).
+TEST(AutoPolicy, TheGroupSizeSearchedTooEqualsTheBruteForceOverEverySize) {
+  if (exec::kAddressSanitizer) GTEST_SKIP() << "469 plans; the searches it combines run in Models/AutoPolicy";
+  const std::vector<std::string> keys = {"model=tiny", "base_num_kv_heads=2", "layers_per_group=2", "max_target_length=512",
+                                         "fused_qkv=true", "fused_mlp=true", "base_num_decoder_layers=8"};
+  std::vector<std::pair<int64_t, const search::Candidate*>> all;  // (size, candidate)
+  for (int64_t size : {0, 1, 2, 4, 8}) {
+    std::vector<std::string> sized = keys;
+    sized[2] = fmt::format("layers_per_group={}", size);
+    for (const search::Candidate& c : brute_force(sized)) all.emplace_back(size, &c);
+  }
+  std::vector<int64_t> peaks;
+  for (const auto& [size, c] : all) peaks.push_back(c->peak);
+  std::sort(peaks.begin(), peaks.end());
+  const compile::Request r = request_of(keys);
+  std::set<int64_t> sizes;
+  std::vector<int64_t> device_peaks;  // of the placements that offload nothing
+  for (const auto& [size, c] : all)
+    if (c->host == 0) device_peaks.push_back(c->peak);
+  std::sort(device_peaks.begin(), device_peaks.end());
+  std::vector<search::Limits> budgets;
+  for (const std::vector<int64_t>* p : {&peaks, &device_peaks})
+    for (size_t at : {size_t{0}, p->size() / 4, p->size() / 2, p->size() - 1})
+      budgets.push_back({.device = (*p)[at], .host = p == &peaks ? 0 : 1});
+  for (const search::Limits& limits : budgets) {
+    const int64_t budget = limits.device;
+    const std::pair<int64_t, const search::Candidate*>* want = nullptr;
+    for (const auto& sc : all)
+      if (sc.second->peak <= budget && (limits.host == 0 || sc.second->host == 0) &&
+          (!want || std::tuple(sc.second->seconds, sc.second->peak, sc.first) <
+                        std::tuple(want->second->seconds, want->second->peak, want->first)))
+        want = &sc;
+    ASSERT_TRUE(want != nullptr);
+    const search::Result got = search::search_group_sizes(r, limits, kRates);
+    ASSERT_TRUE(got.best.has_value()) << budget;
+    EXPECT_EQ(got.best->seconds, want->second->seconds) << budget << ": got " << got.text() << "brute force: layers_per_group "
+                                                       << want->first << " " << want->second->policy << " " << want->second->group_policy;
+    EXPECT_EQ(got.best->peak, want->second->peak) << budget;
+    EXPECT_EQ(got.layers_per_group, want->first) << budget;
+    EXPECT_NE(got.text().find(fmt::format("  layers_per_group: {}\n", want->first)), std::string::npos) << got.text();
+    sizes.insert(want->first);
+  }
+  EXPECT_GE(sizes.size(), 2u) << "the budgets are answered by different group sizes";
+  const search::Result none = search::search_group_sizes(r, {.device = peaks.front() - 1}, kRates);
+  EXPECT_FALSE(none.best.has_value());
+  EXPECT_EQ(none.smallest.peak, peaks.front());
+}
 
 // Recompute FLOPs (GEMM and the rest) of three placements of the tiny model, derived from its shapes, equal
 // the search's. The backward reads the normed inputs h of every projection, the softmax's probs, the context
