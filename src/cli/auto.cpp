@@ -28,14 +28,22 @@ SearchInputs search_inputs(const Config& config, const char* what) {
 
 std::optional<search::Result> resolve_auto(Config& config, bool print) {
   nn::ModelConfig& model = config.run.model;
+  CHECK(!config.search_layers_per_group || model.remat_policy.kind == rematerialize::Policy::Kind::automatic,
+        "--layers-per-group searches the group size with remat_policy=auto (remat_policy is '{}'): set "
+        "remat_policy=auto, or give layers_per_group=N instead of the flag", model.remat_policy.written);
   if (model.remat_policy.kind != rematerialize::Policy::Kind::automatic) return std::nullopt;
   const SearchInputs in = search_inputs(config, "remat_policy=auto");
-  const search::Result r = search::search(in.request, in.limits, in.rates);
+  const search::Result r = config.search_layers_per_group ? search::search_group_sizes(in.request, in.limits, in.rates)
+                                                          : search::search(in.request, in.limits, in.rates);
   // Every rank of a launch takes the first rank's answer (the measured rates differ a little between processes).
   const std::string chosen = exec::Mesh::first_rank_text(r.best ? r.best->policy : std::string());
   const std::string group = exec::Mesh::first_rank_text(r.best ? r.best->group_policy : std::string());
+  const std::string size = exec::Mesh::first_rank_text(
+      r.best && r.layers_per_group ? std::to_string(*r.layers_per_group) : std::string());
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (print && (rank == nullptr || std::string(rank) == "0")) fmt::print("{}", r.text());
+  if (!size.empty()) model.layers_per_group = std::stoll(size);  // the printed group size (first: the policies'
+                                                                 // spelling does not depend on it)
   if (!chosen.empty()) model.remat_policy = nn::parse_remat_policy(chosen, model);  // the printed placement
   if (!group.empty()) model.group_remat_policy = nn::parse_remat_policy(group, model);  // and group policy
   return r;

@@ -1,7 +1,7 @@
 // `remat`: the command-line entry point.
 //   remat train [CONFIG.yml] [key=value ...]   trains the configured decoder (built-in configs/base.yml, CONFIG.yml over it)
 //   remat explain [CONFIG.yml] [key=value ...] [--json]   every residual of the step and its remat decision
-//   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg] [--frontier FILE.svg]   the memory plan of the step
+//   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg] [--frontier FILE.svg] [--layers-per-group]
 //   remat plan [CONFIG.yml] [key=value ...] [--json] --compare KEY=V1,V2,... [--compare ...]   one row per combination
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
 // train, explain and plan also take --dump-ir=PASS: every program they compile, printed after that pass.
@@ -37,8 +37,9 @@ remat::cli::Config config_from(const std::vector<std::string>& args, const std::
   return config;
 }
 
-int train_command(const std::vector<std::string>& args, const std::string& dump_ir) {
+int train_command(const std::vector<std::string>& args, const std::string& dump_ir, bool search_layers_per_group) {
   remat::cli::Config config = config_from(args, dump_ir);
+  config.search_layers_per_group = search_layers_per_group;
   remat::cli::print_setting_warnings(config, remat::exec::Mesh::launched_ranks());
   remat::cli::require_auto_fits(config);
   remat::trainer::RunResult r = remat::trainer::run(config.run);
@@ -62,6 +63,11 @@ int main(int argc, char** argv) {
   CLI::App* train_cmd = app.add_subcommand("train", "train the configured decoder: remat train [CONFIG.yml] [key=value ...]");
   train_cmd->add_option("args", train_args, "an optional base config file, then key=value overrides");
   add_dump_ir(train_cmd);
+  // remat_policy=auto: the group size (layers_per_group) searched with the two policies.
+  bool search_layers_per_group = false;
+  const char* group_size_help = "with remat_policy=auto: search the group size too (every layers_per_group that "
+                                "divides the layers, and no groups), printed with the policies";
+  train_cmd->add_flag("--layers-per-group", search_layers_per_group, group_size_help);
   std::vector<std::string> explain_args;
   bool explain_json = false;
   CLI::App* explain_cmd =
@@ -76,6 +82,7 @@ int main(int argc, char** argv) {
       "plan", "the memory plan of the training step, from shapes alone: remat plan [CONFIG.yml] [key=value ...]");
   plan_cmd->add_option("args", plan_args, "an optional base config file, then key=value overrides");
   plan_cmd->add_flag("--json", plan_json, "machine-readable output");
+  plan_cmd->add_flag("--layers-per-group", search_layers_per_group, group_size_help);
   add_dump_ir(plan_cmd);
   plan_cmd->add_option("--timeline", timeline, "write an SVG of live bytes over the schedule to this file");
   std::string frontier;
@@ -96,13 +103,17 @@ int main(int argc, char** argv) {
   // the places naming their path do not catch (a file-system call, a JSON text, memory).
   std::string error;
   try {
-    if (train_cmd->parsed()) return train_command(train_args, dump_ir);
+    if (train_cmd->parsed()) return train_command(train_args, dump_ir, search_layers_per_group);
     if (plan_cmd->parsed() && !compare.empty()) {
       CHECK(timeline.empty() && frontier.empty(), "remat plan --compare prints a table of plans and takes no --timeline or "
             "--frontier: run `remat plan` with the row's overrides for those");
       return remat::cli::run_compare(config_from(plan_args, dump_ir), compare, plan_json);
     }
-    if (plan_cmd->parsed()) return remat::cli::run_plan(config_from(plan_args, dump_ir), plan_json, timeline, frontier);
+    if (plan_cmd->parsed()) {
+      remat::cli::Config config = config_from(plan_args, dump_ir);
+      config.search_layers_per_group = search_layers_per_group;
+      return remat::cli::run_plan(config, plan_json, timeline, frontier);
+    }
     if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args, dump_ir), explain_json);
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
     return 0;

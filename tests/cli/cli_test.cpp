@@ -353,6 +353,32 @@ TEST(Cli, PlanReportsEachDevicesCommunication) {
 namespace remat {
 namespace {
 
+// `--layers-per-group` with remat_policy=auto: the group size searched with both policies, printed so that the
+// three lines given by hand plan the same step (on tiny, with offloading ruled out, groups of one layer win at
+// 54 MiB); without auto the flag is refused naming the fix.
+TEST(Cli, AutoWithTheGroupSizePrintsThreeLinesThatPlanTheSameByHand) {
+  const std::string model = "model=tiny hbm_limit=54MiB host_limit=1KiB";
+  Output a = remat_cli(fmt::format("plan {} remat_policy=auto --layers-per-group", model));
+  ASSERT_EQ(a.status, 0) << a.text;
+  const std::string size = captured(a.text, R"(\n  layers_per_group: ([0-9]+)\n)"),
+                    policy = captured(a.text, R"(\n  remat_policy: (custom\([^)]*\)))"),
+                    group = captured(a.text, R"(\n  group_remat_policy: ([^\n]+)\n)");
+  ASSERT_NE(size, "") << a.text;
+  ASSERT_NE(policy, "") << a.text;
+  EXPECT_NE(size, "0") << "groups win under this budget: " << a.text;
+  ASSERT_NE(group, "") << a.text;
+  Output b = remat_cli(fmt::format("plan {} layers_per_group={} 'remat_policy={}' 'group_remat_policy={}'", model, size,
+                                   policy, group));
+  ASSERT_EQ(b.status, 0) << b.text;
+  const std::string total = R"(Total device memory: ([0-9.]+ [KMG]iB))";
+  EXPECT_EQ(captured(a.text, total), captured(b.text, total));
+  EXPECT_NE(captured(b.text, total), "");
+  Output refused = remat_cli(fmt::format("plan {} remat_policy=full --layers-per-group", model));
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_NE(refused.text.find("--layers-per-group searches the group size with remat_policy=auto (remat_policy is 'full')"),
+            std::string::npos) << refused.text;
+}
+
 // Losses and gradient norms per step from a run's metrics.jsonl.
 std::vector<std::pair<double, double>> losses(const fs::path& run) {
   std::ifstream in(run / "metrics.jsonl");
