@@ -35,8 +35,10 @@ std::pair<const Graph*, const Node*> name_of_param(const Graph& body, ValueId pa
   for (const Node& m : body.nodes) {
     if (m.op == Op::name && m.inputs[0] == param) return {&body, &m};
     if (m.op != Op::remat) continue;
-    for (size_t i = 0; i < m.inputs.size(); ++i)
-      if (auto named = name_of_param(*m.body, m.body->params[i]); m.inputs[i] == param && named.second) return named;
+    for (size_t i = 0; i < m.inputs.size(); ++i) {
+      if (m.inputs[i] != param) continue;
+      if (auto named = name_of_param(*m.body, m.body->params[i]); named.second) return named;
+    }
   }
   return {nullptr, nullptr};
 }
