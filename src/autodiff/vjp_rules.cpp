@@ -309,9 +309,15 @@ std::vector<Cot> vjp_reload(Builder&, size_t, const Node&, Cots c, Context&) { r
 std::vector<Cot> vjp_name(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }
 std::vector<Cot> vjp_check_finite(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }  // identity
 
-// psum's transpose is psum (as in JAX): each rank's operand feeds every rank's sum. all_gather and
+std::vector<Cot> vjp_axis_index(Builder&, size_t, const Node&, Cots, Context&) { return {}; }  // no operands
+std::vector<Cot> vjp_stop_gradient(Builder&, size_t, const Node&, Cots, Context&) { return {std::nullopt}; }
+
+// The objective is the replicated loss counted once (shard_map's rule, Megatron's f and g): psum's result is
+// replicated, so its transpose hands every rank the cotangent as it is; pvary's transpose sums the ranks'
+// partial cotangents of a replicated value. all_gather (whose result rank-varying computation reads) and
 // psum_scatter are each other's transposes.
-std::vector<Cot> vjp_all_reduce(Builder&, size_t, const Node& n, Cots c, Context&) {
+std::vector<Cot> vjp_all_reduce(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0]}; }
+std::vector<Cot> vjp_pvary(Builder&, size_t, const Node& n, Cots c, Context&) {
   return {all_reduce(*c[0], n.attrs.str("axis"), n.attrs.integer("ranks"))};
 }
 // Each with the other's attributes, converting back to the operand's dtype: the transpose of a cast before

@@ -17,8 +17,7 @@ SearchInputs search_inputs(const Config& config, const char* what) {
         "{} under pipeline parallelism (ici_pipeline_parallelism={}) is not supported: each rank would need its own "
         "placement; search one stage's layers without the pipeline and paste the custom(...) it prints",
         what, run.ici_pipeline_parallelism);
-  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
-  model.mesh = trainer::mesh_of(run, 0);
+  const nn::ModelConfig model = trainer::device_model(run, trainer::plan_run(run, 0));  // one device's
   const double bandwidth = config.host_bandwidth.empty() ? 0 : static_cast<double>(plan::parse_bytes(config.host_bandwidth, "host_bandwidth"));
   return {.request = {.model = model, .shape = run.shape, .optimizer = run.optimizer, .fuse = run.fusion},
           .limits = {.device = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit"),

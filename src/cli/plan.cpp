@@ -50,8 +50,7 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
                             const std::string& timeline, bool* fits) {
   const trainer::RunConfig& run = config.run;
   const parallel::Schedule& s = *planned.pipeline;
-  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
-  model.mesh = planned.replicas;
+  const nn::ModelConfig model = trainer::device_model(run, planned);  // its shards, its part of the batch, its collectives
   const train::StepShape& shape = planned.shape;
   const parallel::Costs costs = train::chunk_costs(model, s.shape, shape.batch, shape.seq);
   const parallel::Simulation t = parallel::simulate(s, costs);
@@ -102,7 +101,7 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
   const double params = static_cast<double>(nn::param_count(run.model));
   return fmt::format("model {} ({:.2f}B parameters), {} stages x {} microbatches of {} x {} tokens{}, remat_policy {}\n",
                      config.model, params / 1e9, s.shape.stages, s.shape.microbatches, shape.batch, shape.seq,
-                     model.mesh.ranks() > 1 ? fmt::format(" per replica; {} replicas (data x fsdp) of each stage", model.mesh.ranks()) : "",
+                     model.mesh.ranks() > 1 ? fmt::format(" per replica; {} ranks ({}) of each stage", model.mesh.ranks(), trainer::mesh_text(planned)) : "",
                      run.model.remat_policy.written) +
          parallel::grid(s, t) + "\nEach rank's plan (its own program: the stage's parameters and moments, the arena of its actions in order):\n" +
          table + (limit > 0 ? fmt::format("hbm_limit {} per device: {}\n", plan::bytes_str(static_cast<double>(limit)),
@@ -135,8 +134,7 @@ void write_frontier(const Config& config, const std::string& path, bool table) {
 
 compile::Compiled compile_step(const Config& config, const trainer::RunPlan& planned) {
   const trainer::RunConfig& run = config.run;
-  nn::ModelConfig model = run.model;  // one device's: its shards, its part of the batch, its collectives
-  model.mesh = planned.replicas;
+  const nn::ModelConfig model = trainer::device_model(run, planned);  // its shards, its part of the batch, its collectives
   return compile::compile({.model = model, .shape = run.shape, .optimizer = run.optimizer,
                            .allow_unmatched = run.remat_allow_unmatched, .fuse = run.fusion,
                            .dump_ir_after = run.dump_ir_after});
@@ -146,19 +144,21 @@ std::string plan_report(const Config& config, bool json, const std::string& time
   const trainer::RunConfig& run = config.run;
   const trainer::RunPlan planned = trainer::plan_run(run, 0);
   if (planned.pipeline) return pipeline_report(config, planned, json, timeline, fits);
-  const int64_t devices = planned.replicas.ranks(), fsdp = planned.replicas.size("fsdp");
+  const int64_t devices = planned.replicas.batch_ranks(), fsdp = planned.replicas.size("fsdp"),
+                tensor = planned.replicas.size("tensor");
   compile::Compiled step = compile_step(config, planned);
   const rematerialize::Explanation& e = step.explanation;
   plan::ReportOptions o;
   const double params = static_cast<double>(nn::param_count(run.model));
   const nn::PrecisionPolicy& mp = run.model.precision;
-  o.title = fmt::format("model {} ({} parameters), batch {} x {} tokens{}{}, remat_policy {}{}", config.model,
+  o.title = fmt::format("model {} ({} parameters), batch {} x {} tokens{}{}{}, remat_policy {}{}", config.model,
                         params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9) : fmt::format("{:.2f}M", params / 1e6), run.shape.batch, run.shape.seq,
                         run.shape.accumulation > 1 ? fmt::format(" x {} microbatches", run.shape.accumulation) : "",
                         devices == 1  ? ""
                         : fsdp == 1   ? fmt::format(" per device, {} data-parallel ranks", devices)
                         : fsdp == devices ? fmt::format(" per device, {} FSDP ranks", devices)
                                           : fmt::format(" per device, {} ranks ({} data-parallel x {} FSDP)", devices, devices / fsdp, fsdp),
+                        tensor == 1 ? std::string() : fmt::format(", each {}", trainer::mesh_text(planned)),
                         run.model.remat_policy.written,
                         mp.compute == mp.param ? std::string()
                                                : fmt::format(", {} weights, {} compute, mp_cast {}", dtype_name(mp.param),

@@ -178,6 +178,13 @@ Tensor checkpoint_name(Tensor x, const std::string& name) {
   return x.b->emit1(Op::name, std::array{x}, Attrs().set("name", name));
 }
 
+Tensor axis_index(Builder& b, const std::string& axis, int64_t ranks) {
+  return b.emit1(Op::axis_index, std::span<const Tensor>{}, Attrs().set("axis", axis).set("ranks", ranks));
+}
+Tensor stop_gradient(Tensor x) { return x.b->emit1(Op::stop_gradient, std::array{x}); }
+Tensor pvary(Tensor x, const std::string& axis, int64_t ranks) {
+  return x.b->emit1(Op::pvary, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks));
+}
 Tensor check_finite(Tensor x) { return x.b->emit1(Op::check_finite, std::array{x}); }
 Tensor all_reduce(Tensor x, const std::string& axis, int64_t ranks) {
   return x.b->emit1(Op::all_reduce, std::array{x}, Attrs().set("axis", axis).set("ranks", ranks));

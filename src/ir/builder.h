@@ -128,10 +128,18 @@ Tensor full(Builder& b, Type t, double value);
 Tensor gather(Tensor table, Tensor indices);
 Tensor scatter_add(Tensor operand, Tensor indices, Tensor updates);
 Tensor checkpoint_name(Tensor x, const std::string& name);
+// This rank's coordinate along mesh axis `axis` of `ranks` ranks: an i32 scalar (0 with one rank).
+Tensor axis_index(Builder& b, const std::string& axis, int64_t ranks);
+// x as a constant for differentiation: its cotangent is zero (jax.lax.stop_gradient).
+Tensor stop_gradient(Tensor x);
+// x, which every rank of mesh axis `axis` holds alike, where rank-varying computation reads it: the identity,
+// whose transpose sums the cotangents over the `ranks` ranks (jax.lax.pvary; Megatron's f).
+Tensor pvary(Tensor x, const std::string& axis, int64_t ranks);
 // x, after failing the run (naming the scope) if it holds a NaN or an infinity; kept even if unread.
 Tensor check_finite(Tensor x);
 // The sum of x over the `ranks` ranks of mesh axis `axis` (psum), in rank order. `axis` may name a group of
-// axes, "data,fsdp": the sum is then over all their ranks, in row-major order.
+// axes, "data,fsdp": the sum is then over all their ranks, in row-major order. The result is replicated: its
+// transpose is the identity (read by rank-varying computation, it goes through pvary).
 Tensor all_reduce(Tensor x, const std::string& axis, int64_t ranks);
 // The ranks' x concatenated along `dim`, in rank order (all_gather). The blocks are those of the `parts`
 // ranks of the last axis of `axis` (default 0: all `ranks`); over a group ("data,fsdp") x is the same on the

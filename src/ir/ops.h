@@ -95,6 +95,11 @@ namespace remat::ir {
   X(scatter_add, 3, layout, pure, per_update)                                                                        \
   /* the identity that carries a checkpoint name (`name`) for remat policies */                                      \
   X(name, 1, view, pure, none)                                                                                       \
+  /* the identity whose cotangent is zero: a value the backward treats as a constant (jax.lax.stop_gradient) */      \
+  X(stop_gradient, 1, view, pure, none)                                                                              \
+  /* the identity on a value every rank of mesh axis `axis` (`ranks` of them) holds alike, marking where rank- */    \
+  /* varying computation reads it (jax.lax.pvary; Megatron's f): its transpose sums the ranks' cotangents */         \
+  X(pvary, 1, view, pure, none)                                                                                      \
   /* the identity that fails the run, naming its scope, when its operand holds a NaN or an infinity */               \
   /* (jax_debug_nans as an op); effectful: never removed, never reordered against another effectful op */            \
   X(check_finite, 1, view, effectful, none)                                                                          \
@@ -103,8 +108,12 @@ namespace remat::ir {
   X(reload, 1, transfer, pure, none)                                                                                 \
   /* Collectives over the `ranks` processes of mesh axis `axis`, or a group of axes ("data,fsdp"); effectful, so */  \
   /* every rank issues them in the same order. all_reduce (psum): every rank gets the same bits, summed in rank */   \
-  /* order whatever the MPI library does (exec/mesh.h) */                                                            \
+  /* order whatever the MPI library does (exec/mesh.h). Its result is replicated: its transpose is the */           \
+  /* identity (Megatron's g; a replicated value read by rank-varying computation goes through pvary) */              \
   X(all_reduce, 1, collective, effectful, per_input)                                                                 \
+  /* this rank's coordinate along mesh axis `axis` (of `ranks`), an i32 scalar (jax.lax.axis_index): one program */  \
+  /* for every rank of the axis, each finding its own block (a vocabulary range, a kv head) */                       \
+  X(axis_index, 0, constant, pure, none)                                                                             \
   /* the ranks' operands concatenated along `dim` in rank order; over a group, in `parts` blocks (those of its */    \
   /* last axis); `dtype`: converted before it communicates (FSDP's cast before the gather) */                        \
   X(all_gather, 1, collective, effectful, none)                                                                      \

@@ -355,6 +355,19 @@ std::vector<Type> rule_name(const Ctx& c) {
   return same_as_input(c);
 }
 
+std::vector<Type> rule_stop_gradient(const Ctx& c) { return same_as_input(c); }
+std::vector<Type> rule_pvary(const Ctx& c) {
+  CHECK(!c.attrs.str("axis").empty() && c.attrs.integer("ranks") >= 1,
+        "{}: pvary needs a mesh axis name and its number of ranks (>= 1)", c.where);
+  return same_as_input(c);
+}
+
+std::vector<Type> rule_axis_index(const Ctx& c) {
+  CHECK(!c.attrs.str("axis").empty() && c.attrs.integer("ranks") >= 1,
+        "{}: axis_index needs a mesh axis name and its number of ranks (>= 1)", c.where);
+  return {Type{DType::i32, {}}};
+}
+
 std::vector<Type> rule_check_finite(const Ctx& c) {
   CHECK(is_float(c.in[0].dtype), "{}: check_finite takes a floating-point operand, got {}", c.where, type_str(c.in[0]));
   return same_as_input(c);

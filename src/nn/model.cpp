@@ -1,6 +1,7 @@
 #include "nn/model.h"
 
 #include "nn/checkpoint_names.h"
+#include "nn/tensor_parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 namespace remat::nn {
 
 using namespace ir;
+namespace tp = tensor_parallel;
 
 namespace {
 
@@ -137,11 +139,11 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     }
     {
       auto s2 = b.scope("key");
-      key = named(rope(project(h, w.key), k), names::kKeyProj, c.checkpoint_naming);
+      key = named(rope(project(h, tp::kv_kernel(b, c, w.key)), k), names::kKeyProj, c.checkpoint_naming);
     }
     {
       auto s2 = b.scope("value");
-      v = named(project(h, w.value), names::kValueProj, c.checkpoint_naming);
+      v = named(project(h, tp::kv_kernel(b, c, w.value)), names::kValueProj, c.checkpoint_naming);
     }
   }
   Tensor context;
@@ -154,7 +156,7 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     context = named(out, names::kContext, c.checkpoint_naming);
   } else {
     auto s2 = b.scope("attention");
-    Tensor kk = repeat_kv(key, c.num_heads), vv = repeat_kv(v, c.num_heads);
+    Tensor kk = repeat_kv(key, q.dim(2)), vv = repeat_kv(v, q.dim(2));  // this rank's query heads
     // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh). As in MaxText, float32_qk_product casts q and k
     // up before the dot and float32_logits casts the scores up after it (never down): the softmax reads f32
     // scores when either is on (it computes in f32 either way).
@@ -227,7 +229,7 @@ LayerWeights cast_to_compute(LayerWeights w) {
 Tensor gathered(Tensor shard, int64_t dim, int64_t shards, std::optional<DType> to = std::nullopt) {
   if (shards == 1) return to ? convert(shard, *to) : shard;
   const Mesh& m = ComputeContext::current().mesh;
-  return all_gather(shard, m.group(), m.ranks(), dim, shards, to);
+  return all_gather(shard, m.batch_group(), m.batch_ranks(), dim, shards, to);
 }
 
 // FSDP: a layer's whole weights from its shards, the kernels cast to the compute dtype before the gather
@@ -249,6 +251,8 @@ LayerWeights gather_layer(Builder& b, const ModelConfig& c, LayerWeights w) {
   return w;
 }
 
+// Under tensor parallelism each block enters and leaves through tensor_parallel.h, the norms and residual adds
+// running on what lies between the blocks (under sequence parallelism, the rank's slice of the sequence).
 Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeights& weights, const LayerConsts& k) {
   x = named(x, names::kDecoderLayerInput, c.checkpoint_naming);
   const bool sharded = c.mesh.size("fsdp") > 1;
@@ -256,15 +260,15 @@ Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeig
   Tensor h;
   {
     auto s = b.scope("pre_self_attention_norm");
-    h = rms_norm(x, whole.attn_norm, c.rms_eps);
+    h = rms_norm(x, tp::whole_param(c, whole.attn_norm), c.rms_eps);
   }
   const LayerWeights w = sharded ? whole : cast_to_compute(weights);
-  x = named(x + attention(b, c, h, w, k), names::kAttentionResidual, c.checkpoint_naming);
+  x = named(x + tp::leave(c, attention(b, c, tp::enter(c, h), w, k)), names::kAttentionResidual, c.checkpoint_naming);
   {
     auto s = b.scope("post_self_attention_norm");
-    h = rms_norm(x, w.mlp_norm, c.rms_eps);
+    h = rms_norm(x, tp::whole_param(c, w.mlp_norm), c.rms_eps);
   }
-  return named(x + mlp(b, c, h, w), names::kMlpResidual, c.checkpoint_naming);
+  return named(x + tp::leave(c, mlp(b, c, tp::enter(c, h), w)), names::kMlpResidual, c.checkpoint_naming);
 }
 
 LayerWeights layer_weights(const ModelConfig& c, std::span<const Tensor> w) {
@@ -378,17 +382,20 @@ Tensor whole_param(Tensor p, const ParamSpec& spec, std::optional<DType> to) {
   return gathered(p, spec.shard_dim, spec.shards, to);
 }
 
-Tensor embed(Builder& b, Tensor table, const ParamSpec& spec, Tensor inputs) {
+Tensor embed(Builder& b, const ModelConfig& c, Tensor table, const ParamSpec& spec, Tensor inputs) {
   CHECK(inputs.rank() == 2 && inputs.dtype() == DType::i32, "model inputs must be i32[batch, seq], got {}",
         type_str(inputs.type()));
   auto s = b.scope("token_embedder");
   // The table in its own dtype (sharded, gathered so): the rows' gradient accumulates in it, as unsharded.
-  return convert(gather(whole_param(table, spec, std::nullopt), inputs), compute_dtype());
+  table = whole_param(table, spec, std::nullopt);
+  if (tp::degree(c) > 1) return tp::embed(b, c, table, inputs, compute_dtype());
+  return convert(gather(table, inputs), compute_dtype());
 }
 
 // `c.num_decoder_layers` layers over the stacked weights.
 Tensor layers(Builder& b, const ModelConfig& c, Tensor x, std::vector<Tensor> stacked) {
-  LayerConsts k = layer_consts(b, c, x.dim(1));
+  // The tables cover the whole sequence, which attention reads (x holds 1/t of it under sequence parallelism).
+  LayerConsts k = layer_consts(b, c, x.dim(1) * (c.sequence_parallel ? tp::degree(c) : 1));
   if (c.cast_upfront) {  // every layer's kernels in the compute dtype before the layer loop (all L live)
     auto s = b.scope("decoder/cast_upfront");
     LayerWeights all = layer_weights(c, stacked);
@@ -398,10 +405,10 @@ Tensor layers(Builder& b, const ModelConfig& c, Tensor x, std::vector<Tensor> st
   return decoder_layers(b, c, x, stacked, k);
 }
 
-// The final norm of the hidden states.
+// The final norm of the hidden states, as the output projection reads them (tensor_parallel::enter).
 Tensor final_norm(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec) {
   auto s = b.scope("decoder/decoder_norm");
-  return rms_norm(x, whole_param(norm, norm_spec, std::nullopt), c.rms_eps);
+  return tp::enter(c, rms_norm(x, tp::whole_param(c, whole_param(norm, norm_spec, std::nullopt)), c.rms_eps));
 }
 
 // The output projection's matmul dtype: the compute dtype, or f32 with logits_dot_in_fp32.
@@ -416,7 +423,7 @@ Tensor logits_of(const ModelConfig& c, Tensor x, Tensor out) {
                  kF32);
 }
 
-// The final norm and the logits [B,T,V].
+// The final norm and the logits [B,T,V] (this rank's [B,T,V/t] under tensor parallelism).
 Tensor head(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
             const ParamSpec& out_spec) {
   x = final_norm(b, c, x, norm, norm_spec);
@@ -437,7 +444,7 @@ HeadAt head_at(const ModelConfig& c) {
 // The embedding and the layers: the hidden states [B,T,D] before the final norm.
 Tensor trunk(Builder& b, const ModelConfig& c, std::span<const Tensor> p, std::span<const ParamSpec> specs,
              Tensor inputs) {
-  Tensor x = embed(b, p[0], specs[0], inputs);
+  Tensor x = embed(b, c, p[0], specs[0], inputs);
   return layers(b, c, x, std::vector<Tensor>(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(head_at(c).norm)));
 }
 
@@ -445,13 +452,14 @@ Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p,
   ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
   const std::vector<ParamSpec> specs = param_specs(c);
   const HeadAt at = head_at(c);
-  return head(b, c, trunk(b, c, p, specs, inputs), p[at.norm], specs[at.norm], p[at.out], specs[at.out]);
+  return tp::gather_logits(c, head(b, c, trunk(b, c, p, specs, inputs), p[at.norm], specs[at.norm], p[at.out], specs[at.out]));
 }
 
 // log_softmax(logits)[target] in f32 along the last (vocabulary) axis, picked with a one-hot mask: the shape of
-// `targets`.
-Tensor target_log_probs(Builder& b, Tensor logits, Tensor targets) {
+// `targets` (under tensor parallelism from the rank's block of the vocabulary: tensor_parallel.h).
+Tensor target_log_probs(Builder& b, const ModelConfig& c, Tensor logits, Tensor targets) {
   auto s = b.scope("loss");
+  if (tp::degree(c) > 1) return tp::target_log_probs(b, c, logits, targets);
   const int64_t v = logits.rank() - 1;
   Tensor logp = log_softmax(logits);
   Tensor vocab = iota(b, DType::i32, logits.shape(), v);
@@ -462,8 +470,8 @@ Tensor target_log_probs(Builder& b, Tensor logits, Tensor targets) {
 }
 
 // Mean cross-entropy over the batch's tokens.
-Tensor cross_entropy(Builder& b, Tensor logits, Tensor targets) {
-  Tensor picked = target_log_probs(b, logits, targets);
+Tensor cross_entropy(Builder& b, const ModelConfig& c, Tensor logits, Tensor targets) {
+  Tensor picked = target_log_probs(b, c, logits, targets);
   auto s = b.scope("loss");
   return neg(mean(picked, {0, 1}));
 }
@@ -486,7 +494,7 @@ Tensor tiled_cross_entropy(Builder& b, const ModelConfig& c, Tensor x, Tensor ou
   auto body = [&](Builder& sb, std::span<const Tensor> consts, std::span<const Tensor> carry,
                   std::span<const Tensor> xs) {
     auto chunk = [&](Builder& rb, std::span<const Tensor> in) {
-      Tensor picked = target_log_probs(rb, logits_of(c, in[0], in[2]), in[1]);
+      Tensor picked = target_log_probs(rb, c, logits_of(c, in[0], in[2]), in[1]);
       auto s = rb.scope("loss");
       return std::vector<Tensor>{reduce_sum(picked, {0})};
     };
@@ -509,7 +517,7 @@ Tensor tiled_cross_entropy(Builder& b, const ModelConfig& c, Tensor x, Tensor ou
 // The head and the loss: untiled, the logits [B,T,V] and their mean cross-entropy; else tiled_cross_entropy.
 Tensor head_loss(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
                  const ParamSpec& out_spec, Tensor targets) {
-  if (c.num_vocab_tiling == 1) return cross_entropy(b, head(b, c, x, norm, norm_spec, out, out_spec), targets);
+  if (c.num_vocab_tiling == 1) return cross_entropy(b, c, head(b, c, x, norm, norm_spec, out, out_spec), targets);
   x = final_norm(b, c, x, norm, norm_spec);
   const std::optional<DType> accumulate = out.dtype() == DType::f64 ? std::nullopt : std::optional(kF32);
   return tiled_cross_entropy(b, c, x, whole_param(out, out_spec, accumulate), targets);
@@ -532,8 +540,11 @@ Tensor trace_loss(Builder& b, const ModelConfig& c, std::span<const Tensor> para
     Tensor x = trunk(b, c, params, specs, inputs);
     return head_loss(b, c, x, params[at.norm], specs[at.norm], params[at.out], specs[at.out], targets);
   }
-  *logits_out = trace_logits(b, c, params, inputs);  // the caller wants the logits: untiled
-  return cross_entropy(b, *logits_out, targets);
+  *logits_out = trace_logits(b, c, params, inputs);  // the caller wants the logits: untiled, whole
+  ModelConfig whole = c;
+  whole.mesh = {};  // the loss of the whole logits, as one device computes it
+  whole.sequence_parallel = false;
+  return cross_entropy(b, whole, *logits_out, targets);
 }
 
 std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& part) {
@@ -563,14 +574,14 @@ Tensor trace_stage(Builder& b, const ModelConfig& c, const StagePart& part, std:
   const std::vector<ParamSpec> specs = stage_param_specs(c, part);
   ASSERT(params.size() == specs.size() && (part.head || !targets));
   const size_t nw = layer_params(c).size(), first = part.embedding ? 1 : 0;
-  Tensor x = part.embedding ? embed(b, params[0], specs[0], in) : in;
+  Tensor x = part.embedding ? embed(b, c, params[0], specs[0], in) : in;
   ModelConfig stage = c;
   stage.num_decoder_layers = part.num_layers;
   x = layers(b, stage, x, std::vector<Tensor>(params.begin() + static_cast<std::ptrdiff_t>(first),
                                               params.begin() + static_cast<std::ptrdiff_t>(first + nw)));
   if (!part.head) return x;
   const size_t norm = first + nw, out = c.logits_via_embedding ? 0 : norm + 1;
-  if (!targets) return head(b, c, x, params[norm], specs[norm], params[out], specs[out]);
+  if (!targets) return tp::gather_logits(c, head(b, c, x, params[norm], specs[norm], params[out], specs[out]));
   return head_loss(b, c, x, params[norm], specs[norm], params[out], specs[out], *targets);
 }
 

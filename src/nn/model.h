@@ -68,9 +68,18 @@ struct ModelConfig {
   // Distribution: the mesh one step runs on, and which logical parameter axis is sharded over which mesh
   // axis. With fsdp > 1 (FSDP, ZeRO-3) every parameter is a shard along its embed dimension; the model
   // all-gathers each where it is used (a layer's weights inside the layer, cast to the compute dtype
-  // first), and the batch is split over every rank of the mesh.
+  // first), and the batch is split over the data and fsdp ranks. With tensor = t > 1 (Megatron-LM's tensor
+  // parallelism) the heads, kv heads, MLP width and vocabulary are split t ways, each rank computing its
+  // heads and its part of the MLP and of the vocabulary on the same sequences (docs/parallelism.md): sums
+  // over `tensor` leave each parallel block; kv heads fewer than t are held whole and each rank reads the
+  // one its query heads use (Megatron replicates them so).
   Mesh mesh;
-  AxisMapping axis_rules = {{"embed", "fsdp"}};
+  AxisMapping axis_rules = {{"embed", "fsdp"}, {"heads", "tensor"}, {"kv_heads", "tensor"}, {"mlp", "tensor"},
+                            {"vocab", "tensor"}};
+  // Sequence parallelism (MaxText's tensor_sequence; Korthikanti et al. 2022): under tensor > 1 the
+  // activations between the parallel blocks (norms, residual adds, the layer input) are split along the
+  // sequence over `tensor`: an all-gather enters each block and a reduce-scatter leaves it.
+  bool sequence_parallel = false;
 };
 
 // Checks the shapes fit together; errors name the config key.
@@ -102,8 +111,10 @@ struct ParamSpec {
   Init init;
   double std;        // for Init::normal
   std::vector<std::string> axes;  // the logical name of each dimension (layers, embed, heads, kv, mlp, vocab, ...)
-  int64_t shard_dim = -1;         // the dimension split over the mesh axis axis_rules gives it; -1: whole
+  int64_t shard_dim = -1;         // the dimension split over `fsdp` (axis_rules); -1: whole along it
   int64_t shards = 1;             // the parts it is split into (that axis's size)
+  int64_t tensor_dim = -1;        // the dimension split over `tensor`; -1: every tensor rank holds it whole
+  int64_t tensor_shards = 1;
   ir::Type whole_type() const;    // the whole parameter's
 };
 
@@ -122,18 +133,23 @@ struct StagePart {
 std::vector<ParamSpec> param_specs(const ModelConfig& c);
 int64_t param_count(const ModelConfig& c);
 
+// Which block of each parameter a rank holds: its coordinates along the mesh axes `fsdp` and `tensor`.
+struct ShardIndex {
+  int64_t fsdp = 0, tensor = 0;
+};
+
 // Deterministic initialisation from a seed (normal std 0.02; output projections 0.02 / sqrt(2L); norms 1).
 // Fused kernels are the unfused draws stacked, so fused and unfused models start from the same weights.
 std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed);
 // The same values written into existing arrays of the parameters' types (an executable's own buffers).
-// Under FSDP, shard `shard` (the rank's fsdp coordinate) of the values one device would hold: each
-// parameter is drawn whole into a temporary, one at a time, and its shard kept.
-void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into, int64_t shard = 0);
+// Under FSDP or tensor parallelism, the rank's block `at` of the values one device would hold: each
+// parameter is drawn whole into a temporary, one at a time, and its block kept.
+void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into, ShardIndex at = {});
 
 // The parameters of pipeline stages `parts` (stage_param_specs of each, one after another): the same values as
-// the rows of init_params(c, seed, .., shard) they hold (each parameter drawn whole into a temporary, one at a time).
+// the rows of init_params(c, seed, .., at) they hold (each parameter drawn whole into a temporary, one at a time).
 void init_stage_params(const ModelConfig& c, uint64_t seed, std::span<const StagePart> parts, std::span<exec::Array> into,
-                       int64_t shard = 0);
+                       ShardIndex at = {});
 
 // The parameters of `c` (with its fusions) from those of the same model unfused: qkv_proj = [query | key |
 // value] along the head axis, wi = [wi_0, wi_1] along a new axis 2; the rest as they are.

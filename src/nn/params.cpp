@@ -26,6 +26,45 @@ rematerialize::Spelling policy_spelling(const ModelConfig& c) {
   return s;
 }
 
+namespace {
+// The config keys whose product is the degree of mesh axis `axis`, for errors.
+std::string degree_keys(const ModelConfig& c, const std::string& axis) {
+  const std::string a = axis == "tensor" && c.sequence_parallel ? "tensor_sequence" : axis;
+  return fmt::format("ici_{}_parallelism x dcn_{}_parallelism", a, a);
+}
+
+// Up to eight degrees > 1 that divide `size`, for errors.
+std::string divisors(int64_t size) {
+  std::vector<int64_t> ok;
+  for (int64_t k = 2; k <= size && ok.size() < 8; ++k)
+    if (size % k == 0) ok.push_back(k);
+  return ok.empty() ? std::string("none") : fmt::format("{}", fmt::join(ok, ", "));
+}
+
+// Tensor parallelism splits the heads, the MLP width and the vocabulary; kv heads split, or fewer than t and
+// each held whole (t a multiple of them).
+void validate_tensor(const ModelConfig& c) {
+  const int64_t t = c.mesh.size("tensor");
+  CHECK(!c.sequence_parallel || t > 1,
+        "sequence parallelism needs a tensor axis: set ici_tensor_sequence_parallelism (or its dcn_ key) > 1");
+  if (t == 1) return;
+  auto divides = [&](int64_t size, const char* key, const char* what) {
+    CHECK(size % t == 0, "{} = {} does not divide config key '{}' ({}), the {} tensor parallelism splits; degrees that "
+          "divide it: {}", degree_keys(c, "tensor"), t, key, size, what, divisors(size));
+  };
+  divides(c.num_heads, "base_num_query_heads", "query heads");
+  divides(c.mlp_dim, "base_mlp_dim", "MLP width");
+  divides(c.vocab_size, "vocab_size", "vocabulary");
+  CHECK(c.num_kv_heads % t == 0 || t % c.num_kv_heads == 0,
+        "{} = {} neither divides nor is a multiple of config key 'base_num_kv_heads' ({}): each rank must hold whole kv "
+        "heads, or (fewer kv heads than ranks) read one; degrees that work: {} or multiples of {} that divide the "
+        "query heads", degree_keys(c, "tensor"), t, c.num_kv_heads, divisors(c.num_kv_heads), c.num_kv_heads);
+  CHECK(!c.fused_qkv,
+        "fused_qkv=true with tensor parallelism ({} = {}): the fused [D, H+2KV, Dh] kernel does not split into whole "
+        "heads per rank; set fused_qkv=false (fused_mlp is fine)", degree_keys(c, "tensor"), t);
+}
+}  // namespace
+
 void validate(const ModelConfig& c) {
   auto positive = [](int64_t v, const char* key) { CHECK(v > 0, "config key '{}' must be positive, got {}", key, v); };
   positive(c.vocab_size, "vocab_size");
@@ -54,36 +93,36 @@ void validate(const ModelConfig& c) {
         "checkpoint_naming=maxtext with them");
   CHECK(c.layers_per_group == 0 || c.scan_layers,
         "config key 'layers_per_group' ({}) needs scan_layers=true: groups are a scan of scans", c.layers_per_group);
+  validate_tensor(c);
 }
 
 ir::Type ParamSpec::whole_type() const {
   ir::Type t = type;
   if (shard_dim >= 0) t.shape[static_cast<size_t>(shard_dim)] *= shards;
+  if (tensor_dim >= 0) t.shape[static_cast<size_t>(tensor_dim)] *= tensor_shards;
   return t;
 }
 
 namespace {
-// Splits `p` along the first of its logical axes that axis_rules maps to a mesh axis of several ranks.
+// Splits `p` along the logical axes that axis_rules maps to `fsdp` and to `tensor` (the first of each) where
+// that mesh axis has several ranks. kv heads fewer than the tensor ranks stay whole (validate_tensor).
 void shard(ParamSpec& p, const ModelConfig& c) {
   for (size_t d = 0; d < p.axes.size(); ++d) {
     auto rule = c.axis_rules.find(p.axes[d]);
     if (rule == c.axis_rules.end()) continue;
+    const bool fsdp = rule->second == "fsdp";
+    ASSERT(fsdp || rule->second == "tensor");
+    int64_t& dim = fsdp ? p.shard_dim : p.tensor_dim;
+    int64_t& shards = fsdp ? p.shards : p.tensor_shards;
     const int64_t n = c.mesh.size(rule->second), size = p.type.shape[d];
-    if (n == 1) continue;
+    if (n == 1 || dim >= 0 || (p.axes[d] == "kv_heads" && size < n)) continue;
     CHECK(size % n == 0,
-          "parameter {} ({}) cannot be sharded {} ways along its '{}' dimension of {}: the {} parallelism "
-          "(ici_{}_parallelism x dcn_{}_parallelism) must divide it; {} divides it",
-          p.path, ir::type_str(p.type), n, p.axes[d], size, rule->second, rule->second, rule->second,
-          [&] {  // the degrees that would, up to its size
-            std::vector<int64_t> ok;
-            for (int64_t k = 2; k <= size && ok.size() < 8; ++k)
-              if (size % k == 0) ok.push_back(k);
-            return fmt::format("{}", fmt::join(ok, ", "));
-          }());
+          "parameter {} ({}) cannot be sharded {} ways along its '{}' dimension of {}: the {} parallelism ({}) must "
+          "divide it; {} divides it",
+          p.path, ir::type_str(p.type), n, p.axes[d], size, rule->second, degree_keys(c, rule->second), divisors(size));
     p.type.shape[d] /= n;
-    p.shard_dim = static_cast<int64_t>(d);
-    p.shards = n;
-    return;
+    dim = static_cast<int64_t>(d);
+    shards = n;
   }
 }
 }  // namespace
@@ -188,36 +227,46 @@ ModelConfig unfused(const ModelConfig& c) {
 ModelConfig on_one_device(const ModelConfig& c) {
   ModelConfig u = c;
   u.mesh = {};
+  u.sequence_parallel = false;
   return u;
 }
 
-// `into` = block `index` of `whole` along the spec's shard dimension.
-void copy_shard(const exec::Array& whole, const ParamSpec& spec, int64_t index, exec::Array& into) {
-  const Shape& s = whole.type().shape;
-  const size_t d = static_cast<size_t>(spec.shard_dim);
-  int64_t outer = 1, inner = dtype_size(whole.type().dtype);
-  for (size_t i = 0; i < s.size(); ++i)
-    if (i != d) (i < d ? outer : inner) *= s[i];
-  const int64_t part = spec.type.shape[d] * inner;  // bytes of the shard per outer index
+// Block `index` of `whole`'s `parts` equal blocks along dimension `dim` (`whole` itself when dim < 0).
+exec::Array block(const exec::Array& whole, int64_t dim, int64_t parts, int64_t index) {
+  if (dim < 0) return whole;
+  Type t = whole.type();
+  const size_t d = static_cast<size_t>(dim);
+  t.shape[d] /= parts;
+  exec::Array into(t);
+  int64_t outer = 1, inner = dtype_size(t.dtype);
+  for (size_t i = 0; i < t.shape.size(); ++i)
+    if (i != d) (i < d ? outer : inner) *= t.shape[i];
+  const int64_t part = t.shape[d] * inner;  // bytes of the block per outer index
   for (int64_t o = 0; o < outer; ++o)
-    std::memcpy(into.bytes() + o * part, whole.bytes() + o * s[d] * inner + index * part, static_cast<size_t>(part));
+    std::memcpy(into.bytes() + o * part, whole.bytes() + (o * parts + index) * part, static_cast<size_t>(part));
+  return into;
 }
 
 // Draws every parameter of `c` in order, each into `target(i)` when it is kept whole (an array of its type), or
-// else whole into a temporary, and hands the value (this rank's FSDP shard `shard_index`) to `keep(i, value)`.
+// else whole into a temporary, and hands the value (this rank's block: tensor block `at.tensor` of FSDP shard
+// `at.fsdp`) to `keep(i, value)`.
 // The unfused draws, in their order: fused and unfused, sharded and whole runs start alike. A parameter's
 // draws are consecutive (a fused kernel's parts one after another); each part of a fused kernel is drawn into a
 // temporary of its own size and stacked into place.
-void draw_params(const ModelConfig& c, uint64_t seed, int64_t shard_index, const std::function<exec::Array*(size_t)>& target,
+void draw_params(const ModelConfig& c, uint64_t seed, ShardIndex at, const std::function<exec::Array*(size_t)>& target,
                  const std::function<void(size_t, const exec::Array&)>& keep) {
   const std::vector<ParamSpec> specs = param_specs(c), whole = param_specs(on_one_device(c)),
                                draws = param_specs(unfused(on_one_device(c)));
   std::mt19937_64 rng(seed);
   size_t next = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
-    CHECK(shard_index >= 0 && shard_index < specs[i].shards, "init_params: shard {} of {} parts", shard_index,
-          specs[i].shards);
-    exec::Array* direct = specs[i].shards > 1 ? nullptr : target(i);
+    const ParamSpec& spec = specs[i];
+    CHECK(at.fsdp >= 0 && at.tensor >= 0 && (spec.shards == 1 || at.fsdp < spec.shards) &&
+              (spec.tensor_shards == 1 || at.tensor < spec.tensor_shards),
+          "init_params: {}: no block {} of {} tensor parts of shard {} of {}", spec.path, at.tensor, spec.tensor_shards,
+          at.fsdp, spec.shards);
+    const bool split = spec.shards > 1 || spec.tensor_shards > 1;
+    exec::Array* direct = split ? nullptr : target(i);
     exec::Array value = direct ? *direct : exec::Array(whole[i].type);
     for (; next < draws.size() && place_of(whole, draws, draws[next].path).index == i; ++next) {
       const ParamSpec& d = draws[next];
@@ -227,11 +276,8 @@ void draw_params(const ModelConfig& c, uint64_t seed, int64_t shard_index, const
       for (int64_t k = 0; k < drawn.size(); ++k) drawn.set(k, d.init == Init::ones ? 1.0 : dist(rng));
       if (place.row_offset >= 0) put(drawn, place, value);
     }
-    if (specs[i].shards > 1) {
-      exec::Array part(specs[i].type);
-      copy_shard(value, specs[i], shard_index, part);
-      value = part;
-    }
+    if (split)
+      value = block(block(value, spec.tensor_dim, spec.tensor_shards, at.tensor), spec.shard_dim, spec.shards, at.fsdp);
     if (!direct) keep(i, value);
   }
   ASSERT(next == draws.size());
@@ -245,23 +291,23 @@ void check_arrays(std::span<exec::Array> into, const std::vector<ParamSpec>& spe
 }
 }  // namespace
 
-void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into, int64_t shard_index) {
+void init_params(const ModelConfig& c, uint64_t seed, std::span<exec::Array> into, ShardIndex at) {
   check_arrays(into, param_specs(c));
-  draw_params(c, seed, shard_index, [&](size_t i) { return &into[i]; },
+  draw_params(c, seed, at, [&](size_t i) { return &into[i]; },
               [&](size_t i, const exec::Array& value) {
                 std::memcpy(into[i].bytes(), value.bytes(), static_cast<size_t>(value.type().bytes()));
               });
 }
 
 void init_stage_params(const ModelConfig& c, uint64_t seed, std::span<const StagePart> parts, std::span<exec::Array> into,
-                       int64_t shard_index) {
+                       ShardIndex at) {
   std::vector<ParamSpec> specs;
   for (const StagePart& part : parts)
     for (ParamSpec& s : stage_param_specs(c, part)) specs.push_back(std::move(s));
   check_arrays(into, specs);
   const std::vector<ParamSpec> model = param_specs(c);
   // Each stage parameter takes its rows (all of them, for those without a layers axis) of the drawn value.
-  draw_params(c, seed, shard_index, [](size_t) -> exec::Array* { return nullptr; }, [&](size_t i, const exec::Array& value) {
+  draw_params(c, seed, at, [](size_t) -> exec::Array* { return nullptr; }, [&](size_t i, const exec::Array& value) {
     size_t at = 0;
     for (const StagePart& part : parts)
       for (const ParamSpec& s : stage_param_specs(c, part)) {
@@ -282,7 +328,7 @@ std::vector<exec::Array> init_params(const ModelConfig& c, uint64_t seed) {
 }
 
 std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec::Array> unfused_params) {
-  CHECK(c.mesh.size("fsdp") == 1, "fuse_params: takes whole parameters, not FSDP shards");
+  CHECK(c.mesh.size("fsdp") == 1 && c.mesh.size("tensor") == 1, "fuse_params: takes whole parameters, not shards");
   const std::vector<ParamSpec> from = param_specs(unfused(c)), to = param_specs(c);
   CHECK(unfused_params.size() == from.size(), "fuse_params: {} arrays for {} unfused parameters", unfused_params.size(),
         from.size());

@@ -84,10 +84,12 @@ int64_t Mesh::ranks() const {
   return r;
 }
 
-std::string Mesh::group() const {
+int64_t Mesh::batch_ranks() const { return ranks() / size("tensor"); }
+
+std::string Mesh::batch_group() const {
   std::string g;
   for (const auto& [name, n] : axes)
-    if (n > 1) g += (g.empty() ? "" : ",") + name;
+    if (n > 1 && name != "tensor") g += (g.empty() ? "" : ",") + name;
   return g;
 }
 

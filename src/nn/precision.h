@@ -31,15 +31,17 @@ struct PrecisionPolicy {
 // Parses jmp's grammar; errors name `key` and show the grammar.
 PrecisionPolicy parse_precision(const std::string& text, const std::string& key = "mp_policy");
 
-// Named mesh axes (data, fsdp) with their sizes, in order (the last varies fastest over the ranks): the
-// devices one step runs on, as the model sees them (exec::Mesh holds the processes).
+// Named mesh axes (data, fsdp, tensor) with their sizes, in order (the last varies fastest over the ranks):
+// the devices one step runs on, as the model sees them (exec::Mesh holds the processes). The ranks of
+// `tensor` share their sequences (they split the weights); every other axis splits the batch.
 struct Mesh {
   std::vector<std::pair<std::string, int64_t>> axes;
   int64_t size(std::string_view axis) const;  // 1 for an axis the mesh does not have
   int64_t ranks() const;                      // the product of the sizes
-  // The axes of more than one rank joined by commas ("data,fsdp"; "" for one device): the group a
-  // collective over every rank names (exec::Mesh).
-  std::string group() const;
+  int64_t batch_ranks() const;                // the product of the sizes of the axes that split the batch
+  // Those axes of more than one rank joined by commas ("data,fsdp"; "" for none): the group a collective
+  // over the batch's ranks names (exec::Mesh), one per tensor coordinate.
+  std::string batch_group() const;
   bool operator==(const Mesh&) const = default;
 };
 

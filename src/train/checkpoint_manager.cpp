@@ -53,15 +53,17 @@ bool is_state(ir::Role role) {
   return role == ir::Role::parameter || role == ir::Role::optimizer_state || role == ir::Role::loss_scale;
 }
 
-std::string CheckpointLayout::file(int64_t stage, int64_t shard) const {
-  return fmt::format("state{}{}.safetensors", stages == 1 ? "" : fmt::format(".stage{}-of-{}", stage, stages),
-                     shards == 1 ? "" : fmt::format(".fsdp{}-of-{}", shard, shards));
+std::string CheckpointLayout::file(int64_t stage, int64_t shard, int64_t tensor) const {
+  return fmt::format("state{}{}{}.safetensors", stages == 1 ? "" : fmt::format(".stage{}-of-{}", stage, stages),
+                     shards == 1 ? "" : fmt::format(".fsdp{}-of-{}", shard, shards),
+                     tensors == 1 ? "" : fmt::format(".tensor{}-of-{}", tensor, tensors));
 }
 
 std::vector<std::string> CheckpointLayout::files() const {
   std::vector<std::string> out;
   for (int64_t s = 0; s < stages; ++s)
-    for (int64_t f = 0; f < shards; ++f) out.push_back(file(s, f));
+    for (int64_t f = 0; f < shards; ++f)
+      for (int64_t t = 0; t < tensors; ++t) out.push_back(file(s, f, t));
   return out;
 }
 
@@ -86,7 +88,7 @@ CheckpointManager::CheckpointManager(CheckpointOptions options, const exec::Mesh
     : options_(std::move(options)), ranks_(ranks) {}
 
 fs::path CheckpointManager::file_of(int64_t step) const {
-  return layout().step_folder(step) / layout().file(options_.stage, options_.shard);
+  return layout().step_folder(step) / layout().file(options_.stage, options_.shard, options_.tensor);
 }
 
 void CheckpointManager::save(const std::vector<StateTensor>& state, const Progress& progress, const Batcher& sampler) {
@@ -111,7 +113,7 @@ void CheckpointManager::save(const std::vector<StateTensor>& state, const Progre
   if (ranks_.rank() != 0) return;
   CHECK(layout().complete(progress.step),
         "checkpoint {} lacks shard files after every rank wrote its own: the ranks do not share base_output_directory "
-        "({}); FSDP and pipeline checkpoints need a filesystem all ranks share",
+        "({}); FSDP, tensor-parallel and pipeline checkpoints need a filesystem all ranks share",
         dir.string(), layout().run_dir.string());
   prune(progress.step);
 }
@@ -164,7 +166,7 @@ void CheckpointManager::restore(const std::vector<StateTensor>& state, const Saf
 
 void CheckpointManager::load_parameters(const std::vector<StateTensor>& state, const fs::path& path) const {
   fs::path file = path;
-  if (std::error_code ec; fs::is_directory(file, ec)) file /= layout().file(options_.stage, options_.shard);
+  if (std::error_code ec; fs::is_directory(file, ec)) file /= layout().file(options_.stage, options_.shard, options_.tensor);
   restore(state, read_safetensors(file), file, Restore::parameters);
 }
 
@@ -179,7 +181,7 @@ Progress CheckpointManager::resume(const std::vector<StateTensor>& state, Batche
     CHECK(files.empty() || std::any_of(files.begin(), files.end(),
                                        [&](const std::string& f) { return std::count(mine.begin(), mine.end(), f) > 0; }),
           "checkpoint {} was written by another mesh ({}), this run's rank {} needs {}: resume with the "
-          "ici/dcn_fsdp_parallelism and pipeline keys it was saved with (a checkpoint is not resharded), or start a new "
+          "ici/dcn_fsdp_parallelism, tensor and pipeline keys it was saved with (a checkpoint is not resharded), or start a new "
           "run_name",
           dir.string(), fmt::join(files, ", "), ranks_.rank(), file.filename().string());
     SafeTensors saved;

@@ -1,8 +1,9 @@
 // A run's checkpoints: where they live, which to keep, and which one a run resumes from. The files are
-// train/checkpoint.h's safetensors, one per pipeline stage and FSDP shard in a folder per step:
+// train/checkpoint.h's safetensors, one per pipeline stage, FSDP shard and tensor block in a folder per step:
 //
 //   <run_dir>/checkpoints/<step>/state.safetensors                        one stage, one shard
-//   <run_dir>/checkpoints/<step>/state.stage1-of-4.fsdp0-of-2.safetensors  otherwise
+//   <run_dir>/checkpoints/<step>/state.stage1-of-4.fsdp0-of-2.safetensors  otherwise (.tensor1-of-2 under tensor
+//                                                                          parallelism)
 //
 // Each file holds this rank's state tensors (parameters, moments, loss-scale state) and the metadata `step`,
 // `skipped_steps`, `train_sampler` (the Batcher's state) and `config` (every config key's value, JSON).
@@ -32,17 +33,19 @@ namespace remat::train {
 inline constexpr const char* kWritableOutput =
     "set base_output_directory (and run_name) to a folder this process can write";
 
-// The files of a run's checkpoints under a mesh of `stages` pipeline stages and `shards` FSDP shards.
+// The files of a run's checkpoints under a mesh of `stages` pipeline stages, `shards` FSDP shards and `tensors`
+// tensor-parallel blocks.
 struct CheckpointLayout {
   std::filesystem::path run_dir;
   int64_t stages = 1;
   int64_t shards = 1;
+  int64_t tensors = 1;
 
   std::filesystem::path folder() const { return run_dir / "checkpoints"; }
   std::filesystem::path step_folder(int64_t step) const { return folder() / std::to_string(step); }
   // Every state file of a checkpoint, in the order of the ranks holding them (stage major).
   std::vector<std::string> files() const;
-  std::string file(int64_t stage, int64_t shard) const;
+  std::string file(int64_t stage, int64_t shard, int64_t tensor = 0) const;
   // The step folders under folder(), newest first (names of digits only; anything else is not a step).
   std::vector<int64_t> steps() const;
   // Whether the folder of `step` holds every file of this layout.
@@ -72,6 +75,7 @@ struct CheckpointOptions {
   CheckpointLayout layout;
   int64_t stage = 0;       // this rank's pipeline stage
   int64_t shard = 0;       // this rank's FSDP shard
+  int64_t tensor = 0;      // this rank's tensor-parallel block
   bool writer = true;      // the first of its file's data-parallel replicas (which hold the same bits)
   int64_t keep = 2;        // complete checkpoints kept (older ones this run owns are deleted); 0: all
   std::map<std::string, std::string> config_values;  // saved; on a mismatch, the differing keys are named

@@ -42,12 +42,12 @@ LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::spa
 LossAndGrads mean_over(Builder& b, const nn::ModelConfig& model, const std::vector<nn::ParamSpec>& specs, LossAndGrads sums,
                        int64_t k) {
   const nn::Mesh& mesh = model.mesh;
-  const int64_t ranks = mesh.ranks();
+  const int64_t ranks = mesh.batch_ranks();
   if (ranks > 1) {
     auto s = b.scope("data_parallel");
-    sums.loss = all_reduce(sums.loss, mesh.group(), ranks);
+    sums.loss = all_reduce(sums.loss, mesh.batch_group(), ranks);
     for (size_t i = 0; i < sums.grads.size(); ++i)  // whole parameters: summed here; shards: already
-      if (specs[i].shards == 1) sums.grads[i] = all_reduce(sums.grads[i], mesh.group(), ranks);
+      if (specs[i].shards == 1) sums.grads[i] = all_reduce(sums.grads[i], mesh.batch_group(), ranks);
   }
   if (k * ranks == 1) return sums;
   const double inv = 1.0 / static_cast<double>(k * ranks);
@@ -166,7 +166,9 @@ struct GradPart {
 // (each of those sums reads the same elements in the same order either way), the FSDP shards' partial sums
 // gathered, a stage's rows put in their place among zeros and the places summed over the `stage` axis (one
 // rank holds each row, and adding zero to a sum of squares is exact), then summed; parameter by parameter in
-// the model's order. `parts` are this rank's gradients, divided by `loss_scale` where given (as they are read).
+// the model's order. A tensor-parallel block's sums are summed over `tensor` (in rank order: the same bits on
+// every rank, not those of one device). `parts` are this rank's gradients, divided by `loss_scale` where given
+// (as they are read).
 Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const GradPart> parts, int64_t stages,
                     std::optional<Tensor> loss_scale) {
   const std::vector<nn::ParamSpec> specs = nn::param_specs(model);
@@ -208,6 +210,7 @@ Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const Gr
       total = total ? *total + partial : partial;
     }
     if (!total) total = full(b, {spec.type.dtype, whole}, 0.0);
+    if (spec.tensor_shards > 1) total = all_reduce(*total, "tensor", spec.tensor_shards);
     if (stages > 1) total = all_reduce(*total, "stage", stages);
     sq = sq + sum_all(*total);
   }
@@ -251,7 +254,7 @@ namespace {
 // results. Every rank decides alike: the finiteness check and the norm are reduced over the mesh.
 void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const OptimizerConfig& o, const StepInputs& in,
             LossAndGrads r, std::span<const GradPart> parts, int64_t stages) {
-  const int64_t fsdp = model.mesh.size("fsdp");
+  const int64_t fsdp = model.mesh.size("fsdp"), tensor = model.mesh.size("tensor");
   auto s = b.scope("optimizer");
   std::optional<Tensor> finite;
   std::optional<Tensor> loss_scale;
@@ -271,6 +274,7 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
     }
     // Each rank checked its own shards and stages: every rank decides alike (0 or NaN, summed).
     if (fsdp > 1) bad = all_reduce(bad, "fsdp", fsdp);
+    if (tensor > 1) bad = all_reduce(bad, "tensor", tensor);
     if (stages > 1) bad = all_reduce(bad, "stage", stages);
     finite = compare(bad, scalar(b, DType::f32, 0.0), "eq");
   }

@@ -18,6 +18,7 @@ RunPlan plan_run(const RunConfig& c, int64_t ranks) {
           "train ...`", stages, stages, ranks, ranks == 1 ? "process was" : "processes were", stages);
   }
   plan.replicas = mesh_of(c, ranks / stages);
+  plan.sequence_parallel = c.ici_tensor_sequence_parallelism * c.dcn_tensor_sequence_parallelism > 1;
   if (plan.pipeline) plan.shape = pipeline_step_shape(c, *plan.pipeline);
   return plan;
 }
@@ -31,6 +32,24 @@ nn::Mesh mesh_of(const RunConfig& c, int64_t ranks) {
                               {"dcn_data_parallelism", c.dcn_data_parallelism},
                               {"ici_fsdp_parallelism", c.ici_fsdp_parallelism},
                               {"dcn_fsdp_parallelism", c.dcn_fsdp_parallelism}}};
+  // The tensor axis: MaxText's tensor and tensor_sequence keys, which split the same weights (the latter the
+  // sequence too); one of the two kinds at a time, never filled.
+  const std::array<Key, 4> tensor_keys = {{{"ici_tensor_parallelism", c.ici_tensor_parallelism},
+                                           {"dcn_tensor_parallelism", c.dcn_tensor_parallelism},
+                                           {"ici_tensor_sequence_parallelism", c.ici_tensor_sequence_parallelism},
+                                           {"dcn_tensor_sequence_parallelism", c.dcn_tensor_sequence_parallelism}}};
+  int64_t tensor = 1;
+  for (const Key& k : tensor_keys) {
+    CHECK(k.value >= 1, "config key '{}' must be >= 1 (the tensor axis is never filled with the ranks left), got {}",
+          k.name, k.value);
+    tensor *= k.value;
+  }
+  CHECK(tensor_keys[0].value * tensor_keys[1].value == 1 || tensor_keys[2].value * tensor_keys[3].value == 1,
+        "ici/dcn_tensor_parallelism and ici/dcn_tensor_sequence_parallelism are both > 1: they split the same weights "
+        "(the latter the sequence as well); use one of them");
+  CHECK(ranks == 0 || ranks % tensor == 0, "tensor parallelism of {} needs a multiple of {} ranks, but {} {} launched",
+        tensor, tensor, ranks, ranks == 1 ? "process was" : "processes were");
+  if (ranks > 0) ranks /= tensor;
   int64_t given = 1;
   Key* fill = nullptr;
   for (Key& k : keys) {
@@ -56,7 +75,25 @@ nn::Mesh mesh_of(const RunConfig& c, int64_t ranks) {
           ranks, ranks == 1 ? "process was" : "processes were", given);
     fill->value = ranks == 0 ? 1 : ranks / given;
   }
-  return {{{"data", keys[0].value * keys[1].value}, {"fsdp", keys[2].value * keys[3].value}}};
+  return {{{"data", keys[0].value * keys[1].value}, {"fsdp", keys[2].value * keys[3].value}, {"tensor", tensor}}};
+}
+
+nn::ModelConfig device_model(const RunConfig& c, const RunPlan& plan) {
+  nn::ModelConfig m = c.model;
+  m.mesh = plan.replicas;
+  m.sequence_parallel = plan.sequence_parallel;
+  return m;
+}
+
+std::string mesh_text(const RunPlan& plan) {
+  std::vector<std::string> parts;
+  for (const auto& [axis, n] : plan.replicas.axes) {
+    if (n == 1) continue;
+    const char* kind = axis == "data" ? "data-parallel" : axis == "fsdp" ? "FSDP" : "tensor-parallel";
+    parts.push_back(fmt::format("{} {}", n, kind));
+  }
+  if (parts.empty()) return "one device";
+  return fmt::format("{}{}", fmt::join(parts, " x "), plan.sequence_parallel ? " (sequence-parallel)" : "");
 }
 
 parallel::Schedule pipeline_schedule(const RunConfig& c) {

@@ -45,7 +45,7 @@ int64_t resident_bytes(const char* field) {
 // Whether something done every `period` steps is due after update `done` (it is after the last as well).
 bool due(int64_t done, int64_t period, int64_t steps) { return done % period == 0 || done == steps; }
 
-// The mesh of the run's ranks: the pipeline's stages (the outer axis), then the replicas' data and fsdp.
+// The mesh of the run's ranks: the pipeline's stages (the outer axis), then the replicas' data, fsdp and tensor.
 std::vector<std::pair<std::string, int>> mesh_axes(const RunPlan& run_plan) {
   std::vector<std::pair<std::string, int>> axes;
   if (run_plan.pipeline) axes.emplace_back("stage", static_cast<int>(run_plan.pipeline->shape.stages));
@@ -55,7 +55,7 @@ std::vector<std::pair<std::string, int>> mesh_axes(const RunPlan& run_plan) {
 
 // The config as the run uses it: one device's mesh and step shape.
 RunConfig planned(RunConfig c, const RunPlan& run_plan) {
-  c.model.mesh = run_plan.replicas;
+  c.model = device_model(c, run_plan);
   c.shape = run_plan.shape;
   return c;
 }
@@ -84,10 +84,14 @@ train::Dataset load_data(const RunConfig& c) {
 // Where this rank's checkpoint file is and what it keeps.
 train::CheckpointOptions checkpoint_options(const RunConfig& c, const RunPlan& run_plan, const exec::Mesh& mesh,
                                             int64_t stage) {
-  const int64_t shards = c.model.mesh.size("fsdp");
-  return {.layout = {.run_dir = c.run_dir, .stages = run_plan.pipeline ? run_plan.pipeline->shape.stages : 1, .shards = shards},
+  const int64_t shards = c.model.mesh.size("fsdp"), tensors = c.model.mesh.size("tensor");
+  return {.layout = {.run_dir = c.run_dir,
+                     .stages = run_plan.pipeline ? run_plan.pipeline->shape.stages : 1,
+                     .shards = shards,
+                     .tensors = tensors},
           .stage = stage,
           .shard = shards == 1 ? 0 : mesh.axis("fsdp").rank,
+          .tensor = tensors == 1 ? 0 : mesh.axis("tensor").rank,
           .writer = mesh.axis("data").rank == 0,
           .keep = c.max_checkpoints,
           .config_values = c.config_values,
@@ -200,7 +204,7 @@ void Session::say_shapes() const {
   fmt::print("model: {:.3f}M parameters; {} layers (scan_layers={}), d={}, heads={}/{} kv, mlp={}\n",
              static_cast<double>(nn::param_count(c.model)) / 1e6, c.model.num_decoder_layers, c.model.scan_layers,
              c.model.emb_dim, c.model.num_heads, c.model.num_kv_heads, c.model.mlp_dim);
-  const int64_t dp = c.model.mesh.ranks(), fsdp = c.model.mesh.size("fsdp");
+  const int64_t dp = c.model.mesh.batch_ranks(), fsdp = c.model.mesh.size("fsdp");
   fmt::print("train: {} steps x {}{} microbatch(es) x {} sequences x {} tokens = {} tokens/step\n", c.steps,
              dp == 1      ? ""
              : fsdp == 1 ? fmt::format("{} data-parallel ranks x ", dp)
@@ -218,7 +222,7 @@ train::Progress Session::start_state(Batcher& sampler) {
   std::vector<exec::Array> params;  // views of the step's parameter buffers, in the model's order
   for (size_t i = 0; i < step.signature.args.size(); ++i)
     if (step.signature.args[i].role == ir::Role::parameter) params.push_back(step.args[i]);
-  const int64_t shard = mesh.axis("fsdp").rank;
+  const nn::ShardIndex shard{mesh.axis("fsdp").rank, mesh.axis("tensor").rank};
   if (run_plan.pipeline)
     nn::init_stage_params(c.model, c.init_seed, train::pipeline_parts(c.model, run_plan.pipeline->shape, stage), params,
                           shard);
@@ -236,14 +240,14 @@ void Session::prepare_step(Batcher& sampler, int64_t s) {
   // The replicas are the data and fsdp ranks (the stages of one replica take the same part); under a pipeline
   // the ranks without the first stage or the last draw their part of the batch as well, into a scratch.
   const nn::Mesh& replicas = c.model.mesh;
-  const int64_t part = replicas.ranks() == 1 ? 0 : mesh.axis(replicas.group()).rank;
+  const int64_t part = replicas.batch_ranks() == 1 ? 0 : mesh.axis(replicas.batch_group()).rank;
   const size_t tokens = static_cast<size_t>(c.shape.accumulation * c.shape.batch * c.shape.seq);
   std::vector<int32_t> scratch;
   exec::Array* inputs = arg_if(step.signature, step.args, "inputs");
   exec::Array* targets = arg_if(step.signature, step.args, "targets");
   if (!inputs || !targets) scratch.resize(tokens);
   sampler.next(c.shape.accumulation * c.shape.batch, inputs ? inputs->data<int32_t>() : scratch.data(),
-               targets ? targets->data<int32_t>() : scratch.data(), part, replicas.ranks());
+               targets ? targets->data<int32_t>() : scratch.data(), part, replicas.batch_ranks());
   step.arg("step").set(0, static_cast<double>(s));
 }
 
@@ -350,7 +354,7 @@ class Log {
     if (!due(done, c_.log_period, c_.steps)) return;
     const double window = seconds_since(window_start_), elapsed = seconds();
     const double ms = 1e3 * window / static_cast<double>(window_steps_);
-    const int64_t tokens = c_.model.mesh.ranks() * c_.shape.accumulation * c_.shape.batch * c_.shape.seq;
+    const int64_t tokens = c_.model.mesh.batch_ranks() * c_.shape.accumulation * c_.shape.batch * c_.shape.seq;
     const double tok_s = static_cast<double>(window_steps_ * tokens) / window;
     fmt::print("step {:>5}/{} | loss {:.4f} | lr {:.2e} | {:>7.0f} tok/s | {:6.1f} ms/step | ETA {}\n", done,
                c_.steps, u.loss, u.lr, tok_s, ms,
@@ -411,9 +415,10 @@ void Session::finish(double seconds, const std::string& metrics_path, RunResult&
   fmt::print("done in {}; metrics in {}; measured peak {} device (planned {})\n", duration_str(seconds), metrics_path,
              plan::bytes_str(static_cast<double>(step.executable.measured_peak(plan::Space::device))),
              plan::bytes_str(static_cast<double>(step.executable.plan().lower_bound[0])));
-  // Under FSDP sampling gathers the weights and under a pipeline it passes the stages, so every rank samples (the
-  // same bytes); otherwise rank 0 alone.
-  const std::string text = lead || c.model.mesh.size("fsdp") > 1 || run_plan.pipeline ? sample(c, generator) : "";
+  // Under FSDP sampling gathers the weights, under tensor parallelism the logits, and under a pipeline it passes
+  // the stages, so every rank samples (the same bytes); otherwise rank 0 alone.
+  const bool together = c.model.mesh.size("fsdp") > 1 || c.model.mesh.size("tensor") > 1 || run_plan.pipeline;
+  const std::string text = lead || together ? sample(c, generator) : "";
   const int64_t planned = step.bytes() + evaluator.program().bytes() + generator.bytes();
   const int64_t peak = resident_bytes("VmHWM");
   // Everything the process holds beyond its baseline should be planned: the "unplanned" rest is what the

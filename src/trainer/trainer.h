@@ -45,6 +45,10 @@ struct RunConfig {
   int64_t dcn_data_parallelism = -1;   // across hosts; -1: the ranks left
   int64_t ici_fsdp_parallelism = 1;    // FSDP ranks within a host; -1: the ranks left
   int64_t dcn_fsdp_parallelism = 1;    // across hosts; -1: the ranks left
+  int64_t ici_tensor_parallelism = 1;  // tensor-parallel ranks within a host (Megatron's layout)
+  int64_t dcn_tensor_parallelism = 1;  // across hosts
+  int64_t ici_tensor_sequence_parallelism = 1;  // tensor parallelism with the sequence split between the blocks
+  int64_t dcn_tensor_sequence_parallelism = 1;
   int64_t ici_pipeline_parallelism = 1;          // pipeline stages
   int64_t num_pipeline_microbatches = -1;        // -1: the stages
   int64_t num_layers_per_pipeline_stage = 1;
@@ -55,7 +59,8 @@ struct RunConfig {
 // What a run's config derives before anything compiles, the same for `remat train` (its launched ranks) and
 // `remat plan` (one device of the mesh the config describes).
 struct RunPlan {
-  nn::Mesh replicas;                            // the data and fsdp axes: one stage's ranks (ModelConfig::mesh)
+  nn::Mesh replicas;                            // the data, fsdp and tensor axes: one stage's ranks (ModelConfig::mesh)
+  bool sequence_parallel = false;               // the tensor axis splits the sequence too (ModelConfig's)
   std::optional<parallel::Schedule> pipeline;   // when ici_pipeline_parallelism > 1 (the stages: an outer axis)
   train::StepShape shape;                       // one device's step: under a pipeline, one microbatch's
 };
@@ -74,9 +79,17 @@ parallel::Schedule pipeline_schedule(const RunConfig& config);
 train::StepShape pipeline_step_shape(const RunConfig& config, const parallel::Schedule& schedule);
 
 // The mesh of `ranks` processes (0 where none are launched, as for `remat plan`: a -1 is then 1): data =
-// ici x dcn data parallelism, fsdp = ici x dcn fsdp parallelism (the last axis, varying fastest over the
-// ranks), the one -1 among the four keys filled so that the product is `ranks`. CHECKs that it divides.
+// ici x dcn data parallelism, fsdp = ici x dcn fsdp parallelism, tensor = the product of the tensor and
+// tensor_sequence keys (the last axis, varying fastest over the ranks: neighbours in a node), the one -1
+// among the data and fsdp keys filled so that the product is `ranks`. CHECKs that it divides.
 nn::Mesh mesh_of(const RunConfig& config, int64_t ranks);
+
+// The model as one device of the run holds it: `config.model` on the plan's mesh (its shards, its part of the
+// batch, its collectives), sequence-parallel as the plan says.
+nn::ModelConfig device_model(const RunConfig& config, const RunPlan& plan);
+
+// The plan's mesh in words: "2 data-parallel x 2 tensor-parallel (sequence-parallel)"; "one device".
+std::string mesh_text(const RunPlan& plan);
 
 struct RunResult {
   double train_loss = 0;       // last step's loss

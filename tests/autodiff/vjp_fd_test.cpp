@@ -141,6 +141,11 @@ std::vector<Case> cases() {
   c.push_back({"check_finite", [=](Builder& b) { return tanh(check_finite(p(b, "x", {2, 3}) * 3.0)); }});
   // One rank: the sum over the axis is the operand itself (several ranks: tests/trainer/data_parallel_test.cpp).
   c.push_back({"all_reduce", [=](Builder& b) { return tanh(all_reduce(p(b, "x", {2, 3}) * 3.0, "data", 1)); }});
+  // pvary's transpose sums over the axis (one rank here); axis_index is rank 0 of one.
+  c.push_back({"pvary_axis_index", [=](Builder& b) {
+                 Tensor x = p(b, "x", {2, 3});
+                 return tanh(pvary(x * 3.0, "tensor", 1)) + x * convert(axis_index(b, "tensor", 1), F);
+               }});
   c.push_back({"all_gather_reduce_scatter", [=](Builder& b) {
                  return tanh(reduce_scatter(all_gather(p(b, "x", {2, 3}) * 3.0, "fsdp", 1, 1), "fsdp", 1, 0));
                }});
@@ -262,9 +267,24 @@ TEST(VjpFiniteDifference, EveryOpHasACase) {
   covered.insert(Op::softmax_grad);    // softmax's VJP: checked by softmax's cases
   covered.insert(Op::log_softmax_grad);  // log_softmax's VJP: checked by log_softmax's cases
   covered.insert(Op::fusion);  // made after differentiation (ir::fuse): differentiating one is an error (below)
+  covered.insert(Op::stop_gradient);  // its derivative is zero by definition, not by differences: below
   for (int i = 0; i < kNumOps; ++i)
     EXPECT_TRUE(covered.count(static_cast<Op>(i))) << "op " << op_name(static_cast<Op>(i))
                                                    << " has no finite-difference case";
+}
+
+// d/dx (x · stop_gradient(x)) is stop_gradient(x) = x, not the 2x finite differences of the function give.
+TEST(VjpStopGradient, ItsOperandIsAConstantForTheBackward) {
+  Graph f;
+  Builder b(f);
+  Tensor x = b.param("x", {DType::f64, {3}});
+  b.result(reduce_sum(x * stop_gradient(x), {0}));
+  const std::vector<int> wrt{0};
+  Graph g = autodiff::grad_graph(f, wrt);
+  std::vector<exec::Array> args{exec::Array(f.type(x.id))};
+  for (int64_t i = 0; i < 3; ++i) args[0].set(i, 0.5 + static_cast<double>(i));
+  const std::vector<exec::Array> out = exec::run(g, args);
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(out[1].get(i), args[0].get(i)) << i;
 }
 
 TEST(VjpFusion, DifferentiatingAFusionIsAnErrorNamingItsScope) {

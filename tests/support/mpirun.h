@@ -27,6 +27,11 @@ inline std::string mpirun(int ranks) {
 // changes no bits (tests/exec/thread_count_test.cpp checks it in one process).
 inline std::string one_process() { return "env OMP_NUM_THREADS=3"; }
 
+// `remat ARGS` run in `dir` under `launcher` (mpirun(N) or one_process()), its output and errors together.
+inline Output launch_remat(const std::string& dir, const std::string& launcher, const std::string& args) {
+  return run_command(fmt::format("cd '{}' && {} '{}' {} 2>&1", dir, launcher, REMAT_BINARY, args));
+}
+
 // scripts/setup.sh installs it; the MPI tests fail without it.
 inline bool mpirun_installed() { return run_command("command -v mpirun").status == 0; }
 

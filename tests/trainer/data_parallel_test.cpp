@@ -5,6 +5,7 @@
 // the same way whether the gradients are whole or sharded. Rank 0's measured arena peak equals its plan.
 #include "support/command.h"
 #include "support/mpirun.h"
+#include "support/run_metrics.h"
 #include "support/sanitizer_subset.h"
 #include "support/temp_dir.h"
 
@@ -29,21 +30,10 @@ const char* kRun = "train base_emb_dim=32 base_num_decoder_layers=2 base_num_que
 
 using testing_support::mpirun;
 
-// (step, loss, grad_norm, validation_loss or -1) of every row, exactly as written.
-std::vector<std::tuple<int64_t, double, double, double>> metrics(const fs::path& run) {
-  std::vector<std::tuple<int64_t, double, double, double>> rows;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    rows.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>(), j.at("grad_norm").get<double>(),
-                      j.value("validation_loss", -1.0));
-  }
-  return rows;
-}
+using testing_support::run_metrics;
 
 testing_support::Output train(const fs::path& dir, const std::string& launcher, const std::string& args) {
-  return testing_support::run_command(
-      fmt::format("cd '{}' && {} '{}' {} {} 2>&1", dir.string(), launcher, REMAT_BINARY, kRun, args));
+  return testing_support::launch_remat(dir.string(), launcher, fmt::format("{} {}", kRun, args));
 }
 
 struct Launch {
@@ -68,7 +58,7 @@ TEST_P(Distributed, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatche
   const testing_support::Output many = train(dir.path, mpirun(l.ranks), fmt::format("run_name=many {}", l.args));
   ASSERT_EQ(many.status, 0) << many.text;
   EXPECT_NE(many.text.find(fmt::format("{} x 1 microbatch(es)", l.layout)), std::string::npos) << many.text;
-  const auto want = metrics(dir.path / "runs" / "one"), got = metrics(dir.path / "runs" / "many");
+  const auto want = run_metrics(dir.path / "runs" / "one"), got = run_metrics(dir.path / "runs" / "many");
   ASSERT_EQ(want.size(), 20u);
   EXPECT_EQ(got, want);
   std::smatch m;
@@ -122,7 +112,7 @@ TEST_P(Pipelines, StagesAreBitIdenticalToTheirReference) {
   const testing_support::Output got_run = train(dir.path, mpirun(l.ranks), fmt::format("{} run_name=got {}", model, l.args));
   ASSERT_EQ(got_run.status, 0) << got_run.text;
   EXPECT_NE(got_run.text.find("pipeline: "), std::string::npos) << got_run.text;
-  const auto want = metrics(dir.path / "runs" / "want"), got = metrics(dir.path / "runs" / "got");
+  const auto want = run_metrics(dir.path / "runs" / "want"), got = run_metrics(dir.path / "runs" / "got");
   ASSERT_EQ(want.size(), std::string(l.args).find("steps=4") == std::string::npos ? 10u : 4u);
   EXPECT_EQ(got, want);
   std::smatch m;
@@ -236,8 +226,8 @@ TEST_P(Checkpoints, TwoRanksResumeBitIdentically) {
     for (auto& row : rows) std::get<3>(row) = 0;
     return rows;
   };
-  EXPECT_EQ(training(metrics(dir.path / "runs" / "split")), training(metrics(dir.path / "runs" / "whole")));
-  EXPECT_EQ(std::get<3>(metrics(dir.path / "runs" / "split").back()), std::get<3>(metrics(dir.path / "runs" / "whole").back()));
+  EXPECT_EQ(training(run_metrics(dir.path / "runs" / "split")), training(run_metrics(dir.path / "runs" / "whole")));
+  EXPECT_EQ(std::get<3>(run_metrics(dir.path / "runs" / "split").back()), std::get<3>(run_metrics(dir.path / "runs" / "whole").back()));
   const fs::path last = dir.path / "runs" / "split" / "checkpoints" / "20";
   if (std::string(GetParam()).empty()) {
     EXPECT_TRUE(fs::is_regular_file(last / "state.safetensors"));
@@ -257,12 +247,12 @@ TEST_P(Checkpoints, TwoRanksResumeBitIdentically) {
             std::string::npos)
       << other.text;
   // A shard that never reached the disk: that checkpoint is torn, and every rank resumes from the one before.
-  const auto before = metrics(dir.path / "runs" / "whole");
+  const auto before = run_metrics(dir.path / "runs" / "whole");
   fs::remove(dir.path / "runs" / "whole" / "checkpoints" / "20" / "state.fsdp1-of-2.safetensors");
   const testing_support::Output again = train(dir.path, mpirun(2), checkpoints + " run_name=whole");
   ASSERT_EQ(again.status, 0) << again.text;
   EXPECT_NE(again.text.find("(step 16)"), std::string::npos) << again.text;
-  EXPECT_EQ(training(metrics(dir.path / "runs" / "whole")), training(before));
+  EXPECT_EQ(training(run_metrics(dir.path / "runs" / "whole")), training(before));
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, Checkpoints,

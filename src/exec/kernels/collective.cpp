@@ -146,6 +146,10 @@ void kernel_all_reduce(const ir::Node& n, std::span<const Array> in, std::span<A
                  axis.comm);
 }
 
+void kernel_axis_index(const ir::Node& n, std::span<const Array>, std::span<Array> out, const KernelContext& ctx) {
+  out[0].data<int32_t>()[0] = n.attrs.integer("ranks") == 1 ? 0 : static_cast<int32_t>(axis_of(n, ctx).rank);
+}
+
 int64_t workspace_all_gather(const ir::Node&, std::span<const ir::Type>) { return 0; }
 
 void kernel_all_gather(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {

@@ -43,11 +43,17 @@ void kernel_broadcast_in_dim(const ir::Node& n, std::span<const Array> in, std::
                elem(in[0]));
 }
 
-// reshape and name alias their operand: the output is a view of the same bytes.
+// reshape, name, stop_gradient and pvary alias their operand: the output is a view of the same bytes.
 void kernel_reshape(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   out[0] = in[0].view_as(out[0]);
 }
 void kernel_name(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
+  out[0] = in[0].view_as(out[0]);
+}
+void kernel_stop_gradient(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
+  out[0] = in[0].view_as(out[0]);
+}
+void kernel_pvary(const ir::Node&, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
   out[0] = in[0].view_as(out[0]);
 }
 void kernel_check_finite(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext&) {
