@@ -4,6 +4,7 @@
 #include "exec/mesh.h"
 #include "plan/report.h"
 #include "train/checkpoint_manager.h"
+#include "train/hf.h"
 #include "trainer/programs.h"
 #include "trainer/trace.h"
 
@@ -225,7 +226,15 @@ train::Progress Session::start_state(Batcher& sampler) {
   else
     nn::init_params(c.model, c.init_seed, params, shard);
   if (c.optimizer.loss_scale.enabled) step.arg("loss_scale").set(0, c.optimizer.loss_scale.initial);
-  if (!c.load_parameters_path.empty()) checkpoints.load_parameters(step.state(), c.load_parameters_path);  // a fresh optimizer
+  if (train::hf::is_folder(c.load_parameters_path)) {  // a Hugging Face folder: whole parameters, a fresh optimizer
+    CHECK(!run_plan.pipeline && c.model.mesh.size("fsdp") == 1, "load_parameters_path '{}' is a Hugging Face folder: "
+          "it loads without pipeline stages or FSDP (ici_pipeline_parallelism=1, ici/dcn_fsdp_parallelism=1)",
+          c.load_parameters_path);
+    checkpoints.restore(step.state(), train::hf::read_parameters(c.load_parameters_path, c.model), c.load_parameters_path,
+                        train::Restore::parameters);
+  } else if (!c.load_parameters_path.empty()) {
+    checkpoints.load_parameters(step.state(), c.load_parameters_path);  // a fresh optimizer
+  }
   return c.enable_checkpointing ? checkpoints.resume(step.state(), sampler) : train::Progress{};
 }
 
