@@ -5,6 +5,7 @@
 #include "plan/report.h"
 #include "train/checkpoint_manager.h"
 #include "train/hf.h"
+#include "trainer/curves.h"
 #include "trainer/programs.h"
 #include "trainer/trace.h"
 
@@ -378,6 +379,7 @@ class Log {
     if (!lead_) return;
     metrics_ << row.dump() << "\n";
     metrics_.flush();
+    if (row.contains("validation_loss")) write_curves(c_.run_dir);  // curves.svg, updated at each evaluation
   }
   double seconds() const { return seconds_since(start_); }
   const std::string& path() const { return path_; }
