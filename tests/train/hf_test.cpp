@@ -84,11 +84,12 @@ TEST(HfErrors, AMissingTensorIsNamedWithItsFile) {
 TEST(HfErrors, AShapeThatDoesNotMatchTheConfigIsNamedWithItsFile) {
   testing_support::TempDir temp;
   edited_copy(kRef / "tiny", temp.path, [](auto& t) {
-    t["model.layers.0.self_attn.k_proj.weight"] = exec::Array::zeros({DType::f32, {16, 16}});  // kv 2 x 4 rows wanted
+    // As many elements as wanted (kv 2 x 4 rows of 16), transposed: only the shape tells.
+    t["model.layers.0.self_attn.k_proj.weight"] = exec::Array::zeros({DType::f32, {16, 8}});
   });
   const std::string e = load_error(temp.path);
   expect_contains(e, (temp.path / "model.safetensors").string());
-  expect_contains(e, "tensor 'model.layers.0.self_attn.k_proj.weight' is f32[16,16], config.json's model needs [8,16]");
+  expect_contains(e, "tensor 'model.layers.0.self_attn.k_proj.weight' is f32[16,8], config.json's model needs [8,16]");
 }
 
 TEST(HfErrors, ATensorTheLlamaDoesNotHaveIsRefused) {
