@@ -32,9 +32,9 @@ constexpr Field kFields[] = {
     {"tie_word_embeddings", "logits_via_embedding", Kind::boolean},
 };
 // Fields that describe the checkpoint or its training without changing the model: any value.
-const std::set<std::string> kInformational = {
-    "_name_or_path", "bos_token_id",         "eos_token_id", "pad_token_id", "initializer_range",
-    "torch_dtype",   "transformers_version", "use_cache",    "pretraining_tp", "max_position_embeddings"};
+const std::set<std::string> kInformational = {"_name_or_path", "bos_token_id", "eos_token_id", "pad_token_id",
+                                              "initializer_range", "torch_dtype", "transformers_version", "use_cache",
+                                              "pretraining_tp", "max_position_embeddings"};
 // Fields accepted at the value remat builds only.
 const std::map<std::string, json>& fixed_fields() {
   static const std::map<std::string, json> f = {

@@ -162,7 +162,7 @@ std::string curves_svg(const std::vector<Curves>& runs) {
         out += fmt::format("<polyline class=\"{}\" data-run=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
                            "stroke-width=\"1.5\"{}/>\n", s.key, xml_escaped(runs[r].name), text, colour,
                            s.dashed ? " stroke-dasharray=\"6 3\"" : "");
-        if (s.dashed)  // the evaluations are few: a dot each
+        if (s.dashed || points.size() == 1)  // the evaluations are few, and one point draws no line: a dot each
           for (const Point& point : points)
             out += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>\n", x_at(point.step),
                                y_at(point.value), colour);
