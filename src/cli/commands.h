@@ -69,6 +69,13 @@ std::vector<std::string> setting_warnings(const Config& config, int64_t ranks);
 // Prints them to stderr as "warning: ..." lines, on the first rank of a launch only.
 void print_setting_warnings(const Config& config, int64_t ranks);
 
+// `remat convert to=remat hf_path=DIR output_path=FILE` and `to=hf load_parameters_path=CHECKPOINT
+// output_path=DIR` (train/hf.h); the other arguments are an optional CONFIG.yml and config keys.
+int run_convert(const std::vector<std::string>& args);
+
+// `remat plot RUN_DIR... [output_path=FILE.svg]` (default plot.svg): the runs' curves overlaid (trainer/curves.h).
+int run_plot(const std::vector<std::string>& args);
+
 // Trains an MLP (16 -> 64 -> 64 -> 1, tanh) on y = sin(x . a) + 0.5 cos(x . b), reporting train and
 // held-out MSE. The whole step (forward, backward, momentum update) is one graph run by the executor.
 int run_demo(const DemoOptions& options);

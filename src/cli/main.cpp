@@ -3,6 +3,8 @@
 //   remat explain [CONFIG.yml] [key=value ...] [--json]   every residual of the step and its remat decision
 //   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg] [--frontier FILE.svg] [--layers-per-group]
 //   remat plan [CONFIG.yml] [key=value ...] [--json] --compare KEY=V1,V2,... [--compare ...]   one row per combination
+//   remat convert to=remat hf_path=DIR output_path=FILE | to=hf load_parameters_path=CHECKPOINT output_path=DIR
+//   remat plot RUN_DIR... [output_path=FILE.svg]   several runs' loss curves in one SVG
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
 // train, explain and plan also take --dump-ir=PASS: every program they compile, printed after that pass.
 #include "cli/commands.h"
@@ -93,6 +95,15 @@ int main(int argc, char** argv) {
                        "KEY=V1,V2,...: plan the config once per value instead (repeat for more keys: every combination), "
                        "one row each: total, peak, saved and offloaded bytes, recompute, estimated step time")
       ->allow_extra_args(false);  // one value per --compare: what follows it is the command line's again
+  std::vector<std::string> convert_args;
+  CLI::App* convert_cmd = app.add_subcommand(
+      "convert", "Hugging Face Llama in and out: remat convert to=remat hf_path=DIR output_path=FILE, or "
+                 "to=hf load_parameters_path=CHECKPOINT output_path=DIR [key=value ...]");
+  convert_cmd->add_option("args", convert_args, "to=, hf_path= or load_parameters_path=, output_path=, config keys");
+  std::vector<std::string> plot_args;
+  CLI::App* plot_cmd = app.add_subcommand(
+      "plot", "several runs' loss, learning rate and tokens/s in one SVG: remat plot RUN_DIR... [output_path=FILE.svg]");
+  plot_cmd->add_option("args", plot_args, "run folders (base_output_directory/run_name), then output_path=");
   remat::cli::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
   demo_cmd->add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
@@ -115,6 +126,8 @@ int main(int argc, char** argv) {
       return remat::cli::run_plan(config, plan_json, timeline, frontier);
     }
     if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args, dump_ir), explain_json);
+    if (convert_cmd->parsed()) return remat::cli::run_convert(convert_args);
+    if (plot_cmd->parsed()) return remat::cli::run_plot(plot_args);
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
     return 0;
   } catch (const remat::Error& e) {

@@ -17,10 +17,9 @@ using ir::Op;
 enum Category { kParameters, kOptimizer, kBatch, kWeightCopies, kResiduals, kGradients, kTemporaries };
 const char* kCategoryNames[] = {"parameters",      "optimizer state", "batch",      "weight copies",
                                 "saved residuals", "gradients",       "temporaries"};
-const char* kColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#edc948", "#e15759", "#b07aa1", "#9c9c9c"};
 const char* kCategoryKeys[] = {"parameters",      "optimizer_state", "batch",      "weight_copies",
                                "saved_residuals", "gradients",       "temporaries"};  // in the JSON
-static_assert(std::size(kCategoryNames) == kNumCategories && std::size(kColors) == kNumCategories &&
+static_assert(std::size(kCategoryNames) == kNumCategories && std::size(kSvgColors) == kNumCategories &&
               std::size(kCategoryKeys) == kNumCategories);
 
 // The step counter and the loss-scale state are a few bytes; they count with the batch.
@@ -265,6 +264,13 @@ nlohmann::json Report::json() const {
           {"largest", largest_rows}};
 }
 
+std::string svg_begin(double width, double height, double title_x, double title_y, const std::string& title) {
+  return fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"{}\">{}</text>\n",
+      width, height, title_x, title_y, title);
+}
+
 std::string Report::svg() const {
   const double width = 960, height = 420, left = 80, right = 200, top = 30, bottom = 40;
   const double plot_w = width - left - right, plot_h = height - top - bottom;
@@ -277,19 +283,17 @@ std::string Report::svg() const {
   const size_t n = timeline.size();
   auto x_at = [&](size_t s) { return left + plot_w * (n <= 1 ? 0.0 : static_cast<double>(s) / static_cast<double>(n - 1)); };
   auto y_at = [&](int64_t b) { return top + plot_h * (1.0 - (peak > 0 ? static_cast<double>(b) / static_cast<double>(peak) : 0)); };
-  std::string out = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"18\">{}</text>\n",
-      width, height, left, options.title.empty() ? "live device bytes over the schedule" : options.title);
+  std::string out =
+      svg_begin(width, height, left, 18, options.title.empty() ? "live device bytes over the schedule" : options.title);
   std::vector<int64_t> below(n, 0);
   for (int c = 0; c < static_cast<int>(kNumCategories); ++c) {
     std::string points;
     for (size_t s = 0; s < n; ++s) points += fmt::format("{:.1f},{:.1f} ", x_at(s), y_at(below[s] + timeline[s][static_cast<size_t>(c)]));
     for (size_t s = n; s-- > 0;) points += fmt::format("{:.1f},{:.1f} ", x_at(s), y_at(below[s]));
     for (size_t s = 0; s < n; ++s) below[s] += timeline[s][static_cast<size_t>(c)];
-    out += fmt::format("<polygon points=\"{}\" fill=\"{}\" stroke=\"none\"/>\n", points, kColors[c]);
+    out += fmt::format("<polygon points=\"{}\" fill=\"{}\" stroke=\"none\"/>\n", points, kSvgColors[c]);
     out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n",
-                       width - right + 16, top + 20.0 * c, kColors[c], width - right + 34, top + 20.0 * c + 11, kCategoryNames[c]);
+                       width - right + 16, top + 20.0 * c, kSvgColors[c], width - right + 34, top + 20.0 * c + 11, kCategoryNames[c]);
   }
   out += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"black\" stroke-dasharray=\"4\"/>\n",
                      x_at(static_cast<size_t>(peak_step)), top, top + plot_h);

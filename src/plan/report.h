@@ -59,6 +59,13 @@ struct Report {
 // Arguments are counted by their role in `sig` (the step counter and loss-scale state with the batch).
 Report report(const Plan& p, const ir::Graph& g, const ir::Signature& sig, const ReportOptions& options);
 
+// remat's SVG pictures (the plan's timeline, the policy frontier, a run's loss curves) share one look: these
+// colours, sans-serif 12 px text on white, a title line at the top.
+inline constexpr const char* kSvgColors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#edc948", "#e15759", "#b07aa1", "#9c9c9c"};
+// The opening of such a picture: the root element, its white background and `title` at (title_x, title_y); the
+// caller closes it with "</svg>\n".
+std::string svg_begin(double width, double height, double title_x, double title_y, const std::string& title);
+
 // "21.91 GiB"
 std::string bytes_str(double bytes);
 // Parses "16GiB", "16 GB", "512MiB", "1073741824" (bytes); errors name the config key.

@@ -51,10 +51,7 @@ std::string Frontier::svg(const std::string& title) const {
   if (y1 <= 0) y1 = 1;
   auto x_at = [&](double peak) { return left + plot_w * (peak - x0) / (x1 - x0); };
   auto y_at = [&](double s) { return top + plot_h * (1 - s / y1); };
-  std::string out = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"20\">{}</text>\n",
-      width, height, left, title);
+  std::string out = plan::svg_begin(width, height, left, 20, title);
   std::string steps;  // the frontier as a staircase: cheaper placements need more memory
   for (size_t i = 0; i < points.size(); ++i) {
     const double x = x_at(static_cast<double>(points[i].peak)), y = y_at(points[i].seconds);

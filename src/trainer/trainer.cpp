@@ -4,6 +4,8 @@
 #include "exec/mesh.h"
 #include "plan/report.h"
 #include "train/checkpoint_manager.h"
+#include "train/hf.h"
+#include "trainer/curves.h"
 #include "trainer/programs.h"
 #include "trainer/trace.h"
 
@@ -229,7 +231,15 @@ train::Progress Session::start_state(Batcher& sampler) {
   else
     nn::init_params(c.model, c.init_seed, params, shard);
   if (c.optimizer.loss_scale.enabled) step.arg("loss_scale").set(0, c.optimizer.loss_scale.initial);
-  if (!c.load_parameters_path.empty()) checkpoints.load_parameters(step.state(), c.load_parameters_path);  // a fresh optimizer
+  if (train::hf::is_folder(c.load_parameters_path)) {  // a Hugging Face folder: whole parameters, a fresh optimizer
+    CHECK(!run_plan.pipeline && c.model.mesh.size("fsdp") == 1, "load_parameters_path '{}' is a Hugging Face folder: "
+          "it loads without pipeline stages or FSDP (ici_pipeline_parallelism=1, ici/dcn_fsdp_parallelism=1)",
+          c.load_parameters_path);
+    checkpoints.restore(step.state(), train::hf::read_parameters(c.load_parameters_path, c.model), c.load_parameters_path,
+                        train::Restore::parameters);
+  } else if (!c.load_parameters_path.empty()) {
+    checkpoints.load_parameters(step.state(), c.load_parameters_path);  // a fresh optimizer
+  }
   return c.enable_checkpointing ? checkpoints.resume(step.state(), sampler) : train::Progress{};
 }
 
@@ -373,6 +383,7 @@ class Log {
     if (!lead_) return;
     metrics_ << row.dump() << "\n";
     metrics_.flush();
+    if (row.contains("validation_loss")) write_curves(c_.run_dir);  // curves.svg, updated at each evaluation
   }
   double seconds() const { return seconds_since(start_); }
   const std::string& path() const { return path_; }

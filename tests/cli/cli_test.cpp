@@ -174,7 +174,7 @@ TEST(Cli, RunsFromAnyFolderWithAConfigFileAnywhere) {
   EXPECT_NE(p.text.find("[2,128,48]"), std::string::npos) << "mlp width from models/tiny.yml beside the file: " << p.text;
   Output bad = remat_cli("plan model=nope", work.path.string());
   EXPECT_EQ(bad.status, 2);
-  EXPECT_NE(bad.text.find("has no preset 'nope'; available: llama2-70b, llama2-7b, llama3-8b, tiny"), std::string::npos)
+  EXPECT_NE(bad.text.find("has no preset 'nope'; available: llama2-70b, llama2-7b, llama3-8b, tiny, tinyllama-1.1b"), std::string::npos)
       << bad.text;
 }
 

@@ -63,7 +63,7 @@ TEST(Config, BadTypeNamesKeyValueAndSource) {
 TEST(Config, BadEnumValueListsPresets) {
   std::string e = error_of(base(), {"model=gpt5"});
   expect_contains(e, "config key 'model' has no preset 'gpt5'");
-  expect_contains(e, "available: llama2-70b, llama2-7b, llama3-8b, tiny");
+  expect_contains(e, "available: llama2-70b, llama2-7b, llama3-8b, tiny, tinyllama-1.1b");
 }
 
 TEST(Config, BadValueCombinationNamesTheKeys) {
