@@ -104,7 +104,7 @@ Key custom_key(const std::string& name) {
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       bind<std::string>("model", [](Config& c) -> std::string& { return c.model; }),
-      bind<int64_t>("vocab_size", [](Config& c) -> int64_t& { return c.run.model.vocab_size; }, at_least(256)),
+      bind<int64_t>("vocab_size", [](Config& c) -> int64_t& { return c.run.model.vocab_size; }, at_least(1)),
       bind<int64_t>("base_emb_dim", [](Config& c) -> int64_t& { return c.run.model.emb_dim; }, at_least(1)),
       bind<int64_t>("base_num_decoder_layers", [](Config& c) -> int64_t& { return c.run.model.num_decoder_layers; }, at_least(1)),
       bind<int64_t>("base_num_query_heads", [](Config& c) -> int64_t& { return c.run.model.num_heads; }, at_least(1)),

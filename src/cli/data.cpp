@@ -26,7 +26,7 @@ int run_data_prepare(const Config& config) {
   const std::vector<std::filesystem::path> shards = train::prepare_shards(r.data.corpus, tokenizer, config.output_path);
   int64_t tokens = 0, documents = 0, bytes = 0;
   for (const std::filesystem::path& s : shards) {
-    const train::ShardHeader h = train::map_shard(s, tokenizer.vocab_size()).header;
+    const train::ShardHeader h = train::open_shard(s, tokenizer.vocab_size()).header;
     tokens += h.tokens, documents += h.documents, bytes += h.text_bytes;
   }
   fmt::print("data: {} shards in {}: {} documents, {} tokens, {} bytes of text ({:.2f} bytes/token); tokenizer {}\n"

@@ -5,7 +5,10 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -14,39 +17,36 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A vector kept alive by the pointer to its first byte.
-template <class T>
-std::shared_ptr<const uint8_t> hold(std::vector<T> v) {
-  auto owner = std::make_shared<const std::vector<T>>(std::move(v));
-  return {owner, reinterpret_cast<const uint8_t*>(owner->data())};
-}
-
 // What the files of one path gave: the tokens (split into train and validation, or all in train), and how
 // many tokens and bytes of text they hold.
 struct Loaded {
   Tokens train, validation;
   int64_t files = 0, tokens = 0, text_bytes = 0;
 
-  // One file's `count` tokens: the first (1 - fraction) to train, the rest to validation (fraction 0: all train).
-  void add(const std::shared_ptr<const uint8_t>& owner, const uint8_t* data, int64_t count, int width,
-           double fraction, const std::string& file = "", int64_t vocab_size = 0) {
+  // One file's tokens: the first (1 - fraction) to train, the rest to validation (fraction 0: all train).
+  // `add(part, from, count)` appends `count` tokens from the file's token `from` on to `part`.
+  template <class Add>
+  void split(int64_t count, double fraction, const Add& add) {
     const auto cut = static_cast<int64_t>(static_cast<double>(count) * (1.0 - fraction));
-    train.add(owner, data, cut, width, file, 0, vocab_size);
-    validation.add(owner, data + cut * width, count - cut, width, file, cut, vocab_size);
+    add(train, 0, cut);
+    add(validation, cut, count - cut);
     files += 1;
     tokens += count;
   }
+  void add_shard(const Shard& s, double fraction) {
+    split(s.header.tokens, fraction, [&](Tokens& part, int64_t from, int64_t n) { part.add(s, from, n); });
+    text_bytes += s.header.text_bytes;
+  }
   // One file of text documents, each tokenized and packed after the one before.
   void add_text(const std::vector<std::string_view>& docs, const Tokenizer& tokenizer, double fraction) {
-    std::vector<int32_t> ids;
+    auto ids = std::make_shared<std::vector<int32_t>>();
     for (std::string_view doc : docs) {
       const std::vector<int32_t> d = tokenizer.encode_document(doc);
-      ids.insert(ids.end(), d.begin(), d.end());
+      ids->insert(ids->end(), d.begin(), d.end());
       text_bytes += static_cast<int64_t>(doc.size());
     }
-    const auto count = static_cast<int64_t>(ids.size());
-    std::shared_ptr<const uint8_t> owner = hold(std::move(ids));
-    add(owner, owner.get(), count, 4, fraction);
+    split(static_cast<int64_t>(ids->size()), fraction,
+          [&](Tokens& part, int64_t from, int64_t n) { part.add(ids, ids->data() + from, n); });
   }
   double bytes_per_token() const { return tokens > 0 && text_bytes > 0 ? static_cast<double>(text_bytes) / static_cast<double>(tokens) : 0; }
 };
@@ -69,10 +69,7 @@ Loaded load_files(const Corpus& corpus, const char* key, const Tokenizer& tokeni
   Loaded l;
   for (const fs::path& file : corpus_files(corpus.path, key)) {
     if (corpus.type == "tokens") {
-      const MappedShard s = map_shard(file, vocab_size);
-      l.add(s.tokens, s.tokens.get(), s.header.tokens, static_cast<int>(s.header.token_bytes), fraction, file.string(),
-            vocab_size);
-      l.text_bytes += s.header.text_bytes;
+      l.add_shard(open_shard(file, vocab_size), fraction);
       continue;
     }
     std::vector<std::string> docs;
@@ -87,15 +84,17 @@ Loaded load_files(const Corpus& corpus, const char* key, const Tokenizer& tokeni
 }  // namespace
 
 Tokens::Tokens(const std::vector<uint8_t>& bytes) {
-  std::shared_ptr<const uint8_t> owner = hold(bytes);
-  add(owner, owner.get(), static_cast<int64_t>(bytes.size()), 1);
+  auto ids = std::make_shared<const std::vector<int32_t>>(bytes.begin(), bytes.end());
+  add(ids, ids->data(), static_cast<int64_t>(ids->size()));
 }
 
-void Tokens::add(std::shared_ptr<const uint8_t> owner, const uint8_t* data, int64_t count, int width,
-                 const std::string& file, int64_t first, int64_t vocab_size) {
-  ASSERT(width == 1 || width == 2 || width == 4);
-  if (count == 0) return;
-  parts_.push_back({std::move(owner), data, size_, count, width, file, first, vocab_size});
+void Tokens::add(std::shared_ptr<const std::vector<int32_t>> owner, const int32_t* data, int64_t count) {
+  if (count > 0) parts_.push_back({.start = size_, .count = count, .memory = std::move(owner), .data = data, .shard = {}, .first = 0});
+  size_ += count;
+}
+
+void Tokens::add(const Shard& shard, int64_t first, int64_t count) {
+  if (count > 0) parts_.push_back({.start = size_, .count = count, .memory = nullptr, .data = nullptr, .shard = shard, .first = first});
   size_ += count;
 }
 
@@ -104,18 +103,38 @@ void Tokens::read(int64_t start, int64_t count, int32_t* out) const {
   auto part = std::upper_bound(parts_.begin(), parts_.end(), start, [](int64_t at, const Part& p) { return at < p.start; }) - 1;
   for (int64_t done = 0; done < count; ++part) {
     const int64_t from = start + done - part->start, n = std::min(count - done, part->count - from);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* at = part->data + (from + i) * part->width;
-      const int32_t id = part->width == 1 ? *at
-                         : part->width == 2 ? *reinterpret_cast<const uint16_t*>(at)
-                                            : static_cast<int32_t>(*reinterpret_cast<const uint32_t*>(at));
-      CHECK(part->file.empty() || (id >= 0 && id < part->vocab_size),
-            "token shard '{}' holds token id {} at token {} (byte offset {}), outside its vocabulary of {}: the shard "
-            "is corrupt", part->file, static_cast<uint32_t>(id), part->first + from + i,
-            kShardHeaderBytes + (part->first + from + i) * part->width, part->vocab_size);
-      out[done + i] = id;
-    }
+    if (part->data != nullptr) std::copy(part->data + from, part->data + from + n, out + done);
+    else read_shard(*part, part->first + from, n, out + done);
     done += n;
+  }
+}
+
+// Reads the shard's tokens [from, from + n) into `out`: the file's bytes into `out` itself, then each widened to
+// int32 in place from the last (token i's bytes lie before where its int32 goes).
+void Tokens::read_shard(const Part& part, int64_t from, int64_t n, int32_t* out) const {
+  const ShardHeader& h = part.shard.header;
+  const int64_t width = h.token_bytes, bytes = n * width;
+  auto* raw = reinterpret_cast<uint8_t*>(out);
+  for (int64_t got = 0; got < bytes;) {
+    const ssize_t r = ::pread(*part.shard.fd, raw + got, static_cast<size_t>(bytes - got),
+                              static_cast<off_t>(kShardHeaderBytes + from * width + got));
+    CHECK(r > 0, "cannot read token shard '{}' at token {}: {}", part.shard.path.string(), from + got / width,
+          r == 0 ? "the file is shorter than when it was opened" : std::strerror(errno));
+    got += r;
+  }
+  for (int64_t i = n - 1; i >= 0; --i) {
+    uint32_t id = 0;
+    if (width == 2) {
+      uint16_t narrow = 0;
+      std::memcpy(&narrow, raw + 2 * i, 2);
+      id = narrow;
+    } else {
+      std::memcpy(&id, raw + 4 * i, 4);
+    }
+    CHECK(id < static_cast<uint64_t>(h.vocab_size),
+          "token shard '{}' holds token id {} at token {} (byte offset {}), outside its vocabulary of {}: the shard is "
+          "corrupt", part.shard.path.string(), id, from + i, kShardHeaderBytes + (from + i) * width, h.vocab_size);
+    out[i] = static_cast<int32_t>(id);
   }
 }
 

@@ -1,10 +1,11 @@
 // Training data: token streams from a corpus (dataset_type text or jsonl, tokenized as it loads) or from token
-// shards (dataset_type tokens, memory-mapped: see train/shards.h), split into train and validation (each file
+// shards (dataset_type tokens, read window by window: see train/shards.h), split into train and validation (each file
 // gives its first tokens to train and the last validation_fraction to validation, unless eval_dataset_path
 // names the validation files), and batches of windows drawn at random from a seeded generator.
 #pragma once
 
 #include "train/corpus.h"
+#include "train/shards.h"
 #include "train/tokenizer.h"
 
 #include <cstdint>
@@ -15,31 +16,31 @@
 
 namespace remat::train {
 
-// Files laid end to end as one stream of token ids, read without copying the files: a part is in memory
-// (a tokenized text) or a memory-mapped shard, whose ids are CHECKed against the vocabulary as they are read.
+// Files laid end to end as one stream of token ids. A part is in memory (a tokenized text) or a shard's tokens,
+// read from its file as a batch asks for them and CHECKed against the vocabulary.
 class Tokens {
  public:
   Tokens() = default;
   // Bytes as tokens (the byte-level tokenizer's ids).
   Tokens(const std::vector<uint8_t>& bytes);  // NOLINT(google-explicit-constructor): a byte string is a token stream
-  // Appends `count` tokens of `width` bytes (1, 2 or 4) at `data`, kept alive by `owner`. A part from a file
-  // names it, with where its first token is in that file, and is checked to hold ids below `vocab_size`.
-  void add(std::shared_ptr<const uint8_t> owner, const uint8_t* data, int64_t count, int width,
-           const std::string& file = "", int64_t first = 0, int64_t vocab_size = 0);
+  // Appends `count` ids in memory, kept alive by `owner`.
+  void add(std::shared_ptr<const std::vector<int32_t>> owner, const int32_t* data, int64_t count);
+  // Appends `count` tokens of `shard` from its token `first` on.
+  void add(const Shard& shard, int64_t first, int64_t count);
   int64_t size() const { return size_; }
-  // Copies tokens [start, start + count) to `out`. A file's id >= its vocabulary is an error naming the file
+  // Copies tokens [start, start + count) to `out`. A shard's id >= its vocabulary is an error naming the file
   // and the token's position in it.
   void read(int64_t start, int64_t count, int32_t* out) const;
 
  private:
   struct Part {
-    std::shared_ptr<const uint8_t> owner;
-    const uint8_t* data;
     int64_t start, count;  // in the stream
-    int width;
-    std::string file;      // "" = in memory, not checked
-    int64_t first, vocab_size;
+    std::shared_ptr<const std::vector<int32_t>> memory;
+    const int32_t* data;   // in memory (else null)
+    Shard shard;           // else
+    int64_t first;         // the shard's token where the part starts
   };
+  void read_shard(const Part& part, int64_t from, int64_t n, int32_t* out) const;
   std::vector<Part> parts_;
   int64_t size_ = 0;
 };

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,21 +90,19 @@ void ShardWriter::close() {
   CHECK(out_.good(), "cannot write token shard '{}'", path_.string());
 }
 
-MappedShard map_shard(const fs::path& path, int64_t vocab_size) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
+Shard open_shard(const fs::path& path, int64_t vocab_size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   CHECK(fd >= 0, "cannot open token shard '{}': {}", path.string(), std::strerror(errno));
-  struct stat st {};
-  const bool stated = ::fstat(fd, &st) == 0;
-  const int64_t size = stated ? st.st_size : 0;
-  void* map = size > 0 ? ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-  ::close(fd);
-  CHECK(size >= kShardHeaderBytes, "token shard '{}' has {} bytes, fewer than its {}-byte header: not a shard of "
-        "`remat data prepare`", path.string(), size, kShardHeaderBytes);
-  CHECK(map != MAP_FAILED, "cannot map token shard '{}': {}", path.string(), std::strerror(errno));
-  const auto* bytes = static_cast<const uint8_t*>(map);
-  std::shared_ptr<const uint8_t> mapping(bytes, [size](const uint8_t* p) {
-    ::munmap(const_cast<uint8_t*>(p), static_cast<size_t>(size));
+  std::shared_ptr<const int> handle(new int(fd), [](const int* f) {
+    ::close(*f);
+    delete f;
   });
+  struct stat st {};
+  const int64_t size = ::fstat(fd, &st) == 0 ? st.st_size : 0;
+  uint8_t bytes[kShardHeaderBytes] = {};
+  CHECK(size >= kShardHeaderBytes && ::pread(fd, bytes, sizeof bytes, 0) == kShardHeaderBytes,
+        "token shard '{}' has {} bytes, fewer than its {}-byte header: not a shard of `remat data prepare`",
+        path.string(), size, kShardHeaderBytes);
   uint32_t version = 0, width = 0;
   uint64_t fields[4] = {};
   std::memcpy(&version, bytes + 8, 4);
@@ -125,7 +122,7 @@ MappedShard map_shard(const fs::path& path, int64_t vocab_size) {
   CHECK(h.vocab_size == vocab_size, "token shard '{}' was prepared with a {}-token vocabulary, but vocab_size is {}: "
         "train with the tokenizer that prepared it (vocab_size={})", path.string(), h.vocab_size, vocab_size,
         h.vocab_size);
-  return {.path = path, .header = h, .tokens = std::shared_ptr<const uint8_t>(mapping, bytes + kShardHeaderBytes)};
+  return {.path = path, .header = h, .fd = std::move(handle)};
 }
 
 std::vector<fs::path> prepare_shards(const Corpus& corpus, const Tokenizer& tokenizer, const fs::path& output) {

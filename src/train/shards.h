@@ -1,5 +1,6 @@
 // Token shards: a corpus tokenized once by `remat data prepare`, one shard per corpus file, read back by
-// dataset_type=tokens through a memory map (a shard of any size costs only the pages a batch touches).
+// dataset_type=tokens window by window (pread: a shard of any size costs the process only the windows it reads;
+// a memory map would count every page the kernel maps around a read, up to a 2 MiB folio per window, in RSS).
 //
 // The format (little-endian), after llm.c's .bin shards:
 //   bytes  0..7   magic "RMTOKENS"
@@ -43,16 +44,16 @@ class ShardWriter {
   ShardHeader header_;
 };
 
-// A shard mapped read-only; `tokens` points past the header. The mapping lives as long as any copy of it.
-struct MappedShard {
+// A shard open for reading: its header, and its file descriptor (closed when the last copy goes).
+struct Shard {
   std::filesystem::path path;
   ShardHeader header;
-  std::shared_ptr<const uint8_t> tokens;
+  std::shared_ptr<const int> fd;
 };
 
-// Maps `path`, CHECKing the header (magic, version, width, the file's length against its token count) and that
+// Opens `path`, CHECKing the header (magic, version, width, the file's length against its token count) and that
 // the shard's vocabulary is `vocab_size` (the model's): errors name the file and what is wrong.
-MappedShard map_shard(const std::filesystem::path& path, int64_t vocab_size);
+Shard open_shard(const std::filesystem::path& path, int64_t vocab_size);
 
 // `remat data prepare`: every file of `corpus` (text or jsonl) tokenized into a shard of `output` (a folder,
 // created), named after its index and file name, with a progress bar on stderr. Returns the shards' paths.

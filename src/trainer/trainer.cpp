@@ -76,6 +76,9 @@ train::Dataset load_data(const RunConfig& c, const train::Tokenizer& tokenizer) 
   CHECK(c.checkpoint_period > 0 && c.max_checkpoints >= 0,
         "checkpoint_period ({}) must be positive and max_num_checkpoints_to_keep ({}) at least 0", c.checkpoint_period,
         c.max_checkpoints);
+  CHECK(c.tokenizer.type != "byte" || c.model.vocab_size >= tokenizer.vocab_size(),
+        "vocab_size is {} but the byte-level tokenizer has {} tokens: set vocab_size={} (or tokenizer_type=sentencepiece)",
+        c.model.vocab_size, tokenizer.vocab_size(), tokenizer.vocab_size());
   CHECK(c.tokenizer.type == "byte" || tokenizer.vocab_size() == c.model.vocab_size,
         "vocab_size is {} but the tokenizer '{}' has {} tokens: set vocab_size={}", c.model.vocab_size, c.tokenizer.path,
         tokenizer.vocab_size(), tokenizer.vocab_size());

@@ -160,7 +160,7 @@ struct Bound {
 };
 const Bound kBounds[] = {
     {"model", "nope", "has no preset 'nope'", "tiny"},
-    {"vocab_size", "255", "an integer >= 256", "256"},
+    {"vocab_size", "0", "an integer >= 1", "1"},  // the tokenizer's size is checked where it loads
     {"base_emb_dim", "0", "an integer >= 1", "1"},
     {"base_num_decoder_layers", "0", "an integer >= 1", "1"},
     {"base_num_query_heads", "0", "an integer >= 1", "4"},
