@@ -203,5 +203,36 @@ TEST(Shards, ABadShardIsAnErrorNamingTheFileAndWhatIsWrong) {
                   "token shard '" + bad_id.string() + "' was prepared with a 256-token vocabulary, but vocab_size is 512");
 }
 
+// Under data parallelism each rank reads only its own part's windows. A shard whose token i is i shows where each
+// window of the global batch starts; in a copy of it every token of part 0's windows is made invalid. Part 1
+// reads the copy as it read the original; part 0 fails on it.
+TEST(Shards, ADataParallelRankReadsOnlyItsOwnWindows) {
+  TempDir d;
+  constexpr int64_t kTokens = 20000, kSeq = 8, kCount = 2;
+  std::vector<uint16_t> ids(kTokens);
+  for (int64_t i = 0; i < kTokens; ++i) ids[static_cast<size_t>(i)] = static_cast<uint16_t>(i);
+  write_shard(d.path / "clean.tokens", ids, kTokens, kTokens);
+  const Dataset clean = load_dataset(data("tokens", d.path / "clean.tokens"), Tokenizer({}), kTokens);
+  std::vector<int32_t> in(2 * kCount * kSeq), tg(2 * kCount * kSeq);
+  Batcher(clean.train, kSeq, 11, "train").next(2 * kCount, in.data(), tg.data());  // the global batch, one process
+  std::vector<bool> part1(kTokens);
+  for (int64_t w = kCount; w < 2 * kCount; ++w)
+    for (int64_t t = 0; t <= kSeq; ++t) part1[static_cast<size_t>(in[static_cast<size_t>(w * kSeq)] + t)] = true;
+  for (int64_t w = 0; w < kCount; ++w)
+    for (int64_t t = 0; t <= kSeq; ++t) {
+      const auto at = static_cast<size_t>(in[static_cast<size_t>(w * kSeq)] + t);
+      ASSERT_FALSE(part1[at]) << "the parts' windows overlap: choose another seed";
+      ids[at] = 65535;
+    }
+  write_shard(d.path / "poisoned.tokens", ids, kTokens, kTokens);
+  const Dataset poisoned = load_dataset(data("tokens", d.path / "poisoned.tokens"), Tokenizer({}), kTokens);
+  std::vector<int32_t> in1(kCount * kSeq), tg1(kCount * kSeq);
+  Batcher(poisoned.train, kSeq, 11, "train").next(kCount, in1.data(), tg1.data(), 1, 2);
+  EXPECT_EQ(in1, std::vector<int32_t>(in.begin() + kCount * kSeq, in.end()));
+  EXPECT_EQ(tg1, std::vector<int32_t>(tg.begin() + kCount * kSeq, tg.end()));
+  expect_contains(error_of([&] { Batcher(poisoned.train, kSeq, 11, "train").next(kCount, in1.data(), tg1.data(), 0, 2); }),
+                  "holds token id 65535");
+}
+
 }  // namespace
 }  // namespace remat::train
