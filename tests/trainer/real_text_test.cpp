@@ -1,7 +1,7 @@
 // End to end on real text (Debian's fortunes-min): a SentencePiece tokenizer trained by `remat tokenizer train`,
 // the corpus tokenized by `remat data prepare`, a small model trained on the shards (validation loss per token
-// and per byte, the bytes per token read from the validation shard's header by hand), a vocab_size that is not the
-// tokenizer's refused, and a run killed after a checkpoint and resumed ending bit-identical.
+// and per byte, the bytes per token read from the validation shard's header by hand), a vocab_size that does not
+// fit the tokenizer refused, and a run killed after a checkpoint and resumed ending bit-identical.
 #include "support/command.h"
 #include "support/remat_process.h"
 #include "support/temp_dir.h"
@@ -88,6 +88,9 @@ TEST(RealText, TokenizerShardsTrainingAndAKilledRunResumedBitIdentically) {
   o = testing_support::run_command(cd + " train tokenizer_type=sentencepiece tokenizer_path=fortunes.model steps=1 2>&1");
   EXPECT_EQ(o.status, 2);
   EXPECT_NE(o.text.find("vocab_size is 256 but the tokenizer 'fortunes.model' has 200 tokens"), std::string::npos) << o.text;
+  o = testing_support::run_command(cd + " train vocab_size=200 steps=1 2>&1");  // the byte-level tokenizer
+  EXPECT_EQ(o.status, 2);
+  EXPECT_NE(o.text.find("vocab_size is 200 but the byte-level tokenizer has 256 tokens"), std::string::npos) << o.text;
 
   const pid_t killed = testing_support::start_remat(dir, train_args("killed"));
   while (!fs::exists(dir / "runs" / "killed" / "checkpoints" / "4" / "state.safetensors") && testing_support::running(killed))
