@@ -6,11 +6,12 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ make pkg-config
   libdnnl-dev ocl-icd-opencl-dev
-  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
   libopenmpi-dev openmpi-bin
   python3
+  fortunes-min  # real text for the end-to-end tokenizer and data test
 )
 
 missing=()

@@ -76,6 +76,13 @@ int run_convert(const std::vector<std::string>& args);
 // `remat plot RUN_DIR... [output_path=FILE.svg]` (default plot.svg): the runs' curves overlaid (trainer/curves.h).
 int run_plot(const std::vector<std::string>& args);
 
+// `remat tokenizer train`: a SentencePiece model (tokenizer_algorithm, vocab_size pieces) trained on the
+// config's corpus (dataset_type, dataset_path, train_data_columns), written to tokenizer_path.
+int run_tokenizer_train(const Config& config);
+// `remat data prepare`: the config's corpus tokenized (tokenizer_type, tokenizer_path) into token shards under
+// output_path, for dataset_type=tokens.
+int run_data_prepare(const Config& config);
+
 // Trains an MLP (16 -> 64 -> 64 -> 1, tanh) on y = sin(x . a) + 0.5 cos(x . b), reporting train and
 // held-out MSE. The whole step (forward, backward, momentum update) is one graph run by the executor.
 int run_demo(const DemoOptions& options);

@@ -31,6 +31,8 @@ struct Config {
   std::string attention = "dot_product";      // MaxText's: dot_product (primitives) or flash (one fused op)
   std::string mp_cast = "per_layer";          // where weights are cast: per_layer (in the scan body) or upfront
   std::string checkpoint_naming = "maxtext";  // the names the layer's tensors carry: maxtext | axlearn
+  std::string tokenizer_algorithm = "bpe";    // `remat tokenizer train`: bpe | unigram
+  std::string output_path;                    // `remat data prepare`: the folder the shards go to
   // What it was loaded from (load_config's arguments): a variant is the same load with more overrides after these.
   std::string config_path;
   std::vector<std::string> overrides;

@@ -6,6 +6,8 @@
 //   remat convert to=remat hf_path=DIR output_path=FILE | to=hf load_parameters_path=CHECKPOINT output_path=DIR
 //   remat plot RUN_DIR... [output_path=FILE.svg]   several runs' loss curves in one SVG
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
+//   remat tokenizer train [CONFIG.yml] dataset_path=FILES vocab_size=N tokenizer_path=OUT.model [tokenizer_algorithm=bpe|unigram]
+//   remat data prepare [CONFIG.yml] dataset_type=text|jsonl dataset_path=... [tokenizer_type=... tokenizer_path=...] output_path=DIR
 // train, explain and plan also take --dump-ir=PASS: every program they compile, printed after that pass.
 #include "cli/commands.h"
 #include "cli/config.h"
@@ -45,7 +47,7 @@ int train_command(const std::vector<std::string>& args, const std::string& dump_
   remat::cli::print_setting_warnings(config, remat::exec::Mesh::launched_ranks());
   remat::cli::require_auto_fits(config);
   remat::trainer::RunResult r = remat::trainer::run(config.run);
-  fmt::print("final: train loss {:.4f}, validation loss {:.4f} nats/byte\n", r.train_loss, r.validation_loss);
+  fmt::print("final: train loss {:.4f}, validation loss {}\n", r.train_loss, remat::trainer::validation_loss_str(r));
   return 0;
 }
 
@@ -104,6 +106,18 @@ int main(int argc, char** argv) {
   CLI::App* plot_cmd = app.add_subcommand(
       "plot", "several runs' loss, learning rate and tokens/s in one SVG: remat plot RUN_DIR... [output_path=FILE.svg]");
   plot_cmd->add_option("args", plot_args, "run folders (base_output_directory/run_name), then output_path=");
+  std::vector<std::string> tokenizer_args, prepare_args;
+  CLI::App* tokenizer_cmd = app.add_subcommand("tokenizer", "tokenizers: remat tokenizer train ...");
+  tokenizer_cmd->require_subcommand(1);
+  CLI::App* tokenizer_train_cmd = tokenizer_cmd->add_subcommand(
+      "train", "train a SentencePiece tokenizer: dataset_path=FILES vocab_size=N tokenizer_path=OUT.model [tokenizer_algorithm=bpe|unigram]");
+  tokenizer_train_cmd->add_option("args", tokenizer_args, "an optional base config file, then key=value overrides");
+  CLI::App* data_cmd = app.add_subcommand("data", "datasets: remat data prepare ...");
+  data_cmd->require_subcommand(1);
+  CLI::App* prepare_cmd = data_cmd->add_subcommand(
+      "prepare", "tokenize a corpus into token shards: dataset_type=text|jsonl dataset_path=... tokenizer_type=... "
+                 "tokenizer_path=... output_path=DIR");
+  prepare_cmd->add_option("args", prepare_args, "an optional base config file, then key=value overrides");
   remat::cli::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
   demo_cmd->add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
@@ -128,6 +142,8 @@ int main(int argc, char** argv) {
     if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args, dump_ir), explain_json);
     if (convert_cmd->parsed()) return remat::cli::run_convert(convert_args);
     if (plot_cmd->parsed()) return remat::cli::run_plot(plot_args);
+    if (tokenizer_train_cmd->parsed()) return remat::cli::run_tokenizer_train(config_from(tokenizer_args, ""));
+    if (prepare_cmd->parsed()) return remat::cli::run_data_prepare(config_from(prepare_args, ""));
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
     return 0;
   } catch (const remat::Error& e) {

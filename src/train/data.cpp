@@ -1,11 +1,15 @@
 #include "train/data.h"
 
 #include "base/check.h"
+#include "train/shards.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 
 namespace remat::train {
@@ -13,75 +17,166 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<uint8_t> read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  CHECK(in.good(), "cannot read dataset file '{}' (config key dataset_path)", p.string());
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+// What the files of one path gave: the tokens (split into train and validation, or all in train), and how
+// many tokens and bytes of text they hold.
+struct Loaded {
+  Tokens train, validation;
+  int64_t files = 0, tokens = 0, text_bytes = 0;
 
-void add_file(Dataset& d, const std::vector<uint8_t>& bytes, double validation_fraction) {
-  auto cut = static_cast<std::ptrdiff_t>(static_cast<double>(bytes.size()) * (1.0 - validation_fraction));
-  d.train.insert(d.train.end(), bytes.begin(), bytes.begin() + cut);
-  d.validation.insert(d.validation.end(), bytes.begin() + cut, bytes.end());
-}
+  // One file's tokens: the first (1 - fraction) to train, the rest to validation (fraction 0: all train).
+  // `add(part, from, count)` appends `count` tokens from the file's token `from` on to `part`.
+  template <class Add>
+  void split(int64_t count, double fraction, const Add& add) {
+    const auto cut = static_cast<int64_t>(static_cast<double>(count) * (1.0 - fraction));
+    add(train, 0, cut);
+    add(validation, cut, count - cut);
+    files += 1;
+    tokens += count;
+  }
+  void add_shard(const Shard& s, double fraction) {
+    split(s.header.tokens, fraction, [&](Tokens& part, int64_t from, int64_t n) { part.add(s, from, n); });
+    text_bytes += s.header.text_bytes;
+  }
+  // One file of text documents, each tokenized and packed after the one before.
+  void add_text(const std::vector<std::string_view>& docs, const Tokenizer& tokenizer, double fraction) {
+    auto ids = std::make_shared<std::vector<int32_t>>();
+    for (std::string_view doc : docs) {
+      const std::vector<int32_t> d = tokenizer.encode_document(doc);
+      ids->insert(ids->end(), d.begin(), d.end());
+      text_bytes += static_cast<int64_t>(doc.size());
+    }
+    split(static_cast<int64_t>(ids->size()), fraction,
+          [&](Tokens& part, int64_t from, int64_t n) { part.add(ids, ids->data() + from, n); });
+  }
+  double bytes_per_token() const { return tokens > 0 && text_bytes > 0 ? static_cast<double>(text_bytes) / static_cast<double>(tokens) : 0; }
+};
 
 // Lines "word>drow": the model learns to reverse lowercase words. Deterministic.
-Dataset synthetic_reversal(double validation_fraction) {
+std::string synthetic_reversal() {
   std::mt19937_64 rng(1234);
   std::uniform_int_distribution<int> len(3, 12), letter('a', 'z');
-  std::vector<uint8_t> text;
+  std::string text;
   while (text.size() < 300000) {
     std::string w(static_cast<size_t>(len(rng)), 'a');
     for (char& c : w) c = static_cast<char>(letter(rng));
-    std::string line = w + ">" + std::string(w.rbegin(), w.rend()) + "\n";
-    text.insert(text.end(), line.begin(), line.end());
+    text += w + ">" + std::string(w.rbegin(), w.rend()) + "\n";
   }
-  Dataset d;
-  d.description = "synthetic sequence reversal (300 kB)";
-  add_file(d, text, validation_fraction);
-  return d;
+  return text;
+}
+
+// Every file of `corpus`, split by `fraction` (0: all to train).
+Loaded load_files(const Corpus& corpus, const char* key, const Tokenizer& tokenizer, int64_t vocab_size, double fraction) {
+  Loaded l;
+  for (const fs::path& file : corpus_files(corpus.path, key)) {
+    if (corpus.type == "tokens") {
+      l.add_shard(open_shard(file, vocab_size), fraction);
+      continue;
+    }
+    std::vector<std::string> docs;
+    for_each_document(corpus, file, [&](std::string_view d) { docs.emplace_back(d); });
+    l.add_text({docs.begin(), docs.end()}, tokenizer, fraction);
+  }
+  CHECK(l.tokens > 0, "{} '{}' holds no data ({} files, all empty)", key,
+        corpus.path.empty() ? kDefaultCorpus : corpus.path, l.files);
+  return l;
 }
 
 }  // namespace
 
-Dataset load_dataset(const std::string& path, double validation_fraction) {
-  CHECK(validation_fraction > 0 && validation_fraction < 1, "validation fraction must be in (0, 1), got {}",
-        validation_fraction);
-  fs::path root = path.empty() ? fs::path(kDefaultCorpus) : fs::path(path);
-  if (path.empty() && !fs::is_directory(root)) {
-    Dataset d = synthetic_reversal(validation_fraction);
-    d.description = fmt::format("{} -- note: the default corpus {} is absent", d.description, kDefaultCorpus);
+Tokens::Tokens(const std::vector<uint8_t>& bytes) {
+  auto ids = std::make_shared<const std::vector<int32_t>>(bytes.begin(), bytes.end());
+  add(ids, ids->data(), static_cast<int64_t>(ids->size()));
+}
+
+void Tokens::add(std::shared_ptr<const std::vector<int32_t>> owner, const int32_t* data, int64_t count) {
+  if (count > 0) parts_.push_back({.start = size_, .count = count, .memory = std::move(owner), .data = data, .shard = {}, .first = 0});
+  size_ += count;
+}
+
+void Tokens::add(const Shard& shard, int64_t first, int64_t count) {
+  if (count > 0) parts_.push_back({.start = size_, .count = count, .memory = nullptr, .data = nullptr, .shard = shard, .first = first});
+  size_ += count;
+}
+
+void Tokens::read(int64_t start, int64_t count, int32_t* out) const {
+  ASSERT(start >= 0 && start + count <= size_);
+  auto part = std::upper_bound(parts_.begin(), parts_.end(), start, [](int64_t at, const Part& p) { return at < p.start; }) - 1;
+  for (int64_t done = 0; done < count; ++part) {
+    const int64_t from = start + done - part->start, n = std::min(count - done, part->count - from);
+    if (part->data != nullptr) std::copy(part->data + from, part->data + from + n, out + done);
+    else read_shard(*part, part->first + from, n, out + done);
+    done += n;
+  }
+}
+
+// Reads the shard's tokens [from, from + n) into `out`: the file's bytes into `out` itself, then each widened to
+// int32 in place from the last (token i's bytes lie before where its int32 goes).
+void Tokens::read_shard(const Part& part, int64_t from, int64_t n, int32_t* out) const {
+  const ShardHeader& h = part.shard.header;
+  const int64_t width = h.token_bytes, bytes = n * width;
+  auto* raw = reinterpret_cast<uint8_t*>(out);
+  for (int64_t got = 0; got < bytes;) {
+    const ssize_t r = ::pread(*part.shard.fd, raw + got, static_cast<size_t>(bytes - got),
+                              static_cast<off_t>(kShardHeaderBytes + from * width + got));
+    CHECK(r > 0, "cannot read token shard '{}' at token {}: {}", part.shard.path.string(), from + got / width,
+          r == 0 ? "the file is shorter than when it was opened" : std::strerror(errno));
+    got += r;
+  }
+  for (int64_t i = n - 1; i >= 0; --i) {
+    uint32_t id = 0;
+    if (width == 2) {
+      uint16_t narrow = 0;
+      std::memcpy(&narrow, raw + 2 * i, 2);
+      id = narrow;
+    } else {
+      std::memcpy(&id, raw + 4 * i, 4);
+    }
+    CHECK(id < static_cast<uint64_t>(h.vocab_size),
+          "token shard '{}' holds token id {} at token {} (byte offset {}), outside its vocabulary of {}: the shard is "
+          "corrupt", part.shard.path.string(), id, from + i, kShardHeaderBytes + (from + i) * width, h.vocab_size);
+    out[i] = static_cast<int32_t>(id);
+  }
+}
+
+Dataset load_dataset(const DataConfig& config, const Tokenizer& tokenizer, int64_t vocab_size) {
+  const Corpus& corpus = config.corpus;
+  CHECK(corpus.type == "text" || corpus.type == "jsonl" || corpus.type == "tokens",
+        "config key 'dataset_type' expects text, jsonl or tokens, got '{}'", corpus.type);
+  CHECK(config.validation_fraction > 0 && config.validation_fraction < 1, "validation fraction must be in (0, 1), got {}",
+        config.validation_fraction);
+  Dataset d;
+  if (corpus.path.empty() && corpus.type == "text" && !fs::is_directory(kDefaultCorpus)) {
+    const std::string text = synthetic_reversal();
+    Loaded l;
+    l.add_text({text}, tokenizer, config.validation_fraction);
+    d.description = fmt::format("synthetic sequence reversal (300 kB) -- note: the default corpus {} is absent", kDefaultCorpus);
+    d.train = l.train, d.validation = l.validation, d.validation_bytes_per_token = l.bytes_per_token();
     return d;
   }
-  std::error_code ec;
-  CHECK(fs::exists(root, ec), "dataset_path '{}' does not exist; give a text file or a directory of text files",
-        root.string());
-  std::vector<fs::path> files;
-  if (fs::is_directory(root)) {
-    for (const auto& e : fs::recursive_directory_iterator(root))
-      if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path());
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(root);
+  const bool split = config.eval_path.empty();
+  const Loaded train = load_files(corpus, "dataset_path", tokenizer, vocab_size, split ? config.validation_fraction : 0);
+  d.train = train.train;
+  d.validation = train.validation;
+  d.validation_bytes_per_token = train.bytes_per_token();
+  const std::string shown = corpus.path.empty() ? kDefaultCorpus : corpus.path;
+  d.description = fmt::format("{} {} ({} files, {} tokens)", corpus.type, shown, train.files, train.tokens);
+  if (!split) {
+    Corpus eval = corpus;
+    eval.path = config.eval_path;
+    const Loaded validation = load_files(eval, "eval_dataset_path", tokenizer, vocab_size, 0);
+    d.validation = validation.train;
+    d.validation_bytes_per_token = validation.bytes_per_token();
+    d.description += fmt::format(", validation {} ({} files, {} tokens)", config.eval_path, validation.files, validation.tokens);
   }
-  Dataset d;
-  size_t bytes = 0;
-  for (const fs::path& f : files) {
-    std::vector<uint8_t> content = read_bytes(f);
-    bytes += content.size();
-    add_file(d, content, validation_fraction);
-  }
-  CHECK(bytes > 0, "dataset_path '{}' holds no data ({} files, all empty)", root.string(), files.size());
-  d.description = fmt::format("{} ({} files, {:.1f} kB)", root.string(), files.size(), static_cast<double>(bytes) / 1e3);
   return d;
 }
 
-Batcher::Batcher(const std::vector<uint8_t>& data, int64_t seq, uint64_t seed, const char* split)
-    : data_(data), seq_(seq), rng_(seed) {
-  CHECK(static_cast<int64_t>(data.size()) > seq,
-        "max_target_length {} is too long for the {} split of the dataset ({} bytes): it needs at least {} bytes; "
+Batcher::Batcher(Tokens data, int64_t seq, uint64_t seed, const char* split)
+    : data_(std::move(data)), seq_(seq), rng_(seed), window_(static_cast<size_t>(seq + 1)) {
+  CHECK(data_.size() > seq,
+        "max_target_length {} is too long for the {} split of the dataset ({} tokens): it needs at least {} tokens; "
         "use a shorter max_target_length or more data",
-        seq, split, data.size(), seq + 1);
+        seq, split, data_.size(), seq + 1);
 }
 
 std::string Batcher::state() const {
@@ -97,14 +192,13 @@ void Batcher::restore(const std::string& state) {
 }
 
 void Batcher::next(int64_t count, int32_t* inputs, int32_t* targets, int64_t part, int64_t parts) {
-  std::uniform_int_distribution<int64_t> start(0, static_cast<int64_t>(data_.size()) - seq_ - 1);
+  std::uniform_int_distribution<int64_t> start(0, data_.size() - seq_ - 1);
   for (int64_t drawn = 0; drawn < parts * count; ++drawn) {
     const int64_t s = start(rng_), i = drawn - part * count;
-    if (i < 0 || i >= count) continue;  // another rank's sequence
-    for (int64_t t = 0; t < seq_; ++t) {
-      inputs[i * seq_ + t] = data_[static_cast<size_t>(s + t)];
-      targets[i * seq_ + t] = data_[static_cast<size_t>(s + t + 1)];
-    }
+    if (i < 0 || i >= count) continue;  // another rank's sequence: not read
+    data_.read(s, seq_ + 1, window_.data());
+    std::copy(window_.begin(), window_.end() - 1, inputs + i * seq_);
+    std::copy(window_.begin() + 1, window_.end(), targets + i * seq_);
   }
 }
 

@@ -1,35 +1,77 @@
-// Training data: byte-level tokens (vocab 256) from a text file or a directory of text files, split
-// deterministically into train and validation (each file gives its first 90% to train, the rest to
-// validation), and batches of random windows drawn from a seeded generator.
+// Training data: token streams from a corpus (dataset_type text or jsonl, tokenized as it loads) or from token
+// shards (dataset_type tokens, read window by window: see train/shards.h), split into train and validation (each file
+// gives its first tokens to train and the last validation_fraction to validation, unless eval_dataset_path
+// names the validation files), and batches of windows drawn at random from a seeded generator.
 #pragma once
 
+#include "train/corpus.h"
+#include "train/shards.h"
+#include "train/tokenizer.h"
+
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 namespace remat::train {
 
-// The default corpus: the plain-text licenses every Debian system carries.
-inline constexpr const char* kDefaultCorpus = "/usr/share/common-licenses";
+// Files laid end to end as one stream of token ids. A part is in memory (a tokenized text) or a shard's tokens,
+// read from its file as a batch asks for them and CHECKed against the vocabulary.
+class Tokens {
+ public:
+  Tokens() = default;
+  // Bytes as tokens (the byte-level tokenizer's ids).
+  Tokens(const std::vector<uint8_t>& bytes);  // NOLINT(google-explicit-constructor): a byte string is a token stream
+  // Appends `count` ids in memory, kept alive by `owner`.
+  void add(std::shared_ptr<const std::vector<int32_t>> owner, const int32_t* data, int64_t count);
+  // Appends `count` tokens of `shard` from its token `first` on.
+  void add(const Shard& shard, int64_t first, int64_t count);
+  int64_t size() const { return size_; }
+  // Copies tokens [start, start + count) to `out`. A shard's id >= its vocabulary is an error naming the file
+  // and the token's position in it.
+  void read(int64_t start, int64_t count, int32_t* out) const;
 
-struct Dataset {
-  std::string description;          // what was loaded, for the log
-  std::vector<uint8_t> train, validation;
+ private:
+  struct Part {
+    int64_t start, count;  // in the stream
+    std::shared_ptr<const std::vector<int32_t>> memory;
+    const int32_t* data;   // in memory (else null)
+    Shard shard;           // else
+    int64_t first;         // the shard's token where the part starts
+  };
+  void read_shard(const Part& part, int64_t from, int64_t n, int32_t* out) const;
+  std::vector<Part> parts_;
+  int64_t size_ = 0;
 };
 
-// Loads `path` (a file, or every regular file under a directory in name order; symbolic links are
-// skipped so aliases are not read twice). An empty path means the default corpus, or, when that is
-// absent, a synthetic sequence-reversal task (said in the description). Errors name the path and the key.
-Dataset load_dataset(const std::string& path, double validation_fraction);
+struct DataConfig {
+  Corpus corpus;                     // dataset_type, dataset_path, train_data_columns
+  std::string eval_path;             // eval_dataset_path: validation files (same type); "" = the split
+  double validation_fraction = 0.1;  // without eval_path, each file's tail held out
+};
 
-// Random windows of seq+1 bytes: inputs are the first seq, targets the last seq.
+struct Dataset {
+  std::string description;  // what was loaded, for the log
+  Tokens train, validation;
+  // Bytes of text per token in the validation data (converts loss per token to loss per byte); 0 = unknown.
+  double validation_bytes_per_token = 0;
+};
+
+// Loads the config's data, tokenized by `tokenizer` (for text and jsonl) or checked against it (shards must have
+// its vocabulary, `vocab_size` the model's). An empty dataset_path of type text means the default corpus or,
+// when that is absent, a synthetic sequence-reversal task (said in the description). Errors name the file and
+// the key.
+Dataset load_dataset(const DataConfig& config, const Tokenizer& tokenizer, int64_t vocab_size);
+
+// Random windows of seq+1 tokens: inputs are the first seq, targets the last seq.
 class Batcher {
  public:
-  Batcher(const std::vector<uint8_t>& data, int64_t seq, uint64_t seed, const char* split);
+  Batcher(Tokens data, int64_t seq, uint64_t seed, const char* split);
   // Draws a global batch of `parts` x `count` sequences and fills part `part`'s `count` into inputs/targets
   // (count * seq int32 each). Every data-parallel rank draws the same windows, so the sampler's state is the
-  // same on all of them, and rank r's part is what one process's sequences r*count.. of the batch hold.
+  // same on all of them, and rank r's part is what one process's sequences r*count.. of the batch hold; a rank
+  // reads only its own windows' tokens.
   void next(int64_t count, int32_t* inputs, int32_t* targets, int64_t part = 0, int64_t parts = 1);
   // Where the sampler is, as text (for checkpoints), and back: a restored sampler draws what the saved one
   // would have drawn next.
@@ -37,9 +79,10 @@ class Batcher {
   void restore(const std::string& state);
 
  private:
-  const std::vector<uint8_t>& data_;
+  Tokens data_;
   int64_t seq_;
   std::mt19937_64 rng_;
+  std::vector<int32_t> window_;  // seq+1 tokens
 };
 
 }  // namespace remat::train

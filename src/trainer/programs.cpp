@@ -46,9 +46,10 @@ std::string printable(const std::string& s) {
   return out;
 }
 
-std::string sample(const RunConfig& c, Runner& logits_program) {
+std::string sample(const RunConfig& c, const train::Tokenizer& tokenizer, Runner& logits_program) {
   const int64_t seq = c.shape.seq;
-  std::string text = c.sample_prompt.empty() ? "\n" : c.sample_prompt;
+  std::vector<int32_t> tokens = tokenizer.encode(c.sample_prompt.empty() ? "\n" : c.sample_prompt);
+  if (tokenizer.bos_id() >= 0) tokens.insert(tokens.begin(), tokenizer.bos_id());  // as documents start in training
   std::mt19937_64 rng(c.data_seed + 7);
   std::vector<int32_t> none(static_cast<size_t>(seq));  // a pipeline rank without the embedding: not read
   exec::Array* inputs = arg_if(logits_program.signature, logits_program.args, "inputs");
@@ -56,10 +57,10 @@ std::string sample(const RunConfig& c, Runner& logits_program) {
   const size_t logits_result = static_cast<size_t>(logits_program.signature.result("logits"));
   std::vector<double> w(static_cast<size_t>(c.model.vocab_size));
   for (int64_t n = 0; n < c.sample_length; ++n) {
-    int64_t start = std::max<int64_t>(0, static_cast<int64_t>(text.size()) - seq);
-    int64_t len = static_cast<int64_t>(text.size()) - start;
-    for (int64_t t = 0; t < seq; ++t)  // causal: bytes after the prompt's end do not affect its logits
-      window[t] = t < len ? static_cast<unsigned char>(text[static_cast<size_t>(start + t)]) : 0;
+    int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - seq);
+    int64_t len = static_cast<int64_t>(tokens.size()) - start;
+    for (int64_t t = 0; t < seq; ++t)  // causal: tokens after the prompt's end do not affect its logits
+      window[t] = t < len ? tokens[static_cast<size_t>(start + t)] : 0;
     const exec::Array& logits = logits_program.executable.run()[logits_result];
     const float* row = logits.data<float>() + (len - 1) * c.model.vocab_size;
     int next = 0;
@@ -70,9 +71,9 @@ std::string sample(const RunConfig& c, Runner& logits_program) {
       for (size_t v = 0; v < w.size(); ++v) w[v] = std::exp((row[v] - top) / c.sample_temperature);
       next = std::discrete_distribution<int>(w.begin(), w.end())(rng);
     }
-    text += static_cast<char>(next);
+    tokens.push_back(next);
   }
-  return text;
+  return tokenizer.decode(tokens);  // BOS and EOS decode to nothing
 }
 
 }  // namespace remat::trainer

@@ -69,7 +69,8 @@ class Evaluator {
 // byte as \xNN (a byte-level model samples control bytes too).
 std::string printable(const std::string& s);
 
-// Generates sample_length bytes after sample_prompt: one forward pass over the last `seq` bytes per new byte.
-std::string sample(const RunConfig& c, Runner& logits_program);
+// Generates sample_length tokens after sample_prompt (encoded by `tokenizer`, after its BOS where it has one):
+// one forward pass over the last `seq` tokens per new token. Returns the text, decoded by `tokenizer`.
+std::string sample(const RunConfig& c, const train::Tokenizer& tokenizer, Runner& logits_program);
 
 }  // namespace remat::trainer

@@ -69,8 +69,8 @@ bool speaks(const exec::Mesh& mesh) {
   return mesh.rank() == 0;
 }
 
-// CHECKs the loop's keys, then loads the data and says what it is.
-train::Dataset load_data(const RunConfig& c) {
+// CHECKs the loop's keys and that the tokenizer fits the model, then loads the data and says what it is.
+train::Dataset load_data(const RunConfig& c, const train::Tokenizer& tokenizer) {
   CHECK(c.steps > 0, "config key 'steps' must be positive, got {}", c.steps);
   CHECK(c.eval_interval > 0 && c.eval_steps > 0 && c.log_period > 0,
         "eval_interval ({}), eval_steps ({}) and log_period ({}) must be positive", c.eval_interval, c.eval_steps,
@@ -78,8 +78,15 @@ train::Dataset load_data(const RunConfig& c) {
   CHECK(c.checkpoint_period > 0 && c.max_checkpoints >= 0,
         "checkpoint_period ({}) must be positive and max_num_checkpoints_to_keep ({}) at least 0", c.checkpoint_period,
         c.max_checkpoints);
-  train::Dataset data = train::load_dataset(c.dataset_path, c.validation_fraction);
-  fmt::print("data: {}; {} train / {} validation bytes\n", data.description, data.train.size(), data.validation.size());
+  CHECK(c.tokenizer.type != "byte" || c.model.vocab_size >= tokenizer.vocab_size(),
+        "vocab_size is {} but the byte-level tokenizer has {} tokens: set vocab_size={} (or tokenizer_type=sentencepiece)",
+        c.model.vocab_size, tokenizer.vocab_size(), tokenizer.vocab_size());
+  CHECK(c.tokenizer.type == "byte" || tokenizer.vocab_size() == c.model.vocab_size,
+        "vocab_size is {} but the tokenizer '{}' has {} tokens: set vocab_size={}", c.model.vocab_size, c.tokenizer.path,
+        tokenizer.vocab_size(), tokenizer.vocab_size());
+  train::Dataset data = train::load_dataset(c.data, tokenizer, c.model.vocab_size);
+  fmt::print("data: {}; tokenizer {}; {} train / {} validation tokens\n", data.description, tokenizer.description(),
+             data.train.size(), data.validation.size());
   return data;
 }
 
@@ -131,6 +138,12 @@ struct Session {
   Update update(int64_t s, Profiler& profiler);
   // metrics.jsonl's row of an update.
   nlohmann::json row(const Update& u, const train::Progress& at);
+  // The validation loss into `result`: per token, and per byte where the data's bytes per token are known.
+  void evaluate(RunResult& result) {
+    result.validation_loss = evaluator.loss();
+    const double bytes = data.validation_bytes_per_token;
+    result.validation_loss_per_byte = bytes > 0 ? result.validation_loss / bytes : 0;
+  }
   // After the last update: the time, sampling, and the process's memory against the plans'.
   void finish(double seconds, const std::string& metrics_path, RunResult& result);
 
@@ -139,6 +152,7 @@ struct Session {
   const exec::Mesh mesh;
   const int64_t stage;   // this rank's coordinate along the pipeline (0 without one)
   const bool lead;       // rank 0
+  const train::Tokenizer tokenizer;
   const train::Dataset data;
   const int64_t baseline_rss;  // binary, libraries and data, before any compile
   Batcher batcher;
@@ -166,7 +180,8 @@ Session::Session(const RunConfig& config)
       mesh(mesh_axes(run_plan)),
       stage(run_plan.pipeline ? mesh.axis("stage").rank : 0),
       lead(speaks(mesh)),
-      data(load_data(c)),
+      tokenizer(c.tokenizer),
+      data(load_data(c, tokenizer)),
       baseline_rss(resident_bytes("VmRSS")),
       batcher(data.train, c.shape.seq, c.data_seed, "train"),
       step(compile_step(), nullptr, &mesh),
@@ -232,8 +247,10 @@ train::Progress Session::start_state(Batcher& sampler) {
     nn::init_params(c.model, c.init_seed, params, shard);
   if (c.optimizer.loss_scale.enabled) step.arg("loss_scale").set(0, c.optimizer.loss_scale.initial);
   if (train::hf::is_folder(c.load_parameters_path)) {  // a Hugging Face folder: whole parameters, a fresh optimizer
-    CHECK(!run_plan.pipeline && c.model.mesh.size("fsdp") == 1, "load_parameters_path '{}' is a Hugging Face folder: "
-          "it loads without pipeline stages or FSDP (ici_pipeline_parallelism=1, ici/dcn_fsdp_parallelism=1)",
+    CHECK(!run_plan.pipeline && c.model.mesh.size("fsdp") == 1 && c.model.mesh.size("tensor") == 1,
+          "load_parameters_path '{}' is a Hugging Face folder: it loads without pipeline stages, FSDP or tensor "
+          "parallelism (ici_pipeline_parallelism=1, ici/dcn_fsdp_parallelism=1, ici/dcn_tensor[_sequence]_parallelism=1); "
+          "convert it first (remat convert to=remat) and load the file on one process",
           c.load_parameters_path);
     checkpoints.restore(step.state(), train::hf::read_parameters(c.load_parameters_path, c.model), c.load_parameters_path,
                         train::Restore::parameters);
@@ -374,9 +391,10 @@ class Log {
     window_start_ = Clock::now();
     window_steps_ = 0;
   }
-  void evaluated(nlohmann::json& row, int64_t done, double validation_loss) {
-    fmt::print("eval  {:>5}/{} | validation loss {:.4f} nats/byte\n", done, c_.steps, validation_loss);
-    row["validation_loss"] = validation_loss;
+  void evaluated(nlohmann::json& row, int64_t done, const RunResult& r) {
+    fmt::print("eval  {:>5}/{} | validation loss {}\n", done, c_.steps, validation_loss_str(r));
+    row["validation_loss"] = r.validation_loss;
+    if (r.validation_loss_per_byte > 0) row["validation_loss_per_byte"] = r.validation_loss_per_byte;
     window_start_ = Clock::now();  // keep evaluation time out of tokens/s
   }
   void write(const nlohmann::json& row) {
@@ -429,7 +447,7 @@ void Session::finish(double seconds, const std::string& metrics_path, RunResult&
   // Under FSDP sampling gathers the weights, under tensor parallelism the logits, and under a pipeline it passes
   // the stages, so every rank samples (the same bytes); otherwise rank 0 alone.
   const bool together = c.model.mesh.size("fsdp") > 1 || c.model.mesh.size("tensor") > 1 || run_plan.pipeline;
-  const std::string text = lead || together ? sample(c, generator) : "";
+  const std::string text = lead || together ? sample(c, tokenizer, generator) : "";
   const int64_t planned = step.bytes() + evaluator.program().bytes() + generator.bytes();
   const int64_t peak = resident_bytes("VmHWM");
   // Everything the process holds beyond its baseline should be planned: the "unplanned" rest is what the
@@ -452,6 +470,11 @@ void Session::finish(double seconds, const std::string& metrics_path, RunResult&
 
 }  // namespace
 
+std::string validation_loss_str(const RunResult& r) {
+  return fmt::format("{:.4f} nats/token{}", r.validation_loss,
+                     r.validation_loss_per_byte > 0 ? fmt::format(", {:.4f} nats/byte", r.validation_loss_per_byte) : "");
+}
+
 RunResult run(const RunConfig& config) {
   Session s(config);
   const train::Progress resumed = s.start_state(s.batcher);
@@ -465,17 +488,16 @@ RunResult run(const RunConfig& config) {
     nlohmann::json row = s.row(u, at);
     log.updated(row, at.step, u);
     if (due(at.step, s.c.eval_interval, s.c.steps)) {
-      result.validation_loss = s.evaluator.loss();
-      log.evaluated(row, at.step, result.validation_loss);
+      s.evaluate(result);
+      log.evaluated(row, at.step, result);
     }
     log.write(row);
     if (s.c.enable_checkpointing && due(at.step, s.c.checkpoint_period, s.c.steps))
       s.checkpoints.save(s.step.state(), at, s.batcher);
   }
   if (resumed.step >= s.c.steps) {  // a finished run, resumed: nothing to train
-    result.validation_loss = s.evaluator.loss();
-    fmt::print("the run was complete at step {}; validation loss {:.4f} nats/byte\n", resumed.step,
-               result.validation_loss);
+    s.evaluate(result);
+    fmt::print("the run was complete at step {}; validation loss {}\n", resumed.step, validation_loss_str(result));
   }
   s.finish(log.seconds(), log.path(), result);
   return result;

@@ -22,14 +22,14 @@ struct RunConfig {
   int64_t steps = 600;                 // optimizer updates
   uint64_t init_seed = 0;              // parameter initialisation
   uint64_t data_seed = 0;              // batch sampling
-  std::string dataset_path;            // "" = the default corpus
-  double validation_fraction = 0.1;    // tail of each file held out
+  train::DataConfig data;              // dataset_type, dataset_path, eval_dataset_path, ... (train/data.h)
+  train::TokenizerConfig tokenizer;    // tokenizer_type, tokenizer_path (train/tokenizer.h)
   int64_t eval_interval = 100;         // validation every this many steps (and at the end)
   int64_t eval_steps = 8;              // validation batches per evaluation
   int64_t log_period = 25;             // progress line every this many steps
   std::string run_dir;                 // metrics.jsonl goes here
   std::string sample_prompt = "The ";  // generation at the end
-  int64_t sample_length = 200;         // bytes to generate
+  int64_t sample_length = 200;         // tokens to generate
   double sample_temperature = 0.0;     // 0 = greedy
   bool remat_allow_unmatched = false;  // policy names matching no checkpoint name: warn instead of fail
   bool fusion = true;                  // fuse elementwise chains into single kernels (compile::Request::fuse)
@@ -93,12 +93,16 @@ std::string mesh_text(const RunPlan& plan);
 
 struct RunResult {
   double train_loss = 0;       // last step's loss
-  double validation_loss = 0;  // final evaluation
+  double validation_loss = 0;  // final evaluation, nats per token
+  double validation_loss_per_byte = 0;  // the same per byte of text; 0 where the bytes per token are unknown
   int64_t peak_rss = 0;        // the process's peak resident bytes (VmHWM) at the end
   int64_t baseline_rss = 0;    // resident bytes before the first compile (binary, libraries, data)
   int64_t planned_bytes = 0;   // the programs' plans: owned arguments and arenas of step, evaluation, sampling
 };
 
 RunResult run(const RunConfig& config);
+
+// The validation loss as printed: "2.1234 nats/token", then ", 0.5678 nats/byte" where that is known.
+std::string validation_loss_str(const RunResult& r);
 
 }  // namespace remat::trainer

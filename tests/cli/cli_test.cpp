@@ -61,14 +61,14 @@ TEST(Cli, TrainPrintsProgressEvalSampleAndWritesMatchingMetrics) {
 // CHECK-NEXT: plan: arena
 // CHECK: train: 4 steps x 1 microbatch(es) x 2 sequences x 32 tokens = 64 tokens/step
 // CHECK: step     2/4 | loss {{[0-9]+\.[0-9]+}} | lr {{[0-9.]+e-0[0-9]}} | {{ *[0-9]+}} tok/s | {{ *[0-9.]+}} ms/step | ETA
-// CHECK-NEXT: eval      2/4 | validation loss {{[0-9]+\.[0-9]+}} nats/byte
+// CHECK-NEXT: eval      2/4 | validation loss {{[0-9]+\.[0-9]+}} nats/token, {{[0-9]+\.[0-9]+}} nats/byte
 // CHECK: step     4/4 | loss
 // CHECK-NEXT: eval      4/4 | validation loss
 // CHECK-NEXT: done in {{.*}}; metrics in {{.*}}metrics.jsonl; measured peak [[PEAK:[0-9.]+ [KMG]?i?B]] device (planned [[PEAK]])
 // CHECK-NEXT: process: peak RSS {{[0-9.]+ [KMG]?i?B}} = baseline {{[0-9.]+ [KMG]?i?B}} (before compiling) + planned {{[0-9.]+ [KMG]?i?B}} (step {{[0-9.]+ [KMG]?i?B}}, evaluation {{[0-9.]+ [KMG]?i?B}}, sampling {{[0-9.]+ [KMG]?i?B}}: arguments and arenas{{(, evaluation and sampling in the step's arenas)?}}) + unplanned {{-?[0-9.]+ [KMG]?i?B}}
 // CHECK-NEXT: sample (temperature 0.7, prompt "The "):
 // CHECK-NEXT: The
-// CHECK: final: train loss {{[0-9]+\.[0-9]+}}, validation loss {{[0-9]+\.[0-9]+}} nats/byte
+// CHECK: final: train loss {{[0-9]+\.[0-9]+}}, validation loss {{[0-9]+\.[0-9]+}} nats/token, {{[0-9]+\.[0-9]+}} nats/byte
 )",
                                        o.text),
             "");

@@ -160,7 +160,7 @@ struct Bound {
 };
 const Bound kBounds[] = {
     {"model", "nope", "has no preset 'nope'", "tiny"},
-    {"vocab_size", "255", "an integer >= 256", "256"},
+    {"vocab_size", "0", "an integer >= 1", "1"},  // the tokenizer's size is checked where it loads
     {"base_emb_dim", "0", "an integer >= 1", "1"},
     {"base_num_decoder_layers", "0", "an integer >= 1", "1"},
     {"base_num_query_heads", "0", "an integer >= 1", "4"},
@@ -217,8 +217,15 @@ const Bound kBounds[] = {
     {"adam_eps", "0", "a number > 0", "1e-30"},
     {"adam_weight_decay", "-0.1", "a number >= 0", "0"},
     {"gradient_clipping_threshold", "-1", "a number >= 0", "0"},
+    {"tokenizer_type", "tiktoken", "one of byte, sentencepiece", "byte"},
+    {"tokenizer_path", "", "", "any/file.model"},
+    {"tokenizer_algorithm", "wordpiece", "one of bpe, unigram", "unigram"},
+    {"dataset_type", "parquet", "one of text, jsonl, tokens", "jsonl"},
     {"dataset_path", "", "", "any/path"},
+    {"eval_dataset_path", "", "", "any/*.jsonl"},
+    {"train_data_columns", "", "", "content"},
     {"validation_fraction", "0", "a number in (0, 1)", "0.5"},
+    {"output_path", "", "", "any/folder"},
     {"init_weights_seed", "-1", "an integer", "18446744073709551615"},
     {"data_shuffle_seed", "x", "an integer", "0"},
     {"eval_interval", "0", "an integer >= 1", "1"},

@@ -1,4 +1,4 @@
-// The byte-level data pipeline: deterministic split and batches, and clear errors for bad input.
+// The data pipeline under the byte-level tokenizer: deterministic split and batches, and clear errors for bad input.
 #include "train/data.h"
 
 #include "base/check.h"
@@ -20,15 +20,29 @@ using testing_support::TempDir;
 
 using testing_support::error_of;
 
+// A text dataset under the byte-level tokenizer, each file's last tenth held out.
+Dataset load_dataset(const std::string& path, double validation_fraction) {
+  DataConfig config;
+  config.corpus.path = path;
+  config.validation_fraction = validation_fraction;
+  return train::load_dataset(config, Tokenizer({}), 256);
+}
+
+std::vector<int32_t> all(const Tokens& t) {
+  std::vector<int32_t> out(static_cast<size_t>(t.size()));
+  t.read(0, t.size(), out.data());
+  return out;
+}
+
 TEST(Data, SplitsEachFileAndBatchesDeterministically) {
   TempDir d;
   std::ofstream(d.path / "a.txt") << std::string(100, 'a');
   std::ofstream(d.path / "b.txt") << std::string(50, 'b');
   Dataset ds = load_dataset(d.path.string(), 0.1);
-  EXPECT_EQ(ds.train.size(), 90u + 45u);
-  EXPECT_EQ(ds.validation.size(), 10u + 5u);
-  EXPECT_EQ(ds.train.front(), 'a');
-  EXPECT_EQ(ds.train.back(), 'b');
+  EXPECT_EQ(ds.train.size(), 90 + 45);
+  EXPECT_EQ(ds.validation.size(), 10 + 5);
+  EXPECT_EQ(all(ds.train).front(), 'a');
+  EXPECT_EQ(all(ds.train).back(), 'b');
   std::vector<int32_t> in1(32), tg1(32), in2(32), tg2(32);
   Batcher(ds.train, 8, 3, "train").next(4, in1.data(), tg1.data());
   Batcher(ds.train, 8, 3, "train").next(4, in2.data(), tg2.data());
@@ -66,7 +80,7 @@ TEST(Data, DefaultCorpusIsTheDebianLicenses) {
   if (!fs::is_directory(kDefaultCorpus)) GTEST_SKIP() << kDefaultCorpus << " is absent on this machine";
   Dataset ds = load_dataset("", 0.1);
   EXPECT_NE(ds.description.find(kDefaultCorpus), std::string::npos);
-  EXPECT_GT(ds.train.size(), 100000u);
+  EXPECT_GT(ds.train.size(), 100000);
 }
 
 }  // namespace

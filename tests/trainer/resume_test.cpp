@@ -6,6 +6,7 @@
 #include "exec/exec.h"
 #include "support/command.h"
 #include "support/flip_a_bit.h"
+#include "support/remat_process.h"
 #include "support/temp_dir.h"
 #include "train/checkpoint.h"
 
@@ -33,7 +34,11 @@ namespace remat {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_support::finish;
 using testing_support::flip_a_bit;
+using testing_support::metrics;
+using testing_support::resumed_step;
+using testing_support::running;
 
 const std::vector<std::string> kArgs = {
     "train", "base_emb_dim=32", "base_num_decoder_layers=1", "base_num_query_heads=2", "base_num_kv_heads=2",
@@ -44,61 +49,12 @@ const std::vector<std::string> kArgs = {
 pid_t start(const fs::path& dir, const std::string& name, const fs::path& log = "/dev/null") {
   std::vector<std::string> args = kArgs;
   args.push_back("run_name=" + name);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    if (chdir(dir.c_str()) != 0) _exit(126);
-    const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(out, 1);
-    dup2(out, 2);
-    std::vector<char*> argv{const_cast<char*>(REMAT_BINARY)};
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(REMAT_BINARY, argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-// Whether the process is still running; one that ended stays unreaped (WNOWAIT) for finish to read its status.
-bool running(pid_t pid) {
-  siginfo_t info{};
-  return waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
-}
-
-int finish(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-// The step a run's output says it resumed from ("resumed from <file> (step N)"); 0 when it started afresh.
-int64_t resumed_step(const fs::path& log) {
-  std::ifstream in(log);
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  std::smatch m;
-  return std::regex_search(text, m, std::regex(R"(\nresumed from \S+ \(step ([0-9]+)\)\n)")) ? std::stoll(m[1].str()) : 0;
+  return testing_support::start_remat(dir, args, log);
 }
 
 // Whether `run`'s final checkpoint holds the same bytes in every tensor as `want`.
 void expect_same_state(const train::SafeTensors& want, const fs::path& run, const std::string& name) {
-  const train::SafeTensors got = train::read_safetensors(run / "checkpoints" / "24" / "state.safetensors");
-  ASSERT_EQ(got.tensors.size(), want.tensors.size());
-  for (const auto& [tensor, a] : want.tensors) {
-    const exec::Array& b = got.tensors.at(tensor);
-    ASSERT_EQ(a.type(), b.type());
-    EXPECT_EQ(std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())), 0) << name << ": " << tensor;
-  }
-}
-
-// (step, loss, grad_norm) of every row of a run's metrics.jsonl, exactly as written.
-std::vector<std::tuple<int64_t, double, double>> metrics(const fs::path& run) {
-  std::vector<std::tuple<int64_t, double, double>> rows;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json j = nlohmann::json::parse(line);
-    rows.emplace_back(j.at("step").get<int64_t>(), j.at("loss").get<double>(), j.at("grad_norm").get<double>());
-  }
-  return rows;
+  testing_support::expect_same_tensors(want, run / "checkpoints" / "24" / "state.safetensors", name);
 }
 
 TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
