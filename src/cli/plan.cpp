@@ -158,7 +158,9 @@ std::string plan_report(const Config& config, bool json, const std::string& time
                         : fsdp == 1   ? fmt::format(" per device, {} data-parallel ranks", devices)
                         : fsdp == devices ? fmt::format(" per device, {} FSDP ranks", devices)
                                           : fmt::format(" per device, {} ranks ({} data-parallel x {} FSDP)", devices, devices / fsdp, fsdp),
-                        tensor == 1 ? std::string() : fmt::format(", each {}", trainer::mesh_text(planned)),
+                        tensor == 1 ? std::string()
+                                    : fmt::format(", {} tensor-parallel ranks{}", tensor,
+                                                  planned.sequence_parallel ? " (sequence-parallel)" : ""),
                         run.model.remat_policy.written,
                         mp.compute == mp.param ? std::string()
                                                : fmt::format(", {} weights, {} compute, mp_cast {}", dtype_name(mp.param),
