@@ -4,7 +4,7 @@
 // "saved" (its JSON, bytes per step / layers) for t = 1, 2, 4, 8, without parallelism (t = 1), tensor parallel,
 // and tensor + sequence parallel, with remat none (everything_saveable: every residual the backward reads is
 // kept) and with the attention recomputed (minimal: the projections kept, the attention core, norms and
-// elementwise work rerun), in f32 and bf16 compute.
+// elementwise work rerun), in f32 and bf16 compute, for a small GQA model and for llama2-7b (s = 4096, b = 1, bf16).
 //
 // Notation: s sequence, b microbatch, h = D the model width (= a·Dh here), a = H query heads, k = KV heads, Dh head
 // width, F MLP width, t the tensor degree, e the compute dtype's bytes (4 f32, 2 bf16). The norms compute in f32
@@ -67,7 +67,12 @@ namespace {
 // split at t = 2, replicated (one per rank) at t = 4 and 8.
 struct Layer {
   int64_t s = 32, b = 2, h = 64, a = 8, k = 2, dh = 8, f = 128, layers = 2;
+  std::string model;  // a named model of these dimensions instead of the overrides
 };
+
+// llama2-7b at s = 4096, b = 1 (no GQA: a = k = 32, so t > k never occurs and k's repeat is the identity).
+const Layer kLlama2_7b{.s = 4096, .b = 1, .h = 4096, .a = 32, .k = 32, .dh = 128, .f = 11008, .layers = 32,
+                       .model = "llama2-7b"};
 
 struct Case {
   std::string policy;  // everything_saveable (remat none) or minimal (attention recomputed)
@@ -93,13 +98,18 @@ double expected_saved_per_layer(const Layer& l, const Case& c) {
 
 double explained_saved_per_layer(const Layer& l, const Case& c) {
   std::vector<std::string> overrides = {
-      fmt::format("base_emb_dim={}", l.h),          fmt::format("base_num_decoder_layers={}", l.layers),
-      fmt::format("base_num_query_heads={}", l.a),  fmt::format("base_num_kv_heads={}", l.k),
-      fmt::format("head_dim={}", l.dh),             fmt::format("base_mlp_dim={}", l.f),
       fmt::format("per_device_batch_size={}", l.b), fmt::format("max_target_length={}", l.s),
-      "vocab_size=256",                             fmt::format("remat_policy={}", c.policy),
-      c.e == 2 ? "dtype=bfloat16" : "dtype=float32",
+      fmt::format("remat_policy={}", c.policy), c.e == 2 ? "dtype=bfloat16" : "dtype=float32",
       fmt::format("{}={}", c.sequence_parallel ? "ici_tensor_sequence_parallelism" : "ici_tensor_parallelism", c.t)};
+  const std::vector<std::string> dimensions =
+      !l.model.empty() ? std::vector<std::string>{"model=" + l.model}
+                       : std::vector<std::string>{fmt::format("base_emb_dim={}", l.h),
+                                                  fmt::format("base_num_decoder_layers={}", l.layers),
+                                                  fmt::format("base_num_query_heads={}", l.a),
+                                                  fmt::format("base_num_kv_heads={}", l.k),
+                                                  fmt::format("head_dim={}", l.dh), fmt::format("base_mlp_dim={}", l.f),
+                                                  "vocab_size=256"};
+  overrides.insert(overrides.begin(), dimensions.begin(), dimensions.end());  // the model first: the rest override it
   const nlohmann::json j = nlohmann::json::parse(cli::explain_report(cli::load_config("", overrides), true));
   return j["bytes_per_step"]["saved"].get<double>() / static_cast<double>(l.layers);  // scanned: one region
 }
@@ -110,6 +120,9 @@ TEST_P(Table2, ExplainSavesTheDerivedBytesPerLayerPerDevice) {
   const auto [policy, t, sequence_parallel, e] = GetParam();
   const Case c{policy, t, sequence_parallel, e};
   EXPECT_EQ(explained_saved_per_layer(Layer{}, c), expected_saved_per_layer(Layer{}, c));
+  if (e == 2) {  // the realistic shape in its training dtype
+    EXPECT_EQ(explained_saved_per_layer(kLlama2_7b, c), expected_saved_per_layer(kLlama2_7b, c));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(PoliciesDegreesLayoutsDtypes, Table2,
