@@ -13,8 +13,10 @@ std::string explain_report(const Config& config, bool json) {
   // alike, per layer as without a pipeline.
   std::optional<parallel::Schedule> pipeline;
   if (run.ici_pipeline_parallelism > 1) pipeline = trainer::pipeline_schedule(run);
+  // One device's model (its tensor shards, its collectives), as `remat plan` compiles it.
+  const nn::ModelConfig model = trainer::device_model(run, trainer::plan_run(run, 0));
   compile::Compiled grads = compile::compile(
-      {.model = run.model, .shape = pipeline ? trainer::pipeline_step_shape(run, *pipeline) : run.shape,
+      {.model = model, .shape = pipeline ? trainer::pipeline_step_shape(run, *pipeline) : run.shape,
        .optimizer = run.optimizer, .kind = pipeline ? compile::Kind::train_step : compile::Kind::grads,
        .allow_unmatched = run.remat_allow_unmatched, .pipeline = pipeline ? &*pipeline : nullptr,
        .fuse = run.fusion, .dump_ir_after = run.dump_ir_after});
