@@ -547,27 +547,6 @@ Tensor trace_loss(Builder& b, const ModelConfig& c, std::span<const Tensor> para
   return cross_entropy(b, whole, *logits_out, targets);
 }
 
-std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& part) {
-  CHECK(part.num_layers >= 1 && part.first_layer >= 0 && part.first_layer + part.num_layers <= c.num_decoder_layers,
-        "a stage of layers [{}, {}) does not fit a model of {} layers", part.first_layer,
-        part.first_layer + part.num_layers, c.num_decoder_layers);
-  CHECK(!c.logits_via_embedding || (part.embedding == part.head),
-        "logits_via_embedding=true ties the output projection to the embedding, which pipeline stages would hold on "
-        "two ranks: set logits_via_embedding=false to train with a pipeline");
-  const std::vector<ParamSpec> specs = param_specs(c);
-  const size_t norm_at = head_at(c).norm;
-  std::vector<ParamSpec> out;
-  if (part.embedding) out.push_back(specs[0]);
-  for (size_t i = 1; i < norm_at; ++i) {
-    ParamSpec s = specs[i];
-    s.type.shape[0] = part.num_layers;
-    out.push_back(s);
-  }
-  if (part.head)
-    for (size_t i = norm_at; i < specs.size(); ++i) out.push_back(specs[i]);
-  return out;
-}
-
 Tensor trace_stage(Builder& b, const ModelConfig& c, const StagePart& part, std::span<const Tensor> params, Tensor in,
                    std::optional<Tensor> targets) {
   ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});

@@ -169,6 +169,29 @@ int64_t param_count(const ModelConfig& c) {
   return n;
 }
 
+std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& part) {
+  CHECK(part.num_layers >= 1 && part.first_layer >= 0 && part.first_layer + part.num_layers <= c.num_decoder_layers,
+        "a stage of layers [{}, {}) does not fit a model of {} layers", part.first_layer,
+        part.first_layer + part.num_layers, c.num_decoder_layers);
+  CHECK(!c.logits_via_embedding || (part.embedding == part.head),
+        "logits_via_embedding=true ties the output projection to the embedding, which pipeline stages would hold on "
+        "two ranks: set logits_via_embedding=false to train with a pipeline");
+  const std::vector<ParamSpec> specs = param_specs(c);
+  // The stacked layer parameters follow the embedding; the head's (final norm, output kernel) follow them.
+  size_t norm_at = 1;
+  while (norm_at < specs.size() && !specs[norm_at].axes.empty() && specs[norm_at].axes[0] == "layers") ++norm_at;
+  std::vector<ParamSpec> out;
+  if (part.embedding) out.push_back(specs[0]);
+  for (size_t i = 1; i < norm_at; ++i) {
+    ParamSpec s = specs[i];
+    s.type.shape[0] = part.num_layers;
+    out.push_back(s);
+  }
+  if (part.head)
+    for (size_t i = norm_at; i < specs.size(); ++i) out.push_back(specs[i]);
+  return out;
+}
+
 namespace {
 // The fused kernels and the unfused ones stacked in them along axis 2, in order: qkv_proj [L, D, H | KV | KV,
 // Dh] and wi [L, D, 2, F] (wi_0 then wi_1).

@@ -1,6 +1,7 @@
 #include "train/step.h"
 
 #include "autodiff/autodiff.h"
+#include "train/grad_norm.h"
 
 #include <fmt/format.h>
 
@@ -147,75 +148,6 @@ void result_updating(Builder& b, ir::Signature& sig, Tensor x, const std::string
   sig.results.push_back({arg, sig.args[static_cast<size_t>(a)].role, a});
 }
 
-Tensor sum_all(Tensor x) {
-  IntList axes(static_cast<size_t>(x.rank()));
-  for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int64_t>(i);
-  return axes.empty() ? x : reduce_sum(x, axes);
-}
-
-// A gradient and where its parameter lies in the whole model: index `param` of nn::param_specs, and for a stacked
-// layer parameter the layer of its first row (a pipeline stage holds a block of the layers).
-struct GradPart {
-  Tensor grad;
-  size_t param;
-  int64_t first_layer = 0;
-};
-
-// The sum of every gradient's squares, the same bits however the parameters are split — FSDP shards along
-// embed, pipeline stages along layers: each parameter's squares summed over every dimension but those two
-// (each of those sums reads the same elements in the same order either way), the FSDP shards' partial sums
-// gathered, a stage's rows put in their place among zeros and the places summed over the `stage` axis (one
-// rank holds each row, and adding zero to a sum of squares is exact), then summed; parameter by parameter in
-// the model's order. A tensor-parallel block's sums are summed over `tensor` (in rank order: the same bits on
-// every rank, not those of one device). `parts` are this rank's gradients, divided by `loss_scale` where given
-// (as they are read).
-Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const GradPart> parts, int64_t stages,
-                    std::optional<Tensor> loss_scale) {
-  const std::vector<nn::ParamSpec> specs = nn::param_specs(model);
-  const int64_t fsdp = model.mesh.size("fsdp");
-  Tensor sq = scalar(b, DType::f32, 0.0);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const nn::ParamSpec& spec = specs[i];
-    IntList others;
-    Shape whole;  // of the partial sums: the layers and embed dimensions of the whole parameter
-    int64_t embed = -1;
-    for (size_t d = 0; d < spec.axes.size(); ++d) {
-      if (spec.axes[d] != "layers" && spec.axes[d] != "embed") {
-        others.push_back(static_cast<int64_t>(d));
-        continue;
-      }
-      if (spec.axes[d] == "embed") embed = static_cast<int64_t>(whole.size());
-      whole.push_back(spec.whole_type().shape[d]);
-    }
-    ASSERT(spec.shards == 1 || embed >= 0);
-    const bool stacked = !spec.axes.empty() && spec.axes[0] == "layers";
-    std::optional<Tensor> total;
-    for (const GradPart& part : parts) {
-      if (part.param != i) continue;
-      Tensor partial = sum_of_squares(part.grad, others, loss_scale);
-      if (spec.shards > 1) {
-        ASSERT(spec.shards == fsdp);
-        partial = all_gather(partial, "fsdp", fsdp, embed);
-      }
-      if (stacked && partial.dim(0) != whole[0]) {  // a block of the layers: zeros around it
-        Shape before = whole, after = whole;
-        before[0] = part.first_layer;
-        after[0] = whole[0] - part.first_layer - partial.dim(0);
-        std::vector<Tensor> rows;
-        if (before[0] > 0) rows.push_back(full(b, {spec.type.dtype, before}, 0.0));
-        rows.push_back(partial);
-        if (after[0] > 0) rows.push_back(full(b, {spec.type.dtype, after}, 0.0));
-        partial = concatenate(rows, 0);
-      }
-      total = total ? *total + partial : partial;
-    }
-    if (!total) total = full(b, {spec.type.dtype, whole}, 0.0);
-    if (spec.tensor_shards > 1) total = all_reduce(*total, "tensor", spec.tensor_shards);
-    if (stages > 1) total = all_reduce(*total, "stage", stages);
-    sq = sq + sum_all(*total);
-  }
-  return sq;
-}
 
 }  // namespace
 
