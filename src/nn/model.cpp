@@ -547,6 +547,10 @@ Tensor trace_loss(Builder& b, const ModelConfig& c, std::span<const Tensor> para
   return cross_entropy(b, whole, *logits_out, targets);
 }
 
+ir::Type stage_activation(const ModelConfig& c, int64_t batch, int64_t seq) {
+  return {c.precision.compute, {batch, c.sequence_parallel ? seq / tp::degree(c) : seq, c.emb_dim}};
+}
+
 Tensor trace_stage(Builder& b, const ModelConfig& c, const StagePart& part, std::span<const Tensor> params, Tensor in,
                    std::optional<Tensor> targets) {
   ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});

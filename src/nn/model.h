@@ -167,6 +167,10 @@ ir::Tensor trace_loss(ir::Builder& b, const ModelConfig& c, std::span<const ir::
 // projection (logits_via_embedding) on a stage without the embedding is refused.
 std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& part);
 
+// The activation one pipeline stage hands the next for B sequences of T tokens: [B,T,D] in the compute dtype,
+// or under sequence parallelism the rank's [B,T/t,D] slice.
+ir::Type stage_activation(const ModelConfig& c, int64_t batch, int64_t seq);
+
 // Traces the stage: from inputs i32[B,T] (with the embedding) or the activation [B,T,D] the previous stage
 // sent, to the activation the next stage takes, or (with the head) the mean loss given targets, else the logits.
 ir::Tensor trace_stage(ir::Builder& b, const ModelConfig& c, const StagePart& part, std::span<const ir::Tensor> params,

@@ -329,7 +329,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   }
   const bool first = chunks.front().part.embedding, last = chunks.back().part.head;
   StepInputs in = declare(b, prog.signature, declared, shape, true, o.loss_scale.enabled, first, last);
-  const Type activation{model.precision.compute, {shape.batch, shape.seq, model.emb_dim}};
+  const Type activation = nn::stage_activation(model, shape.batch, shape.seq);
   auto microbatch = [&](Tensor tokens, int64_t c) {
     return reshape(slice(tokens, {c, 0, 0}, {c + 1, shape.batch, shape.seq}), {shape.batch, shape.seq});
   };
@@ -443,7 +443,7 @@ parallel::Costs chunk_costs(const nn::ModelConfig& model, const parallel::Pipeli
   std::vector<Tensor> params;
   std::vector<ValueId> wrt;
   for (const nn::ParamSpec& s : nn::stage_param_specs(model, part)) params.push_back(b.param(s.path, s.type));
-  Tensor x = b.param("x", {model.precision.compute, {batch, seq, model.emb_dim}});
+  Tensor x = b.param("x", nn::stage_activation(model, batch, seq));
   wrt.push_back(x.id);
   for (Tensor t : params) wrt.push_back(t.id);
   Tensor y = nn::trace_stage(b, model, part, params, x, std::nullopt);
@@ -471,7 +471,7 @@ Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, in
     for (const nn::ParamSpec& s : nn::stage_param_specs(model, part)) declared.push_back({pipeline_arg_name(s, part), s.type});
   const bool first = parts.front().embedding, last = parts.back().head;
   StepInputs in = declare(b, prog.signature, declared, {batch, seq, 1}, false, false, first, last && !logits);
-  const Type activation{model.precision.compute, {batch, seq, model.emb_dim}};
+  const Type activation = nn::stage_activation(model, batch, seq);
   // The virtual stages one after another: this rank's run when they come, receiving from the one before and
   // sending to the one after (a chain: no rank waits for one that waits for it).
   Tensor x, out;

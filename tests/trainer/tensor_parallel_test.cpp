@@ -94,10 +94,12 @@ INSTANTIATE_TEST_SUITE_P(
         {"tensor2_sequence"})),
     [](const ::testing::TestParamInfo<Launch>& i) { return std::string(i.param.name); });
 
-// 2 data-parallel (or FSDP) x 2 tensor ranks: bit-identical to 2 tensor ranks accumulating the 2 microbatches.
+// 2 data-parallel (or FSDP) ranks, or 2 pipeline stages, x 2 tensor ranks: bit-identical to 2 tensor ranks
+// accumulating the 2 microbatches.
 struct Beside {
   const char* name;
-  const char* args;
+  const char* args;    // both runs'
+  const char* beside;  // the 4-rank run's: what replaces the accumulation
 };
 
 void PrintTo(const Beside& l, std::ostream* os) { *os << l.name; }
@@ -111,7 +113,8 @@ TEST_P(TensorBeside, DataRanksAreBitIdenticalToTensorRanksAccumulating) {
   const testing_support::Output want_run =
       train(dir.path, testing_support::mpirun(2), fmt::format("run_name=want gradient_accumulation_steps=2 {}", l.args));
   ASSERT_EQ(want_run.status, 0) << want_run.text;
-  const testing_support::Output got_run = train(dir.path, testing_support::mpirun(4), fmt::format("run_name=got {}", l.args));
+  const testing_support::Output got_run =
+      train(dir.path, testing_support::mpirun(4), fmt::format("run_name=got {} {}", l.args, l.beside));
   ASSERT_EQ(got_run.status, 0) << got_run.text;
   const std::vector<MetricsRow> want = run_metrics(dir.path / "runs" / "want");
   ASSERT_EQ(want.size(), 20u);
@@ -122,8 +125,10 @@ TEST_P(TensorBeside, DataRanksAreBitIdenticalToTensorRanksAccumulating) {
 INSTANTIATE_TEST_SUITE_P(
     Meshes, TensorBeside,
     ::testing::ValuesIn(testing_support::sanitizer_subset(
-        std::vector<Beside>{Beside{"data2_tensor2", "ici_tensor_parallelism=2"},
-                            Beside{"fsdp2_tensor2_sequence", "ici_tensor_sequence_parallelism=2 ici_fsdp_parallelism=-1 dcn_data_parallelism=1"}},
+        std::vector<Beside>{Beside{"data2_tensor2", "ici_tensor_parallelism=2", ""},
+                            Beside{"fsdp2_tensor2_sequence", "ici_tensor_sequence_parallelism=2 ici_fsdp_parallelism=-1 dcn_data_parallelism=1", ""},
+                            Beside{"stage2_tensor2_sequence", "ici_tensor_sequence_parallelism=2 logits_via_embedding=false",
+                                   "ici_pipeline_parallelism=2 pipeline_schedule=1f1b"}},
         {"fsdp2_tensor2_sequence"})),
     [](const ::testing::TestParamInfo<Beside>& i) { return std::string(i.param.name); });
 
