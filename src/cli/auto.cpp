@@ -18,11 +18,14 @@ SearchInputs search_inputs(const Config& config, const char* what) {
         "placement; search one stage's layers without the pipeline and paste the custom(...) it prints",
         what, run.ici_pipeline_parallelism);
   const nn::ModelConfig model = trainer::device_model(run, trainer::plan_run(run, 0));  // one device's
-  const double bandwidth = config.host_bandwidth.empty() ? 0 : static_cast<double>(plan::parse_bytes(config.host_bandwidth, "host_bandwidth"));
+  auto rate = [](const std::string& text, const char* key) {
+    return text.empty() ? 0.0 : static_cast<double>(plan::parse_bytes(text, key));
+  };
   return {.request = {.model = model, .shape = run.shape, .optimizer = run.optimizer, .fuse = run.fusion},
           .limits = {.device = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit"),
                      .host = config.host_limit.empty() ? 0 : plan::parse_bytes(config.host_limit, "host_limit")},
-          .rates = search::measure(run.model.precision.compute, bandwidth)};
+          .rates = search::measure(run.model.precision.compute, rate(config.host_bandwidth, "host_bandwidth"),
+                                   rate(config.ici_bandwidth, "ici_bandwidth"))};
 }
 
 std::optional<search::Result> resolve_auto(Config& config, bool print) {

@@ -188,6 +188,7 @@ const std::vector<Key>& keys() {
       bind<std::string>("hbm_limit", [](Config& c) -> std::string& { return c.hbm_limit; }),
       bind<std::string>("host_limit", [](Config& c) -> std::string& { return c.host_limit; }),
       bind<std::string>("host_bandwidth", [](Config& c) -> std::string& { return c.host_bandwidth; }),
+      bind<std::string>("ici_bandwidth", [](Config& c) -> std::string& { return c.ici_bandwidth; }),
       bind<bool>("enable_profiler", [](Config& c) -> bool& { return c.run.enable_profiler; }),
       bind<int64_t>("skip_first_n_steps_for_profiler",
                     [](Config& c) -> int64_t& { return c.run.skip_first_n_steps_for_profiler; }, at_least(0)),

@@ -24,6 +24,7 @@ struct Config {
   std::string hbm_limit;                      // device memory for `remat plan` ("16GiB"); "" = no limit
   std::string host_limit;                     // host memory for offloaded residuals (remat_policy=auto); "" = no limit
   std::string host_bandwidth;                 // bytes/s of offload copies for auto's cost ("25GB"); "" = measured
+  std::string ici_bandwidth;                  // bytes/s a device sends in collectives, for auto's cost; "" = measured
   bool search_layers_per_group = false;       // `--layers-per-group` (remat_policy=auto): the group size searched too
   std::string mp_policy;                      // jmp grammar; "" = params=weight_dtype, compute=output=dtype
   std::string dtype = "float32";              // MaxText's activation/compute dtype

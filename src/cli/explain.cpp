@@ -1,6 +1,8 @@
 #include "cli/commands.h"
 #include "cli/config.h"
 
+#include "plan/report.h"
+
 #include <fmt/format.h>
 
 #include <optional>
@@ -22,8 +24,10 @@ std::string explain_report(const Config& config, bool json) {
        .fuse = run.fusion, .dump_ir_after = run.dump_ir_after});
   const std::vector<std::string>& warnings = grads.warnings;
   const rematerialize::Explanation& e = grads.explanation;
+  const ir::CommunicationTable communication = ir::communication(grads.program);
   if (json) {
     nlohmann::json out = e.json();
+    out["communication"] = plan::communication_json(communication);
     out["model"] = config.model;
     out["remat_policy"] = run.model.remat_policy.written;
     out["warnings"] = warnings;
@@ -45,7 +49,12 @@ std::string explain_report(const Config& config, bool json) {
              pipeline ? trainer::pipeline_step_shape(run, *pipeline).batch : run.shape.batch, run.shape.seq,
              run.model.remat_policy.written);
   if (e.residuals.empty()) text += "no remat regions (remat_policy none): the backward keeps every residual\n";
-  return text + e.text();
+  text += e.text();
+  if (!communication.empty())
+    text += "communication of this program per step (one device: count, operand bytes, bytes it sends; what "
+            "recomputation runs again):\n" +
+            plan::communication_text(communication, "  ");
+  return text;
 }
 
 int run_explain(const Config& given, bool json) {

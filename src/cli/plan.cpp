@@ -62,6 +62,7 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
   std::string table = fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>9}  {}\n", "rank", "total",
                                   "parameters", "optimizer", "arena", "live peak", "sent", "bubble",
                                   "most microbatches stashed at once");
+  std::string communication;
   bool every_rank_fits = true;
   for (int64_t r = 0; r < s.shape.stages; ++r) {
     const compile::Compiled step = compile::compile({.model = model, .shape = shape, .optimizer = run.optimizer,
@@ -75,11 +76,12 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
     const int64_t stashed = most_stashed(step.plan, step.program);
     const size_t rank = static_cast<size_t>(r);
     auto str = [](int64_t b) { return plan::bytes_str(static_cast<double>(b)); };
-    const auto send = rep.communication.find(ir::Op::send);  // messages to the neighbouring stages
+    const double sent = ir::communication_of(rep.communication, ir::Op::send).all.sent;  // to the neighbouring stages
     table += fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>8.1f}%  {}\n", r, str(rep.total),
                          str(rep.parameters), str(rep.optimizer_state), str(rep.temporaries), str(rep.lower_bound),
-                         str(send == rep.communication.end() ? 0 : static_cast<int64_t>(send->second.sent)),
+                         str(static_cast<int64_t>(sent)),
                          100 * t.bubble(rank), stashed);
+    communication += fmt::format("rank {}:\n{}", r, plan::communication_text(rep.communication, "  "));
     nlohmann::json j = rep.json();
     j["rank"] = r;
     j["bubble"] = t.bubble(rank);
@@ -104,7 +106,9 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
                      model.mesh.ranks() > 1 ? fmt::format(" per replica; {} ranks ({}) of each stage", model.mesh.ranks(), trainer::mesh_text(planned)) : "",
                      run.model.remat_policy.written) +
          parallel::grid(s, t) + "\nEach rank's plan (its own program: the stage's parameters and moments, the arena of its actions in order):\n" +
-         table + (limit > 0 ? fmt::format("hbm_limit {} per device: {}\n", plan::bytes_str(static_cast<double>(limit)),
+         table +
+         "\nEach rank's communication per step (count, operand bytes, bytes it sends; what recomputation runs again):\n" +
+         communication + (limit > 0 ? fmt::format("hbm_limit {} per device: {}\n", plan::bytes_str(static_cast<double>(limit)),
                                          every_rank_fits ? "every rank fits" : "some rank does not fit")
                             : "");
 }

@@ -45,37 +45,45 @@ double flops(const Graph& g, const Node& n) {
 
 namespace {
 
-void add_communication(const Graph& g, double trips, std::map<Op, Communication>& out) {
+void add_communication(const Graph& g, double trips, bool recomputed, CommunicationTable& out) {
   for (const Node& n : g.nodes) {
-    if (n.body) add_communication(*n.body, trips * (n.op == Op::scan ? static_cast<double>(scan_attrs(n.attrs).length) : 1.0), out);
-    if (n.op == Op::send || n.op == Op::recv) {  // a message: its bytes, sent by the sender only
-      const double bytes = static_cast<double>(g.type(n.outputs[0]).bytes()) * trips;
-      Communication& c = out[n.op];
-      c.count += static_cast<int64_t>(trips);
-      c.bytes += bytes;
-      if (n.op == Op::send) c.sent += bytes;
-      continue;
+    if (n.body)
+      add_communication(*n.body, trips * (n.op == Op::scan ? static_cast<double>(scan_attrs(n.attrs).length) : 1.0),
+                        recomputed || n.recomputed, out);
+    const bool message = n.op == Op::send || n.op == Op::recv;
+    if (!message && op_traits(n.op).cls != OpClass::collective) continue;
+    Communication c{.count = static_cast<int64_t>(trips)};
+    if (message) {  // its bytes, sent by the sender only
+      c.bytes = static_cast<double>(g.type(n.outputs[0]).bytes()) * trips;
+      c.sent = n.op == Op::send ? c.bytes : 0;
+    } else {
+      const Type& operand = g.type(n.inputs[0]);
+      const double ranks = static_cast<double>(n.attrs.integer("ranks"));
+      const double parts = n.attrs.has("parts") ? static_cast<double>(n.attrs.integer("parts")) : ranks;
+      const DType wire = n.op == Op::all_gather ? g.type(n.outputs[0]).dtype : operand.dtype;  // cast before the gather
+      c.bytes = trips * static_cast<double>(operand.num_elements() * dtype_size(wire));
+      const double share = n.op == Op::all_reduce ? 2 * (ranks - 1) / ranks : n.op == Op::reduce_scatter ? (ranks - 1) / parts : parts - 1;
+      c.sent = share * c.bytes;
     }
-    if (op_traits(n.op).cls != OpClass::collective) continue;
-    const Type& operand = g.type(n.inputs[0]);
-    const double ranks = static_cast<double>(n.attrs.integer("ranks"));
-    const double parts = n.attrs.has("parts") ? static_cast<double>(n.attrs.integer("parts")) : ranks;
-    const DType wire = n.op == Op::all_gather ? g.type(n.outputs[0]).dtype : operand.dtype;  // cast before the gather
-    const double bytes = static_cast<double>(operand.num_elements() * dtype_size(wire));
-    Communication& c = out[n.op];
-    c.count += static_cast<int64_t>(trips);
-    c.bytes += trips * bytes;
-    const double share = n.op == Op::all_reduce ? 2 * (ranks - 1) / ranks : n.op == Op::reduce_scatter ? (ranks - 1) / parts : parts - 1;
-    c.sent += trips * share * bytes;
+    CommunicationTotals& row = out[{n.attrs.str("axis"), n.op}];
+    row.all += c;
+    if (recomputed || n.recomputed) row.recomputed += c;  // a recomputed region's body runs again whole
   }
 }
 
 }  // namespace
 
-std::map<Op, Communication> communication(const Graph& g) {
-  std::map<Op, Communication> out;
-  add_communication(g, 1, out);
+CommunicationTable communication(const Graph& g) {
+  CommunicationTable out;
+  add_communication(g, 1, false, out);
   return out;
+}
+
+CommunicationTotals communication_of(const CommunicationTable& t, Op op) {
+  CommunicationTotals sum;
+  for (const auto& [kind, row] : t)
+    if (kind.op == op) sum.all += row.all, sum.recomputed += row.recomputed;
+  return sum;
 }
 
 double flops(const Graph& g) {

@@ -6,6 +6,7 @@
 #include "ir/graph.h"
 
 #include <map>
+#include <string>
 
 namespace remat::ir {
 
@@ -21,7 +22,29 @@ struct Communication {
                       // op has `parts`): all_reduce 2 (N-1)/N b, reduce_scatter (N-1)/P b (a block to every
                       // other rank), all_gather (P-1) b (its shard to the other ranks of its last axis); send b,
                       // recv 0 (it receives b)
+  Communication& operator+=(const Communication& o) {
+    count += o.count, bytes += o.bytes, sent += o.sent;
+    return *this;
+  }
 };
-std::map<Op, Communication> communication(const Graph& g);
+
+// One kind of collective over one group of mesh axes (its `axis` attribute: "tensor", "fsdp", "data,fsdp",
+// "stage").
+struct CommunicationKind {
+  std::string axis;
+  Op op;
+  auto operator<=>(const CommunicationKind&) const = default;
+};
+
+// All of a kind, and the part of it that recomputation runs again (nodes marked recomputed, or inside a
+// recomputed region or scan).
+struct CommunicationTotals {
+  Communication all, recomputed;
+};
+using CommunicationTable = std::map<CommunicationKind, CommunicationTotals>;
+
+CommunicationTable communication(const Graph& g);
+// The table's rows of one op, every axis together.
+CommunicationTotals communication_of(const CommunicationTable& t, Op op);
 
 }  // namespace remat::ir

@@ -218,9 +218,8 @@ std::string Report::text() const {
   out += fmt::format("Host memory (offloaded residuals): {}\n", bytes_str(static_cast<double>(host)));
   out += fmt::format("FLOPs per step: forward {:.4g} G, backward and update {:.4g} G, recompute {:.4g} G\n",
                      options.forward_flops / 1e9, options.backward_flops / 1e9, options.recompute_flops / 1e9);
-  for (const auto& [op, c] : communication)
-    out += fmt::format("Communication per step: {} x{}, {} of operands, {} sent by each device\n", ir::op_name(op), c.count,
-                       bytes_str(c.bytes), bytes_str(c.sent));
+  out += "Communication per step (count, operand bytes, bytes each device sends; what recomputation runs again):\n" +
+         communication_text(communication, "  ");
   out += fmt::format("Largest program allocations ({}):\n", largest.size());
   for (size_t i = 0; i < largest.size(); ++i) {
     const Allocation& a = largest[i];
@@ -246,9 +245,6 @@ nlohmann::json Report::json() const {
     largest_rows.push_back({{"bytes", a.bytes}, {"op", a.op}, {"scope", a.scope}, {"name", a.name}, {"shape", a.shape},
                             {"dtype", a.dtype}, {"live", {a.start, a.end}},
                             {"space", a.space == Space::host ? "host" : "device"}});
-  nlohmann::json communication_rows = nlohmann::json::object();
-  for (const auto& [op, c] : communication)
-    communication_rows[std::string(ir::op_name(op))] = {{"count", c.count}, {"bytes", c.bytes}, {"sent", c.sent}};
   return {{"title", options.title},
           {"total", total},
           {"limit", options.limit},
@@ -259,9 +255,44 @@ nlohmann::json Report::json() const {
           {"lower_bound", lower_bound},
           {"host", host},
           {"flops", {{"forward", options.forward_flops}, {"backward", options.backward_flops}, {"recompute", options.recompute_flops}}},
-          {"communication", communication_rows},
+          {"communication", communication_json(communication)},
           {"peak", peak_json()},
           {"largest", largest_rows}};
+}
+
+namespace {
+
+nlohmann::json communication_row(const ir::CommunicationTotals& c) {
+  auto one = [](const ir::Communication& x) { return nlohmann::json{{"count", x.count}, {"bytes", x.bytes}, {"sent", x.sent}}; };
+  nlohmann::json j = one(c.all);
+  j["recomputed"] = one(c.recomputed);
+  return j;
+}
+
+}  // namespace
+
+std::string communication_text(const ir::CommunicationTable& t, const std::string& indent) {
+  if (t.empty()) return indent + "none\n";
+  std::string out;
+  for (const auto& [kind, c] : t) {
+    out += fmt::format("{}{:<10} {:<15} x{:<6} {:>11} {:>11} sent", indent, kind.axis, ir::op_name(kind.op), c.all.count,
+                       bytes_str(c.all.bytes), bytes_str(c.all.sent));
+    if (c.recomputed.count > 0)
+      out += fmt::format("   recomputed x{} {} ({} sent)", c.recomputed.count, bytes_str(c.recomputed.bytes),
+                         bytes_str(c.recomputed.sent));
+    out += "\n";
+  }
+  return out;
+}
+
+nlohmann::json communication_json(const ir::CommunicationTable& t) {
+  nlohmann::json by_op = nlohmann::json::object(), by_axis = nlohmann::json::object();
+  for (const auto& [kind, c] : t) {
+    by_axis[kind.axis][std::string(ir::op_name(kind.op))] = communication_row(c);
+    if (!by_op.contains(ir::op_name(kind.op)))
+      by_op[std::string(ir::op_name(kind.op))] = communication_row(ir::communication_of(t, kind.op));
+  }
+  return {{"by_op", by_op}, {"by_axis", by_axis}};
 }
 
 std::string svg_begin(double width, double height, double title_x, double title_y, const std::string& title) {

@@ -42,7 +42,7 @@ struct Report {
   int64_t host = 0;               // the host arena (offloaded residuals)
   int64_t total = 0;              // device: arguments + arena
   std::vector<Allocation> largest;
-  std::map<ir::Op, ir::Communication> communication;  // per step, one device's collectives by kind
+  ir::CommunicationTable communication;  // per step, one device's collectives by axis and kind
   // Live device bytes per schedule step, by category: parameters, optimizer state, batch, weight copies
   // (parameters or slices of them converted to another dtype, outside scan bodies), saved residuals,
   // gradients, temporaries (including scan bodies' sub-arenas).
@@ -55,6 +55,12 @@ struct Report {
   std::string svg() const;
   nlohmann::json peak_json() const;  // {"step": n, "parameters": bytes, "optimizer_state": ..., ...} at the peak
 };
+
+// One device's communication per step as text lines (each starting with `indent`): per axis and collective, the
+// count, operand bytes and bytes sent, with the part recomputation runs again; "none" when there is none.
+std::string communication_text(const ir::CommunicationTable& t, const std::string& indent);
+// As JSON: {"by_op": {op: {count, bytes, sent, recomputed: {...}}}, "by_axis": {axis: {op: {...}}}}.
+nlohmann::json communication_json(const ir::CommunicationTable& t);
 
 // Arguments are counted by their role in `sig` (the step counter and loss-scale state with the batch).
 Report report(const Plan& p, const ir::Graph& g, const ir::Signature& sig, const ReportOptions& options);

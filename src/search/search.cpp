@@ -30,8 +30,20 @@ double seconds_per_run(const std::string& text) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-double cost_of(const Rates& r, double recompute, double recompute_gemm, double offloaded) {
-  return recompute_gemm / r.gemm_flops + (recompute - recompute_gemm) / r.other_flops + 2 * offloaded / r.host_bandwidth;
+// What recomputation costs a placement: FLOPs (all, and the contractions') and bytes a device sends again.
+struct Recompute {
+  double flops = 0, gemm_flops = 0, sent = 0;
+};
+
+Recompute recompute_of(const compile::Compiled& c) {
+  Recompute r{c.explanation.recompute_flops, c.explanation.recompute_gemm_flops, 0};
+  for (const auto& [kind, row] : ir::communication(c.program)) r.sent += row.recomputed.sent;
+  return r;
+}
+
+double cost_of(const Rates& r, const Recompute& recompute, double offloaded) {
+  return recompute.gemm_flops / r.gemm_flops + (recompute.flops - recompute.gemm_flops) / r.other_flops +
+         2 * offloaded / r.host_bandwidth + recompute.sent / r.ici_bandwidth;
 }
 
 // The state of one search: memoized differentiations (recompute cost per saved set) and plans (per placement).
@@ -107,9 +119,9 @@ class Searcher {
            (limits_.host <= 0 || host_bytes(p) <= static_cast<double>(limits_.host));
   }
 
-  // Recompute FLOPs (all, GEMM) of the placement saving exactly `saved` (a bit per name), G keeping or not: a
-  // differentiation, no plan; memoized.
-  std::pair<double, double> recompute(uint64_t saved, bool keeps) {
+  // Recomputation of the placement saving exactly `saved` (a bit per name), G keeping or not: a differentiation,
+  // no plan; memoized.
+  Recompute recompute(uint64_t saved, bool keeps) {
     const auto key = std::pair(saved, keeps);
     auto it = recompute_.find(key);
     if (it != recompute_.end()) return it->second;
@@ -123,7 +135,7 @@ class Searcher {
     r.plan = false;
     const compile::Compiled c = compile::compile(r);
     ++result_.differentiated;
-    return recompute_[key] = {c.explanation.recompute_flops, c.explanation.recompute_gemm_flops};
+    return recompute_[key] = recompute_of(c);
   }
   static uint64_t saved_set(const Placement& p) {
     uint64_t s = 0;
@@ -136,8 +148,7 @@ class Searcher {
     return !keeps || std::find(p.begin(), p.end(), Residency::offload) == p.end();
   }
   double cost(const Placement& p, bool keeps) {
-    const auto [all, gemm] = recompute(saved_set(p), keeps);
-    return cost_of(rates_, all, gemm, host_bytes(p));
+    return cost_of(rates_, recompute(saved_set(p), keeps), host_bytes(p));
   }
 
   const Candidate& plan(const Placement& p, bool keeps) {
@@ -228,13 +239,13 @@ class Searcher {
   std::vector<bool> groups_ = group_choices(request_);  // G's choices searched (keeps or not)
   double base_[2] = {0, 0};  // per G choice: peak minus device_bytes with every name on device (0 until planned)
   bool lemma_ = true;
-  std::map<std::pair<uint64_t, bool>, std::pair<double, double>> recompute_;
+  std::map<std::pair<uint64_t, bool>, Recompute> recompute_;
   std::map<std::pair<Placement, bool>, Candidate> planned_;
 };
 
 }  // namespace
 
-Rates measure(DType compute, double host_bandwidth) {
+Rates measure(DType compute, double host_bandwidth, double ici_bandwidth) {
   const std::string t(dtype_name(compute));
   // Sizes past the caches, small enough that faulting in the arenas (slow here) stays well under 0.1 s.
   const int64_t n = 512, elements = int64_t{1} << 21, bytes = int64_t{16} << 20;
@@ -247,11 +258,14 @@ Rates measure(DType compute, double host_bandwidth) {
                   seconds_per_run(fmt::format("graph @add(%a: f32[{0}], %b: f32[{0}]) -> (f32[{0}]) {{\n"
                                               "  %0: f32[{0}] = add(%a, %b)\n  return %0\n}}\n", elements));
   const int64_t words = bytes / 4;
-  r.host_bandwidth = host_bandwidth > 0 ? host_bandwidth
-                                        : 2.0 * static_cast<double>(bytes) /
-                                              seconds_per_run(fmt::format("graph @copies(%a: f32[{0}]) -> (f32[{0}]) {{\n"
-                                                                          "  %0: f32[{0}] = offload(%a)\n"
-                                                                          "  %1: f32[{0}] = reload(%0)\n  return %1\n}}\n", words));
+  const double copies = host_bandwidth > 0 && ici_bandwidth > 0
+                            ? 0
+                            : 2.0 * static_cast<double>(bytes) /
+                                  seconds_per_run(fmt::format("graph @copies(%a: f32[{0}]) -> (f32[{0}]) {{\n"
+                                                              "  %0: f32[{0}] = offload(%a)\n"
+                                                              "  %1: f32[{0}] = reload(%0)\n  return %1\n}}\n", words));
+  r.host_bandwidth = host_bandwidth > 0 ? host_bandwidth : copies;
+  r.ici_bandwidth = ici_bandwidth > 0 ? ici_bandwidth : copies;
   return r;
 }
 
@@ -333,7 +347,9 @@ Candidate evaluate_policy(const compile::Request& request, const rematerialize::
   k.recompute_gemm_flops = c.explanation.recompute_gemm_flops;
   k.step_flops = c.explanation.step_flops;
   k.offloaded_bytes = c.explanation.offloaded_bytes();
-  k.seconds = cost_of(rates, k.recompute_flops, k.recompute_gemm_flops, k.offloaded_bytes);
+  const Recompute recompute = recompute_of(c);
+  k.recomputed_sent = recompute.sent;
+  k.seconds = cost_of(rates, recompute, k.offloaded_bytes);
   k.fits = (limits.device <= 0 || k.peak <= limits.device) && (limits.host <= 0 || k.host <= limits.host);
   return k;
 }
@@ -385,10 +401,12 @@ std::string Result::text() const {
   if (layers_per_group) out += fmt::format("  layers_per_group: {}\n", *layers_per_group);
   out += fmt::format("  remat_policy: {}\n", b.policy);
   if (!b.group_policy.empty()) out += fmt::format("  group_remat_policy: {}\n", b.group_policy);
-  out += fmt::format("  peak {}, host {}; recompute {:.4g} GFLOP ({:.1f}% of the step), offloaded {} per step; est. {:.3g} s per step "
-                     "for recompute and transfers\n",
+  out += fmt::format("  peak {}, host {}; recompute {:.4g} GFLOP ({:.1f}% of the step){}, offloaded {} per step; est. {:.3g} s per "
+                     "step for recompute and transfers\n",
                      str(static_cast<double>(b.peak)), str(static_cast<double>(b.host)), b.recompute_flops / 1e9,
-                     b.step_flops > 0 ? 100 * b.recompute_flops / b.step_flops : 0.0, str(b.offloaded_bytes), b.seconds);
+                     b.step_flops > 0 ? 100 * b.recompute_flops / b.step_flops : 0.0,
+                     b.recomputed_sent > 0 ? fmt::format(" and {} sent again in its collectives", str(b.recomputed_sent)) : "",
+                     str(b.offloaded_bytes), b.seconds);
   if (cheaper.empty()) out += "  nothing cheaper exists in this space\n";
   else out += "  each cheaper one-name change does not fit:\n";
   for (const Candidate& c : cheaper) {

@@ -14,12 +14,14 @@
 //
 // Objective: estimated seconds per step spent on the policy: recompute FLOPs at the measured GEMM rate
 // (contractions: dot_general, flash attention) and elementwise rate (everything else), plus offload traffic (each offloaded byte goes to
-// host and back) at the host bandwidth; the CPU backend copies synchronously, so no transfer is hidden.
+// host and back) at the host bandwidth, plus the bytes a device sends again in the collectives recomputation
+// reruns (tensor parallelism's sums, FSDP's gathers) at the interconnect bandwidth; the CPU backend copies
+// synchronously, so no transfer is hidden.
 // Ties go to the lower peak.
 //
 // Method: branch and bound over the names (largest first), best bound first.
 //  - Cost bound of a partial placement: the rest saved on device. Exact and valid: saving a value never adds
-//    recompute (a recompute chain stops at saved values), and device adds no traffic.
+//    recompute or recomputed communication (a recompute chain stops at saved values), and device adds no traffic.
 //  - Memory bound (the model): peak(a) >= B + saved(a), where saved(a) is the device bytes of a's saved
 //    residuals (additive over names) and B = peak - saved of the placement with every name on device (one B per
 //    group policy: G keeping P's names across groups changes what a saved name costs).
@@ -52,11 +54,13 @@ struct Rates {
   double gemm_flops = 1e11;      // FLOP/s of dot_general (and attention) in the compute dtype
   double other_flops = 1e9;      // FLOP/s of elementwise ops and reductions
   double host_bandwidth = 1e10;  // bytes/s of an offload or reload copy
+  double ici_bandwidth = 1e10;   // bytes/s one device sends to the others of its mesh
 };
 
 // Times a 512^3 GEMM in `compute`, an f32 add over 2M elements and an offload + reload of 16 MiB with the CPU
-// kernels (once each after a warm-up run; ~0.1 s). `host_bandwidth` > 0 is taken as given.
-Rates measure(DType compute, double host_bandwidth = 0);
+// kernels (once each after a warm-up run; ~0.1 s). A bandwidth > 0 is taken as given; else both are the copy
+// rate measured (ranks on one host exchange through shared memory, at about the rate of a copy).
+Rates measure(DType compute, double host_bandwidth = 0, double ici_bandwidth = 0);
 
 struct Limits {
   int64_t device = 0;  // hbm_limit: bytes of the per-device plan's total; 0: unlimited
@@ -72,6 +76,7 @@ struct Candidate {
   int64_t peak = 0, host = 0;        // the plan's device total and host arena
   double recompute_flops = 0, recompute_gemm_flops = 0, step_flops = 0;
   double offloaded_bytes = 0;        // per step (stacked residuals count once per layer)
+  double recomputed_sent = 0;        // bytes per step a device sends again in recomputed collectives
   double seconds = 0;                // the objective
   bool fits = false;                 // within both limits
 };

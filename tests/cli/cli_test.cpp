@@ -299,7 +299,7 @@ TEST(Cli, PlanShowsEveryPipelineRanksPlan) {
       EXPECT_GT(rank.at("total").get<double>(), rank.at("arguments").at("parameters").get<double>()) << rank.dump();
       // Messages: one activation [B, T, D] f32 per microbatch and chunk to the next stage, its gradient back.
       const double message = 4.0 * 8 * 128 * 128;  // base.yml: 16 x 4 stages / 8 = 8 sequences of 128 tokens, D 128
-      const nlohmann::json& comm = rank.at("communication");
+      const nlohmann::json& comm = rank.at("communication").at("by_op");
       const int sends = (r < 3 ? 8 : 0) + (r > 0 ? 8 : 0);  // one chunk per rank outside interleaving
       if (std::string(c.keys).find("interleaved") == std::string::npos) {
         EXPECT_EQ(comm.contains("send") ? comm.at("send").at("count").get<int>() : 0, sends) << c.keys << " rank " << r;
@@ -338,13 +338,13 @@ TEST(Cli, PlanReportsEachDevicesCommunication) {
     testing_support::Output o = testing_support::run_command(
         fmt::format("'{}' plan ici_data_parallelism={} --json 2>&1", REMAT_BINARY, ranks));
     ASSERT_EQ(o.status, 0) << o.text;
-    const nlohmann::json c = nlohmann::json::parse(o.text).at("communication").at("all_reduce");
+    const nlohmann::json c = nlohmann::json::parse(o.text).at("communication").at("by_op").at("all_reduce");
     EXPECT_EQ(c.at("count").get<size_t>(), nn::param_specs(tiny).size() + 1);
     EXPECT_EQ(c.at("bytes").get<double>(), param_bytes + 4);
     EXPECT_DOUBLE_EQ(c.at("sent").get<double>(), 2.0 * (ranks - 1) / ranks * (param_bytes + 4));
   }
   testing_support::Output one = testing_support::run_command(fmt::format("'{}' plan --json 2>&1", REMAT_BINARY));
-  EXPECT_TRUE(nlohmann::json::parse(one.text).at("communication").empty()) << one.text;
+  EXPECT_TRUE(nlohmann::json::parse(one.text).at("communication").at("by_op").empty()) << one.text;
 }
 
 }  // namespace

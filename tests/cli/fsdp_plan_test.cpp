@@ -91,7 +91,7 @@ TEST_P(FsdpPlan, CommunicationIsZero3s) {
     gather.bytes += 4 * partials;
     gather.sent += 4 * partials * static_cast<double>(n - 1);
   }
-  const nlohmann::json c = plan_of(llama70b(n)).at("communication");
+  const nlohmann::json c = plan_of(llama70b(n)).at("communication").at("by_op");
   EXPECT_EQ(c.at("all_gather").at("count").get<double>(), gather.count);
   EXPECT_DOUBLE_EQ(c.at("all_gather").at("bytes").get<double>(), gather.bytes);
   EXPECT_DOUBLE_EQ(c.at("all_gather").at("sent").get<double>(), gather.sent);

@@ -25,7 +25,7 @@ TEST(PipelineCli, InterleavedRanksSendAndReceiveTheirVirtualStagesMessages) {
   // base.yml: per_device_batch_size 16 x 4 ranks / 8 microbatches = 8 sequences of 128 tokens, D = 128, f32.
   const double message = 4.0 * 8 * 128 * 128;
   for (int r = 0; r < p; ++r) {
-    const nlohmann::json& comm = ranks[static_cast<size_t>(r)].at("communication");
+    const nlohmann::json& comm = ranks[static_cast<size_t>(r)].at("communication").at("by_op");
     const int messages = m * (2 * v - (r == p - 1) - (r == 0));
     for (const char* op : {"send", "recv"}) {
       ASSERT_TRUE(comm.contains(op)) << "rank " << r << ": " << comm.dump();

@@ -205,7 +205,7 @@ TEST(PipelineTrace, EachRankIsATrackOfItsScheduleInOrder) {
 }
 
 // Rank 0 writes the (replicated) state, or under FSDP the first rank of each shard's replicas writes that
-// shard's file (under a pipeline, each stage its own); a run stopped after 12 of 20 steps and started again under mpirun resumes on every rank
+// shard's file (under a pipeline, each stage its own; under tensor parallelism, each tensor shard its own); a run stopped after 12 of 20 steps and started again under mpirun resumes on every rank
 // from that checkpoint and ends bit-identical to one never stopped. An FSDP checkpoint is refused by a run
 // of another FSDP degree, naming the files it found; one missing a shard is torn: the run resumes from the
 // checkpoint before it.
@@ -238,6 +238,16 @@ TEST_P(Checkpoints, TwoRanksResumeBitIdentically) {
     EXPECT_TRUE(fs::is_regular_file(last / "state.stage1-of-2.safetensors"));
     return;
   }
+  if (std::string(GetParam()).find("tensor") != std::string::npos) {  // a file per tensor shard, refused at degree 1
+    EXPECT_TRUE(fs::is_regular_file(last / "state.tensor0-of-2.safetensors"));
+    EXPECT_TRUE(fs::is_regular_file(last / "state.tensor1-of-2.safetensors"));
+    const testing_support::Output one = train(dir.path, "", "enable_checkpointing=true run_name=split steps=24");
+    EXPECT_EQ(one.status, 2) << one.text;
+    EXPECT_NE(one.text.find("was written by another mesh (state.tensor0-of-2.safetensors, state.tensor1-of-2.safetensors)"),
+              std::string::npos)
+        << one.text;
+    return;
+  }
   EXPECT_TRUE(fs::is_regular_file(last / "state.fsdp0-of-2.safetensors"));
   EXPECT_TRUE(fs::is_regular_file(last / "state.fsdp1-of-2.safetensors"));
   const testing_support::Output other = train(dir.path, "", "enable_checkpointing=true run_name=split steps=24");
@@ -257,9 +267,10 @@ TEST_P(Checkpoints, TwoRanksResumeBitIdentically) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, Checkpoints,
                          ::testing::Values("", "ici_fsdp_parallelism=2",
-                                           "ici_pipeline_parallelism=2 logits_via_embedding=false pipeline_schedule=1f1b"),
+                                           "ici_pipeline_parallelism=2 logits_via_embedding=false pipeline_schedule=1f1b",
+                                           "ici_tensor_parallelism=2"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
-                           return std::string(i.index == 0 ? "data2" : i.index == 1 ? "fsdp2" : "stages2");
+                           return std::string(i.index == 0 ? "data2" : i.index == 1 ? "fsdp2" : i.index == 2 ? "stages2" : "tensor2");
                          });
 
 // Rank 0 alone writes metrics; when it cannot, its error ends the whole launch (MPI_Abort) instead of leaving
