@@ -2,10 +2,13 @@
 #pragma once
 
 #include "search/search.h"
+#include "train/checkpoint.h"
 #include "trainer/trainer.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,6 +75,19 @@ void print_setting_warnings(const Config& config, int64_t ranks);
 // `remat convert to=remat hf_path=DIR output_path=FILE` and `to=hf load_parameters_path=CHECKPOINT
 // output_path=DIR` (train/hf.h); the other arguments are an optional CONFIG.yml and config keys.
 int run_convert(const std::vector<std::string>& args);
+// A remat parameter file (`path`, or a checkpoint's step folder: its first file) read whole, and the config keys
+// among `wanted` it was saved with, as key=value arguments (none where it has no saved config).
+struct SavedParameters {
+  std::filesystem::path file;
+  train::SafeTensors tensors;
+  std::vector<std::string> keys;
+};
+SavedParameters read_saved_parameters(const std::filesystem::path& path, std::span<const std::string> wanted);
+
+// `remat generate load_parameters_path=CHECKPOINT_OR_HF_DIR prompt=... max_new_tokens=N [temperature= top_k=
+// top_p= seed=] [CONFIG.yml] [key=value ...]` (docs/generate.md): prints both programs' plans, the text, and the
+// prefill's and the decode's tokens/s.
+int run_generate(const std::vector<std::string>& args);
 
 // `remat plot RUN_DIR... [output_path=FILE.svg]` (default plot.svg): the runs' curves overlaid (trainer/curves.h).
 int run_plot(const std::vector<std::string>& args);

@@ -65,24 +65,15 @@ int to_remat(const ConvertArgs& a) {
 
 int to_hf(const ConvertArgs& a) {
   const Config given = load_config(a.config_path, a.overrides);
-  fs::path file = given.run.load_parameters_path;
-  CHECK(!file.empty(), "remat convert to=hf needs load_parameters_path= (a checkpoint file, or its step folder)");
-  CHECK(!train::hf::is_folder(file), "'{}' is a Hugging Face folder already (it has config.json)", file.string());
-  if (std::error_code ec; fs::is_directory(file, ec)) file /= train::CheckpointLayout{}.file(0, 0);
-  const train::SafeTensors saved = train::read_safetensors(file);
-  std::vector<std::string> keys;  // the checkpoint's model, as it was trained
-  if (auto it = saved.metadata.find("config"); it != saved.metadata.end()) {
-    std::map<std::string, std::string> values;
-    try {
-      values = nlohmann::json::parse(it->second).get<std::map<std::string, std::string>>();
-    } catch (const nlohmann::json::exception& e) {
-      CHECK(false, "checkpoint '{}': its metadata 'config' is not a JSON object of strings ({})", file.string(), e.what());
-    }
-    for (const std::string& k : train::hf::model_keys())
-      if (values.count(k)) keys.push_back(fmt::format("{}={}", k, values.at(k)));
-  }
+  CHECK(!given.run.load_parameters_path.empty(),
+        "remat convert to=hf needs load_parameters_path= (a checkpoint file, or its step folder)");
+  CHECK(!train::hf::is_folder(given.run.load_parameters_path), "'{}' is a Hugging Face folder already (it has config.json)",
+        given.run.load_parameters_path);
+  const SavedParameters saved = read_saved_parameters(given.run.load_parameters_path, train::hf::model_keys());
+  const fs::path& file = saved.file;
+  const std::vector<std::string>& keys = saved.keys;  // the checkpoint's model, as it was trained
   const Config config = load_config(a.config_path, concat(keys, a.overrides));
-  train::hf::write_folder(a.output_path, config.run.model, saved.tensors, config.run.shape.seq,
+  train::hf::write_folder(a.output_path, config.run.model, saved.tensors.tensors, config.run.shape.seq,
                           fmt::format("checkpoint '{}'", file.string()));
   fmt::print("wrote {}/config.json and {}/model.safetensors ({}, {} parameters) from {}\n", a.output_path,
              a.output_path, dtype_name(config.run.model.precision.param), nn::param_count(config.run.model),
@@ -91,6 +82,25 @@ int to_hf(const ConvertArgs& a) {
 }
 
 }  // namespace
+
+SavedParameters read_saved_parameters(const std::filesystem::path& path, std::span<const std::string> wanted) {
+  SavedParameters out;
+  out.file = path;
+  if (std::error_code ec; fs::is_directory(out.file, ec)) out.file /= train::CheckpointLayout{}.file(0, 0);
+  out.tensors = train::read_safetensors(out.file);
+  if (auto it = out.tensors.metadata.find("config"); it != out.tensors.metadata.end()) {
+    std::map<std::string, std::string> values;
+    try {
+      values = nlohmann::json::parse(it->second).get<std::map<std::string, std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      CHECK(false, "checkpoint '{}': its metadata 'config' is not a JSON object of strings ({})", out.file.string(),
+            e.what());
+    }
+    for (const std::string& k : wanted)
+      if (values.count(k)) out.keys.push_back(fmt::format("{}={}", k, values.at(k)));
+  }
+  return out;
+}
 
 int run_convert(const std::vector<std::string>& args) {
   const ConvertArgs a = parse_args(args);

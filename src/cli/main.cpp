@@ -5,6 +5,7 @@
 //   remat plan [CONFIG.yml] [key=value ...] [--json] --compare KEY=V1,V2,... [--compare ...]   one row per combination
 //   remat convert to=remat hf_path=DIR output_path=FILE | to=hf load_parameters_path=CHECKPOINT output_path=DIR
 //   remat plot RUN_DIR... [output_path=FILE.svg]   several runs' loss curves in one SVG
+//   remat generate load_parameters_path=CHECKPOINT_OR_HF_DIR prompt=... max_new_tokens=N [temperature top_k top_p seed]
 //   remat demo [--steps N]                     trains a small MLP on a synthetic regression task
 //   remat tokenizer train [CONFIG.yml] dataset_path=FILES vocab_size=N tokenizer_path=OUT.model [tokenizer_algorithm=bpe|unigram]
 //   remat data prepare [CONFIG.yml] dataset_type=text|jsonl dataset_path=... [tokenizer_type=... tokenizer_path=...] output_path=DIR
@@ -102,6 +103,11 @@ int main(int argc, char** argv) {
       "convert", "Hugging Face Llama in and out: remat convert to=remat hf_path=DIR output_path=FILE, or "
                  "to=hf load_parameters_path=CHECKPOINT output_path=DIR [key=value ...]");
   convert_cmd->add_option("args", convert_args, "to=, hf_path= or load_parameters_path=, output_path=, config keys");
+  std::vector<std::string> generate_args;
+  CLI::App* generate_cmd = app.add_subcommand(
+      "generate", "text with a KV cache: remat generate load_parameters_path=CHECKPOINT_OR_HF_DIR prompt=... "
+                  "max_new_tokens=N [temperature=T top_k=K top_p=P seed=S] [key=value ...]");
+  generate_cmd->add_option("args", generate_args, "load_parameters_path=, prompt=, max_new_tokens=, sampling and config keys");
   std::vector<std::string> plot_args;
   CLI::App* plot_cmd = app.add_subcommand(
       "plot", "several runs' loss, learning rate and tokens/s in one SVG: remat plot RUN_DIR... [output_path=FILE.svg]");
@@ -142,6 +148,7 @@ int main(int argc, char** argv) {
     if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args, dump_ir), explain_json);
     if (convert_cmd->parsed()) return remat::cli::run_convert(convert_args);
     if (plot_cmd->parsed()) return remat::cli::run_plot(plot_args);
+    if (generate_cmd->parsed()) return remat::cli::run_generate(generate_args);
     if (tokenizer_train_cmd->parsed()) return remat::cli::run_tokenizer_train(config_from(tokenizer_args, ""));
     if (prepare_cmd->parsed()) return remat::cli::run_data_prepare(config_from(prepare_args, ""));
     if (demo_cmd->parsed()) return remat::cli::run_demo(demo);

@@ -28,9 +28,15 @@ Compiled compile(const Request& r) {
       c.explanation.forward_flops = f;
     }
   } else {  // forward only: a remat region is a call of its body
+    CHECK(r.pipeline == nullptr || r.kind == Kind::loss || r.kind == Kind::logits,
+          "compile: generation with a KV cache runs without pipeline stages");
     if (r.pipeline)
       traced = train::pipeline_forward_program(r.model, r.shape.batch, r.shape.seq, r.pipeline->shape, r.stage,
                                                r.kind == Kind::logits);
+    else if (r.kind == Kind::prefill)
+      traced = train::prefill_program(r.model, r.shape.batch, r.shape.seq, r.max_length);
+    else if (r.kind == Kind::decode)
+      traced = train::decode_program(r.model, r.shape.batch, r.max_length);
     else
       traced = r.kind == Kind::loss ? train::loss_program(r.model, r.shape.batch, r.shape.seq)
                                     : train::logits_program(r.model, r.shape.batch, r.shape.seq);

@@ -27,12 +27,15 @@ enum class Kind {
   grads,       // train::grads_program: loss and gradients (what `remat explain` shows)
   loss,        // train::loss_program: the evaluation loss of one microbatch (forward only)
   logits,      // train::logits_program: logits for sampling (forward only)
+  prefill,     // train::prefill_program: a prompt of shape.seq tokens into KV caches of max_length positions
+  decode,      // train::decode_program: one token against the KV caches of max_length positions
 };
 
 struct Request {
   nn::ModelConfig model = {};            // with its remat policy and precision
   train::StepShape shape = {};           // batch x seq (x accumulation for train_step and grads)
   train::OptimizerConfig optimizer = {}; // train_step only
+  int64_t max_length = 0;                // prefill and decode: the KV caches' positions
   Kind kind = Kind::train_step;
   bool allow_unmatched = false;          // lint: a policy name that matches no checkpoint name only warns
   const exec::Backend* backend = &exec::cpu();  // whose kernels' workspace is planned

@@ -1,6 +1,7 @@
 #include "nn/model.h"
 
 #include "nn/checkpoint_names.h"
+#include "nn/layer.h"
 #include "nn/tensor_parallel.h"
 
 #include <algorithm>
@@ -8,21 +9,17 @@
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <tuple>
 
 namespace remat::nn {
 
 using namespace ir;
 namespace tp = tensor_parallel;
 
-namespace {
+// The layer's parts, named in nn/layer.h where decoding (nn/decode.cpp) reuses them; internal to nn/.
+namespace detail {
 
 constexpr DType kF32 = DType::f32;
-
-// One layer's weights. Under fused_qkv `qkv` [D, H+2KV, Dh] replaces query, key and value; under fused_mlp
-// `wi` [D, 2, F] replaces wi0 and wi1 (the absent ones are null tensors).
-struct LayerWeights {
-  Tensor attn_norm, query, key, value, qkv, out, mlp_norm, wi0, wi1, wi, wo;
-};
 
 // The layer's parameters in param_specs() order (after the embedding): each name, and where it goes.
 struct LayerParam {
@@ -46,11 +43,6 @@ std::vector<LayerParam> layer_params(const ModelConfig& c) {
   p.push_back({"wo", &LayerWeights::wo});
   return p;
 }
-
-// Tables shared by every layer: RoPE cos/sin [T, Dh] and the causal mask [T, T].
-struct LayerConsts {
-  Tensor cos, sin, mask;
-};
 
 // The dtype activations and matmuls run in (the ComputeContext's).
 DType compute_dtype() { return ComputeContext::current().precision.compute; }
@@ -146,6 +138,7 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
       v = named(project(h, tp::kv_kernel(b, c, w.value)), names::kValueProj, c.checkpoint_naming);
     }
   }
+  if (k.cache) std::tie(key, v) = k.cache->append(key, v);  // decoding: attend over the whole cache
   Tensor context;
   if (c.flash_attention) {  // one op, f32 inside whatever float32_qk_product and float32_logits say
     auto s2 = b.scope("attention");
@@ -431,11 +424,6 @@ Tensor head(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const Param
   return logits_of(c, x, whole_param(out, out_spec, logits_dot(c)));
 }
 
-// Where the head's parameters are: the embedding, the stacked layer weights, the final norm scale, the output
-// kernel (if untied; else the embedding).
-struct HeadAt {
-  size_t norm, out;
-};
 HeadAt head_at(const ModelConfig& c) {
   const size_t norm = 1 + layer_params(c).size();
   return {norm, c.logits_via_embedding ? 0 : norm + 1};
@@ -529,7 +517,9 @@ std::vector<Tensor> declare_params(Builder& b, const ModelConfig& c) {
   return p;
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;
 
 Tensor trace_loss(Builder& b, const ModelConfig& c, std::span<const Tensor> params, Tensor inputs, Tensor targets,
                   Tensor* logits_out) {

@@ -179,4 +179,16 @@ ir::Tensor trace_stage(ir::Builder& b, const ModelConfig& c, const StagePart& pa
 // (params..., inputs i32[B,T]) -> logits f32[B,T,V], for sampling.
 ir::Graph logits_graph(const ModelConfig& c, int64_t batch, int64_t seq);
 
+// Generation with a KV cache (decode.cpp), on one device (no fsdp, tensor or pipeline split), the layers under
+// a scan whatever scan_layers says and the attention as dot products (never flash): the same arithmetic as
+// logits_graph's at each position. The caches are `cache/key` and `cache/value` [L,B,S,KV,Dh] in the compute
+// dtype, S = `max_length` positions, each layer's keys after RoPE.
+// Prefill: (params..., inputs i32[B,P]) -> (logits f32[B,V] of the last position, cache/key, cache/value),
+// the caches holding positions 0..P-1 and zeros after.
+ir::Graph prefill_graph(const ModelConfig& c, int64_t batch, int64_t prompt, int64_t max_length);
+// Decode: (params..., inputs i32[B,1], position i32[], cache/key, cache/value) -> (logits f32[B,V],
+// new_cache/key, new_cache/value): the token at `position` (< max_length) attends over positions 0..position
+// of the caches, its own keys and values written at `position` in the new caches.
+ir::Graph decode_graph(const ModelConfig& c, int64_t batch, int64_t max_length);
+
 }  // namespace remat::nn

@@ -108,6 +108,13 @@ std::string pipeline_arg_name(const nn::ParamSpec& spec, const nn::StagePart& pa
 Program loss_program(const nn::ModelConfig& model, int64_t batch, int64_t seq);
 // Sampling: (params P..., inputs i32[B,T]) -> `logits` f32[B,T,V].
 Program logits_program(const nn::ModelConfig& model, int64_t batch, int64_t seq);
+// Generation with a KV cache (nn::prefill_graph, nn::decode_graph; decode.cpp): (params P..., inputs
+// i32[B,P]) -> `logits` f32[B,V], `cache/key`, `cache/value` (outputs) of `max_length` positions; and
+// (params P..., inputs i32[B,1], position i32[], cache/key, cache/value (batch)) -> `logits`, `new_cache/key`,
+// `new_cache/value`, new values the caller copies into its cache arguments (a dynamic_update_slice reads the
+// cache it writes, so the planner cannot donate it).
+Program prefill_program(const nn::ModelConfig& model, int64_t batch, int64_t prompt, int64_t max_length);
+Program decode_program(const nn::ModelConfig& model, int64_t batch, int64_t max_length);
 
 // The learning rate of update `step` (an integer scalar, 0-based) as the step graph traces it, an f32 scalar:
 // linear warmup over warmup_steps up to the peak, then cosine decay to final_lr_fraction · peak at

@@ -1,5 +1,7 @@
 #include "trainer/programs.h"
 
+#include "trainer/generate.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -55,7 +57,6 @@ std::string sample(const RunConfig& c, const train::Tokenizer& tokenizer, Runner
   exec::Array* inputs = arg_if(logits_program.signature, logits_program.args, "inputs");
   int32_t* window = inputs ? inputs->data<int32_t>() : none.data();
   const size_t logits_result = static_cast<size_t>(logits_program.signature.result("logits"));
-  std::vector<double> w(static_cast<size_t>(c.model.vocab_size));
   for (int64_t n = 0; n < c.sample_length; ++n) {
     int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - seq);
     int64_t len = static_cast<int64_t>(tokens.size()) - start;
@@ -63,15 +64,7 @@ std::string sample(const RunConfig& c, const train::Tokenizer& tokenizer, Runner
       window[t] = t < len ? tokens[static_cast<size_t>(start + t)] : 0;
     const exec::Array& logits = logits_program.executable.run()[logits_result];
     const float* row = logits.data<float>() + (len - 1) * c.model.vocab_size;
-    int next = 0;
-    if (c.sample_temperature <= 0) {
-      next = static_cast<int>(std::max_element(row, row + c.model.vocab_size) - row);
-    } else {
-      float top = *std::max_element(row, row + c.model.vocab_size);
-      for (size_t v = 0; v < w.size(); ++v) w[v] = std::exp((row[v] - top) / c.sample_temperature);
-      next = std::discrete_distribution<int>(w.begin(), w.end())(rng);
-    }
-    tokens.push_back(next);
+    tokens.push_back(next_token({row, static_cast<size_t>(c.model.vocab_size)}, {.temperature = c.sample_temperature}, rng));
   }
   return tokenizer.decode(tokens);  // BOS and EOS decode to nothing
 }

@@ -70,7 +70,8 @@ class Evaluator {
 std::string printable(const std::string& s);
 
 // Generates sample_length tokens after sample_prompt (encoded by `tokenizer`, after its BOS where it has one):
-// one forward pass over the last `seq` tokens per new token. Returns the text, decoded by `tokenizer`.
+// one forward pass over the last `seq` tokens per new token (generate.h's RunSample where no KV cache fits).
+// Returns the text, decoded by `tokenizer`.
 std::string sample(const RunConfig& c, const train::Tokenizer& tokenizer, Runner& logits_program);
 
 }  // namespace remat::trainer

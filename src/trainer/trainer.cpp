@@ -6,6 +6,7 @@
 #include "train/checkpoint_manager.h"
 #include "train/hf.h"
 #include "trainer/curves.h"
+#include "trainer/generate.h"
 #include "trainer/programs.h"
 #include "trainer/trace.h"
 
@@ -159,12 +160,14 @@ struct Session {
   std::vector<train::ActionSpan> actions;  // the step's, for the trace
   Runner step;
   Evaluator evaluator;
-  Runner generator;
+  RunSample generator;
   train::CheckpointManager checkpoints;
 
  private:
   // A program of the run (`r` says its kind, shape and form); under a pipeline, this rank's stage's.
-  compile::Compiled compile(compile::Request r) const;
+  compile::Compiled compile(compile::Request r) const { return compile::compile(request(std::move(r))); }
+  // `r` with the run's settings: the model, optimizer, fusion, pipeline stage.
+  compile::Request request(compile::Request r) const;
   // The training step, said: warnings, the policy's summary, the plan.
   compile::Compiled compile_step();
   void say_shapes() const;
@@ -187,12 +190,12 @@ Session::Session(const RunConfig& config)
       step(compile_step(), nullptr, &mesh),
       evaluator(c, data, step, compile({.shape = {c.shape.batch, c.shape.seq, 1}, .kind = compile::Kind::loss}),
                 c.shape.batch),  // evaluation runs microbatches
-      generator(compile({.shape = {1, c.shape.seq, 1}, .kind = compile::Kind::logits}), &step),
+      generator(c, tokenizer, step, request({})),
       checkpoints(checkpoint_options(c, run_plan, mesh, stage), mesh) {
   say_shapes();
 }
 
-compile::Compiled Session::compile(compile::Request r) const {
+compile::Request Session::request(compile::Request r) const {
   r.model = c.model;
   r.optimizer = c.optimizer;
   r.allow_unmatched = c.remat_allow_unmatched;
@@ -200,7 +203,7 @@ compile::Compiled Session::compile(compile::Request r) const {
   r.stage = stage;
   r.fuse = c.fusion;
   r.dump_ir_after = c.dump_ir_after;
-  return compile::compile(r);
+  return r;
 }
 
 compile::Compiled Session::compile_step() {
@@ -447,13 +450,13 @@ void Session::finish(double seconds, const std::string& metrics_path, RunResult&
   // Under FSDP sampling gathers the weights, under tensor parallelism the logits, and under a pipeline it passes
   // the stages, so every rank samples (the same bytes); otherwise rank 0 alone.
   const bool together = c.model.mesh.size("fsdp") > 1 || c.model.mesh.size("tensor") > 1 || run_plan.pipeline;
-  const std::string text = lead || together ? sample(c, tokenizer, generator) : "";
+  const std::string text = lead || together ? generator.text() : "";
   const int64_t planned = step.bytes() + evaluator.program().bytes() + generator.bytes();
   const int64_t peak = resident_bytes("VmHWM");
   // Everything the process holds beyond its baseline should be planned: the "unplanned" rest is what the
   // plans do not know about (heap of the compiler, thread stacks, library code and caches).
   auto str = [](int64_t bytes) { return plan::bytes_str(static_cast<double>(bytes)); };
-  const bool shared = evaluator.program().executable.shares_arenas() && generator.executable.shares_arenas();
+  const bool shared = evaluator.program().executable.shares_arenas() && generator.shares_arenas();
   fmt::print("process: peak RSS {} = baseline {} (before compiling) + planned {} (step {}, evaluation {}, sampling {}: "
              "arguments and arenas{}) + unplanned {}\n",
              str(peak), str(baseline_rss), str(planned), str(step.bytes()), str(evaluator.program().bytes()),

@@ -48,9 +48,9 @@ TEST(DumpIr, ExplainAndTrainDumpEveryProgramTheyCompile) {
                                              dir.path.string()));
   ASSERT_EQ(train.status, 0) << train.text;
   EXPECT_TRUE(has(train.text, "// @train_step after pass 'fuse'\n")) << train.text;
-  size_t dumps = 0;  // the step, the evaluation loss and the sampling logits
+  size_t dumps = 0;  // the step, the evaluation loss and the sampling's prefill and decode (KV cache)
   for (size_t at = train.text.find("after pass 'fuse'"); at != std::string::npos; at = train.text.find("after pass 'fuse'", at + 1)) ++dumps;
-  EXPECT_EQ(dumps, 3u) << train.text;
+  EXPECT_EQ(dumps, 4u) << train.text;
 }
 
 TEST(DumpIr, UnknownPassExitsTwoListingThePasses) {

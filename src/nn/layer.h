@@ -1,0 +1,54 @@
+// Internal to nn/: the decoder layer's parts that model.cpp traces training with and decode.cpp traces
+// generation with (one layer function for both). Not a public header: callers outside nn/ use model.h.
+#pragma once
+
+#include "nn/model.h"
+
+#include <utility>
+
+namespace remat::nn::detail {
+
+// One layer's weights. Under fused_qkv `qkv` [D, H+2KV, Dh] replaces query, key and value; under fused_mlp
+// `wi` [D, 2, F] replaces wi0 and wi1 (the absent ones are null tensors).
+struct LayerWeights {
+  ir::Tensor attn_norm, query, key, value, qkv, out, mlp_norm, wi0, wi1, wi, wo;
+};
+
+// Decoding (decode.cpp): one layer's key and value caches [B,S,KV,Dh] and the position (an i32 scalar) of the
+// first of the T tokens the layer is computing. append() writes their keys and values [B,T,KV,Dh] there (RoPE
+// already applied), keeps the updated caches in `key` and `value`, and returns them: attention then reads the
+// whole cache, the mask hiding every position after each query's own.
+struct KvCache {
+  ir::Tensor key, value, position;
+  std::pair<ir::Tensor, ir::Tensor> append(ir::Tensor new_key, ir::Tensor new_value);
+};
+
+// Tables shared by every layer: RoPE cos/sin [T, Dh] of the T query positions and the mask [T, S] of the keys
+// each sees (training: S = T, causal); when decoding, `cache` (else null).
+struct LayerConsts {
+  ir::Tensor cos, sin, mask;
+  KvCache* cache = nullptr;
+};
+
+// The tables for positions 0..seq-1 and the causal mask [seq, seq].
+LayerConsts layer_consts(ir::Builder& b, const ModelConfig& c, int64_t seq);
+// One decoder layer (attention and MLP blocks with their norms and residuals), no remat region around it.
+ir::Tensor decoder_layer(ir::Builder& b, const ModelConfig& c, ir::Tensor x, const LayerWeights& weights,
+                         const LayerConsts& k);
+// A layer's weights from its parameters in param_specs order (after the embedding).
+LayerWeights layer_weights(const ModelConfig& c, std::span<const ir::Tensor> w);
+// The token embedding of inputs i32[B,T]: [B,T,D] in the compute dtype.
+ir::Tensor embed(ir::Builder& b, const ModelConfig& c, ir::Tensor table, const ParamSpec& spec, ir::Tensor inputs);
+// The final norm and the logits [B,T,V] in f32.
+ir::Tensor head(ir::Builder& b, const ModelConfig& c, ir::Tensor x, ir::Tensor norm, const ParamSpec& norm_spec,
+                ir::Tensor out, const ParamSpec& out_spec);
+// Where the head's parameters are among param_specs: the final norm scale, and the output kernel (the
+// embedding when tied). The layers' stacked parameters lie between the embedding and `norm`.
+struct HeadAt {
+  size_t norm, out;
+};
+HeadAt head_at(const ModelConfig& c);
+// The model's parameters as graph params, in param_specs order.
+std::vector<ir::Tensor> declare_params(ir::Builder& b, const ModelConfig& c);
+
+}  // namespace remat::nn::detail
