@@ -166,7 +166,7 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     context = named(transpose(ctx, {0, 2, 1, 3}), names::kContext, c.checkpoint_naming);
   }
   auto s2 = b.scope("out");
-  return named(dot_general(context, w.out, DotDims{{2, 3}, {0, 1}, {}, {}}), names::kOutProj, c.checkpoint_naming);
+  return dot_general(context, w.out, DotDims{{2, 3}, {0, 1}, {}, {}});
 }
 
 Tensor mlp(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights& w) {
@@ -189,7 +189,7 @@ Tensor mlp(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights& w) {
     }
   }
   auto s2 = b.scope("wo");
-  return named(project(silu(gate) * up, w.wo), names::kMlpWo, c.checkpoint_naming);
+  return project(silu(gate) * up, w.wo);
 }
 
 // The weights matmuls read in the compute dtype; the RMSNorm scales stay as they are (used in f32).
@@ -256,12 +256,17 @@ Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeig
     h = rms_norm(x, tp::whole_param(c, whole.attn_norm), c.rms_eps);
   }
   const LayerWeights w = sharded ? whole : cast_to_compute(weights);
-  x = named(x + tp::leave(c, attention(b, c, tp::enter(c, h), w, k)), names::kAttentionResidual, c.checkpoint_naming);
+  // out_proj and mlpwo name a block's output as the layer adds it: under tensor parallelism the sum over the
+  // ranks (the rank's slice of it under sequence parallelism), as JAX names the logical value, so a policy
+  // that saves them keeps the reduced value and recomputation never runs that collective again.
+  const Tensor attention_out = named(tp::leave(c, attention(b, c, tp::enter(c, h), w, k)), names::kOutProj, c.checkpoint_naming);
+  x = named(x + attention_out, names::kAttentionResidual, c.checkpoint_naming);
   {
     auto s = b.scope("post_self_attention_norm");
     h = rms_norm(x, tp::whole_param(c, w.mlp_norm), c.rms_eps);
   }
-  return named(x + tp::leave(c, mlp(b, c, tp::enter(c, h), w)), names::kMlpResidual, c.checkpoint_naming);
+  const Tensor mlp_out = named(tp::leave(c, mlp(b, c, tp::enter(c, h), w)), names::kMlpWo, c.checkpoint_naming);
+  return named(x + mlp_out, names::kMlpResidual, c.checkpoint_naming);
 }
 
 LayerWeights layer_weights(const ModelConfig& c, std::span<const Tensor> w) {

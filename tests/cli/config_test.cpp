@@ -236,6 +236,7 @@ const Bound kBounds[] = {
     {"hbm_limit", "", "", "16GiB"},  // sizes are parsed where they are used (remat plan, remat_policy=auto)
     {"host_limit", "", "", "512GiB"},
     {"host_bandwidth", "", "", "25GB"},
+    {"ici_bandwidth", "", "", "100GB"},
     {"enable_profiler", "yes please", "true or false", "true"},
     {"skip_first_n_steps_for_profiler", "-1", "an integer >= 0", "0"},
     {"enable_checkpointing", "often", "true or false", "true"},

@@ -45,14 +45,14 @@
 //   the layer input (the region's input, always kept)            s·b·h           e            1          | 1/t
 //   query_proj (q after RoPE)                                    s·b·a·Dh        e            1/t        | 1/t
 //   key_proj, value_proj (this rank's kv heads)                  2·s·b·k·Dh      e            1/t (****) | 1/t (****)
-//   out_proj (the rank's partial product, named before the sum
-//     over tensor) (*****)                                       s·b·h           e            1          | 1
+//   out_proj (the attention block's output summed over tensor,
+//     as the layer adds it) (*****)                              s·b·h           e            1          | 1/t
 //   mlpwi_0, mlpwi_1                                             2·s·b·F         e            1/t        | 1/t
 //   (****) max(k/t, 1)/k: the replicated kv heads when t > k.
-//   (*****) Megatron saves no output projection. remat's out_proj is the row-parallel partial product, before the
-//       all-reduce or reduce-scatter: under SP a rank keeps all s positions of it, not its s/t slice of the sum.
-// In Korthikanti's form (h = a·Dh, k = a): s·b·h·e·(2 + (3 + 2·F/h)/t) without SP, s·b·h·e·(1 + (4 + 2·F/h)/t)
-// with SP.
+//   (*****) Megatron saves no output projection. remat's out_proj is the value after the all-reduce or
+//       reduce-scatter (the logical value JAX names): under SP a rank keeps its s/t slice of the sum, and saving it
+//       spares the recomputation that collective.
+// In Korthikanti's form (h = a·Dh, k = a): s·b·h·e·(2 + (3 + 2·F/h)/t) without SP, s·b·h·e·(5 + 2·F/h)/t with SP.
 #include "cli/commands.h"
 #include "cli/config.h"
 
@@ -89,7 +89,7 @@ double expected_saved_per_layer(const Layer& l, const Case& c) {
   const double sp = c.sequence_parallel ? 1.0 / t : 1.0;  // what runs between the blocks: the sequence split or not
   const double kv = static_cast<double>(std::max<int64_t>(l.k / c.t, 1));  // this rank's kv heads
   if (c.policy == "minimal")
-    return e * (s * b * h * sp + s * b * a * dh / t + 2 * s * b * kv * dh + s * b * h + 2 * s * b * f / t);
+    return e * (s * b * h * sp + s * b * a * dh / t + 2 * s * b * kv * dh + s * b * h * sp + 2 * s * b * f / t);
   const double norm = 4 * (3 * s * b * h + 2 * s * b) * sp + e * s * b * h;
   const double attention = (2 * s * b * a * dh * 4 + 2 * s * b * a * dh * e + a * s * s * b * (4 + e)) / t;
   const double mlp = 5 * s * b * f * e / t;

@@ -9,6 +9,7 @@
 #include "remat/layer_flops.h"
 #include "search/search.h"
 #include "support/sanitizer_subset.h"
+#include "trainer/trainer.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -335,6 +336,35 @@ TEST(AutoPolicy, RecomputeFlopsOfTinyPlacementsAreTheOnesDerivedFromItsShapes) {
   EXPECT_EQ(all.best->recompute_gemm_flops, t.L * t.scores_gemm());
   EXPECT_EQ(all.best->recompute_flops - all.best->recompute_gemm_flops,
             t.L * (2 * t.norm() + t.probs() + t.residual_add() + t.silu_times_up()));
+}
+
+// Under tensor parallelism the cost adds the bytes a device sends again in recomputed collectives, at
+// ici_bandwidth. With every name recomputed, each layer reruns its attention block's sum: an all-reduce of
+// [B,T,D] f32 over t = 2 ranks, of which a device sends 2 (t-1)/t = 1 times the bytes (the MLP block's sum feeds
+// only the layer's output, the next layer's kept input). With out_proj saved — the sum itself, as the layer
+// adds it — nothing reruns.
+TEST(AutoPolicy, UnderTensorParallelismRecomputedCollectivesCostTheirBytesAtIciBandwidth) {
+  const cli::Config c = cli::load_config("", {"model=tiny", "ici_tensor_parallelism=2"});
+  const compile::Request r{.model = trainer::device_model(c.run, trainer::plan_run(c.run, 0)), .shape = c.run.shape,
+                           .optimizer = c.run.optimizer};
+  const std::vector<std::string> names = search::searched_names(r);
+  search::Rates slow = kRates, fast = kRates;
+  slow.ici_bandwidth = 1e8, fast.ici_bandwidth = 1e11;
+  std::vector<Residency> none(names.size(), Residency::recompute), out_saved = none;
+  const auto out = std::find(names.begin(), names.end(), "out_proj");
+  ASSERT_NE(out, names.end());
+  out_saved[static_cast<size_t>(out - names.begin())] = Residency::save;
+  const double B = static_cast<double>(r.shape.batch), T = static_cast<double>(r.shape.seq),
+               D = static_cast<double>(r.model.emb_dim), L = static_cast<double>(r.model.num_decoder_layers);
+  const search::Candidate at_slow = search::evaluate(r, names, none, {}, slow);
+  const search::Candidate at_fast = search::evaluate(r, names, none, {}, fast);
+  EXPECT_EQ(at_slow.recomputed_sent, L * 4 * B * T * D);
+  EXPECT_NEAR(at_slow.seconds - at_fast.seconds, at_slow.recomputed_sent * (1 / 1e8 - 1 / 1e11), 1e-9 * at_slow.seconds);
+  EXPECT_EQ(search::evaluate(r, names, out_saved, {}, slow).recomputed_sent, 0);
+  // The search prices it: unlimited memory keeps every name on device, nothing sent again.
+  const search::Result all = search::search(r, {}, slow);
+  ASSERT_TRUE(all.best.has_value());
+  EXPECT_EQ(all.best->recomputed_sent, 0) << all.best->policy;
 }
 
 // A budget where the memory bound prunes. Per step (f32, every layer) q, k, v, context and out_proj hold
