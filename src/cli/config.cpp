@@ -149,7 +149,7 @@ const std::vector<Key>& keys() {
       bind<int64_t>("dcn_tensor_sequence_parallelism", [](Config& c) -> int64_t& { return c.run.dcn_tensor_sequence_parallelism; }, at_least(1)),
       bind<int64_t>("ici_pipeline_parallelism", [](Config& c) -> int64_t& { return c.run.ici_pipeline_parallelism; }, at_least(1)),
       bind<int64_t>("num_pipeline_microbatches", [](Config& c) -> int64_t& { return c.run.num_pipeline_microbatches; }, or_derived()),
-      bind<int64_t>("num_layers_per_pipeline_stage", [](Config& c) -> int64_t& { return c.run.num_layers_per_pipeline_stage; }, at_least(1)),
+      bind<int64_t>("num_layers_per_pipeline_stage", [](Config& c) -> int64_t& { return c.run.num_layers_per_pipeline_stage; }, or_derived()),
       bind<int64_t>("num_pipeline_repeats", [](Config& c) -> int64_t& { return c.run.num_pipeline_repeats; }, or_derived()),
       bind_enum("pipeline_schedule", {"gpipe", "1f1b", "interleaved_1f1b"}, [](Config& c) -> std::string& { return c.run.pipeline_schedule; }),
       bind<int64_t>("steps", [](Config& c) -> int64_t& { return c.run.steps; }, at_least(1)),

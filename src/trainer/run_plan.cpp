@@ -98,11 +98,19 @@ std::string mesh_text(const RunPlan& plan) {
 
 parallel::Schedule pipeline_schedule(const RunConfig& c) {
   const parallel::ScheduleKind kind = parallel::parse_schedule(c.pipeline_schedule);
-  const int64_t p = c.ici_pipeline_parallelism, per = c.num_layers_per_pipeline_stage, L = c.model.num_decoder_layers;
-  CHECK(p >= 1 && per >= 1, "ici_pipeline_parallelism ({}) and num_layers_per_pipeline_stage ({}) must be >= 1", p, per);
+  const int64_t p = c.ici_pipeline_parallelism, L = c.model.num_decoder_layers, repeats = c.num_pipeline_repeats;
+  // Derived (-1): a stage's share of the layers over its repeats where they are given, else all of them in one
+  // chunk (gpipe, 1f1b) or MaxText's one layer per repeat (interleaved_1f1b).
+  const int64_t per = c.num_layers_per_pipeline_stage != -1              ? c.num_layers_per_pipeline_stage
+                      : repeats != -1                                    ? L / (p * repeats)
+                      : kind == parallel::ScheduleKind::interleaved_1f1b ? 1
+                                                                         : L / p;
+  CHECK(p >= 1 && per >= 1,
+        "ici_pipeline_parallelism ({}) and num_layers_per_pipeline_stage ({}) must be >= 1: {} layers do not fill {} "
+        "stages{}", p, per, L, p, repeats != -1 ? fmt::format(" of num_pipeline_repeats={} chunks", repeats) : "");
   const parallel::PipelineShape shape{
       p, c.num_pipeline_microbatches == -1 ? p : c.num_pipeline_microbatches,
-      c.num_pipeline_repeats == -1 ? std::max<int64_t>(1, L / (p * per)) : c.num_pipeline_repeats};
+      repeats == -1 ? std::max<int64_t>(1, L / (p * per)) : repeats};
   parallel::check_pipeline(kind, shape, L, per);
   const int64_t group = c.model.layers_per_group;
   CHECK(group == 0 || per % group == 0,

@@ -51,7 +51,7 @@ struct RunConfig {
   int64_t dcn_tensor_sequence_parallelism = 1;
   int64_t ici_pipeline_parallelism = 1;          // pipeline stages
   int64_t num_pipeline_microbatches = -1;        // -1: the stages
-  int64_t num_layers_per_pipeline_stage = 1;
+  int64_t num_layers_per_pipeline_stage = -1;  // -1: derived (pipeline_schedule in run_plan.cpp)
   int64_t num_pipeline_repeats = -1;             // chunks per rank; -1: layers / (stages x layers per stage)
   std::string pipeline_schedule = "gpipe";       // gpipe | 1f1b | interleaved_1f1b
 };

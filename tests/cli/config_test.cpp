@@ -205,7 +205,7 @@ const Bound kBounds[] = {
     {"dcn_tensor_sequence_parallelism", "-1", "an integer >= 1", "1"},
     {"ici_pipeline_parallelism", "0", "an integer >= 1", "1"},
     {"num_pipeline_microbatches", "0", "an integer -1 (derived) or >= 1", "-1"},
-    {"num_layers_per_pipeline_stage", "0", "an integer >= 1", "1"},
+    {"num_layers_per_pipeline_stage", "0", "an integer -1 (derived) or >= 1", "1"},
     {"num_pipeline_repeats", "-2", "an integer -1 (derived) or >= 1", "1"},
     {"pipeline_schedule", "zb", "one of gpipe, 1f1b, interleaved_1f1b", "1f1b"},
     {"steps", "0", "an integer >= 1", "1"},
