@@ -1,7 +1,9 @@
 // End to end on real text (Debian's fortunes-min): a SentencePiece tokenizer trained by `remat tokenizer train`,
 // the corpus tokenized by `remat data prepare`, a small model trained on the shards (validation loss per token
 // and per byte, the bytes per token read from the validation shard's header by hand), a vocab_size that does not
-// fit the tokenizer refused, and a run killed after a checkpoint and resumed ending bit-identical.
+// fit the tokenizer refused, a run killed after a checkpoint and resumed ending bit-identical, its checkpoint
+// exported to a Hugging Face folder, and greedy generation from the checkpoint and from the reloaded folder giving
+// the same text.
 #include "support/command.h"
 #include "support/remat_process.h"
 #include "support/temp_dir.h"
@@ -35,6 +37,14 @@ std::vector<std::string> train_args(const std::string& run_name) {
       "eval_interval=4", "eval_steps=2", "sample_length=8", "enable_checkpointing=true", "checkpoint_period=2",
       "tokenizer_type=sentencepiece", "tokenizer_path=fortunes.model", "vocab_size=200", "dataset_type=tokens",
       "dataset_path=shards", "eval_dataset_path=eval", "run_name=" + run_name};
+}
+
+// What `remat generate` printed as the text: between its plan (the decode program's line) and its rates.
+std::string generated(const std::string& out) {
+  const size_t plan = out.find("decode: arena"), rates = out.rfind("\nprefill: ");
+  if (plan == std::string::npos || rates == std::string::npos) return "(no text in: " + out + ")";
+  const size_t text = out.find('\n', plan) + 1;
+  return text <= rates ? out.substr(text, rates - text) : "(no text in: " + out + ")";
 }
 
 // A header field of a shard (uint64 at `offset`), read from its bytes.
@@ -103,6 +113,18 @@ TEST(RealText, TokenizerShardsTrainingAndAKilledRunResumedBitIdentically) {
   EXPECT_EQ(metrics(dir / "runs" / "killed"), want) << "losses and gradient norms, every step";
   testing_support::expect_same_tensors(train::read_safetensors(dir / "runs" / "whole" / "checkpoints" / "8" / "state.safetensors"),
                                        dir / "runs" / "killed" / "checkpoints" / "8" / "state.safetensors", "killed");
+
+  o = testing_support::run_command(cd + " convert to=hf load_parameters_path=runs/killed/checkpoints/8 output_path=hf 2>&1");
+  ASSERT_EQ(o.status, 0) << o.text;
+  ASSERT_TRUE(fs::exists(dir / "hf" / "config.json") && fs::exists(dir / "hf" / "model.safetensors")) << o.text;
+  const std::string generate = " generate 'prompt=Q: What' max_new_tokens=8 tokenizer_type=sentencepiece tokenizer_path=fortunes.model";
+  const testing_support::Output from_checkpoint =
+      testing_support::run_command(cd + generate + " load_parameters_path=runs/killed/checkpoints/8 2>&1");
+  ASSERT_EQ(from_checkpoint.status, 0) << from_checkpoint.text;
+  const testing_support::Output from_hf = testing_support::run_command(cd + generate + " load_parameters_path=hf 2>&1");
+  ASSERT_EQ(from_hf.status, 0) << from_hf.text;
+  EXPECT_TRUE(generated(from_checkpoint.text).starts_with("Q: What")) << from_checkpoint.text;
+  EXPECT_EQ(generated(from_hf.text), generated(from_checkpoint.text)) << from_hf.text;
 }
 
 }  // namespace
