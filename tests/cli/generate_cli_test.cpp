@@ -38,12 +38,13 @@ TEST(GenerateCli, PrintsThePlansTheTextAndTheRatesAndMatchesTheRunsSample) {
   ASSERT_TRUE(sample.starts_with("The ") && sample.size() >= 16) << run.text;  // 12 bytes, some escaped
   const Output o = remat(dir, "generate load_parameters_path=runs/g/checkpoints/2 'prompt=The ' max_new_tokens=12");
   ASSERT_EQ(o.status, 0) << o.text;
-  // The caches: key and value x 2 layers x 16 positions x 2 kv heads x 8 floats of 4 bytes = 4096 bytes.
+  // The caches: key and value x 2 layers x 16 positions x 2 kv heads x 8 floats of 4 bytes = 4096 bytes. Whether
+  // the decode program shares the prefill's arenas depends on the build (not under AddressSanitizer): not checked.
   EXPECT_EQ(testing_support::filecheck(R"(
 // CHECK: model: 0.{{[0-9]+}}M parameters from runs/g/checkpoints/2; 2 layers, d=32, heads=4/2 kv, vocab 256, f32
 // CHECK-NEXT: plan: KV caches of 16 positions (prompt 4 + max_new_tokens 12; max_target_length 32)
 // CHECK-NEXT: prefill: arena {{[0-9.]+ [KMG]?i?B}} ({{[0-9]+}} bytes), caches in the arena, parameters {{.*}} bytes), inputs 16 bytes; allocated
-// CHECK-NEXT: decode: arena {{[0-9.]+ [KMG]?i?B}} ({{[0-9]+}} bytes), caches 4.00 KiB (4096 bytes, arguments), parameters {{.*}}, arenas shared
+// CHECK-NEXT: decode: arena {{[0-9.]+ [KMG]?i?B}} ({{[0-9]+}} bytes), caches 4.00 KiB (4096 bytes, arguments), parameters {{.*}}
 // CHECK-NEXT: The
 // CHECK-NEXT: prefill: 4 tokens in {{[0-9.]+}} ms ({{[0-9.]+}} tokens/s); decode: 11 tokens in {{[0-9.]+}} ms ({{[0-9.]+}} tokens/s)
 )",
