@@ -2,6 +2,7 @@
 // token that sampling ran before (the logits program over the whole window, its last row read), for the `tiny`
 // default and a TinyLlama-1.1B-shaped model (GQA 32/4 heads, random weights), f32, caches of 64 positions.
 // Run: make bench (or build/remat_bench --benchmark_filter=Generate)
+#include "cli/config.h"
 #include "trainer/generate.h"
 
 #include <benchmark/benchmark.h>
@@ -11,18 +12,9 @@ namespace {
 
 constexpr int64_t kPrompt = 16, kLength = 64;
 
+// The tiny default (1.1M parameters), or TinyLlama 1.1B's preset (configs/models/tinyllama-1.1b.yml).
 nn::ModelConfig model(int64_t size) {
-  nn::ModelConfig c;  // the tiny default: 1.1M parameters
-  if (size == 1100) {  // TinyLlama 1.1B's shape (configs/models/tinyllama-1.1b.yml)
-    c.vocab_size = 32000;
-    c.emb_dim = 2048;
-    c.num_decoder_layers = 22;
-    c.num_heads = 32;
-    c.num_kv_heads = 4;
-    c.head_dim = 64;
-    c.mlp_dim = 5632;
-  }
-  return c;
+  return size == 1100 ? cli::load_config("", {"model=tinyllama-1.1b"}).run.model : nn::ModelConfig{};
 }
 
 void init(const nn::ModelConfig& c, trainer::Runner& r) {
