@@ -81,9 +81,17 @@ ResidualRule policy_rule(const Node& n, const Joint& joint, const Context& ctx, 
     const Node& made_by = joint.graph.nodes[static_cast<size_t>(c.producer)];
     const bool alias = made_by.op == Op::name &&
                        std::find(joint.params.begin(), joint.params.end(), made_by.inputs[0]) != joint.params.end();
-    const Residency residency = ctx.decider->decide(ResidualQuery{n.attrs.str("policy"), *graph, *node, output,
-                                                                  joint.parameter_derived[static_cast<size_t>(c.value)],
-                                                                  trips, n.origin, c.producer, alias});
+    const Residency residency = ctx.decider->decide(ResidualQuery{
+        .policy = n.attrs.str("policy"),
+        .graph = *graph,
+        .producer = *node,
+        .output = output,
+        .parameter_derived = joint.parameter_derived[static_cast<size_t>(c.value)],
+        .trip_count = trips,
+        .region = n.origin,
+        .position = c.producer,
+        .alias_of_input = alias,
+    });
     if (alias) return ResidualKind::alias;  // name(input) is the input itself: no region output, no recompute
     return residency == Residency::save      ? ResidualKind::save
            : residency == Residency::offload ? ResidualKind::offload

@@ -13,11 +13,12 @@ namespace remat::cli {
 
 SearchInputs search_inputs(const Config& config, const char* what) {
   const trainer::RunConfig& run = config.run;
-  CHECK(run.ici_pipeline_parallelism <= 1,
+  const trainer::RunPlan run_plan = trainer::plan_run(run, 0);
+  CHECK(!run_plan.pipeline,
         "{} under pipeline parallelism (ici_pipeline_parallelism={}) is not supported: each rank would need its own "
         "placement; search one stage's layers without the pipeline and paste the custom(...) it prints",
         what, run.ici_pipeline_parallelism);
-  const nn::ModelConfig model = trainer::device_model(run, trainer::plan_run(run, 0));  // one device's
+  const nn::ModelConfig model = trainer::device_model(run, run_plan);  // one device's
   auto rate = [](const std::string& text, const char* key) {
     return text.empty() ? 0.0 : static_cast<double>(plan::parse_bytes(text, key));
   };

@@ -48,24 +48,7 @@ std::pair<std::string, std::vector<std::string>> parse_compare(const std::string
   const size_t eq = arg.find('=');
   CHECK(eq != std::string::npos && eq > 0, "--compare '{}' is not KEY=V1,V2,... (e.g. --compare remat_policy=full,minimal)",
         arg);
-  std::vector<std::string> values(1);
-  int depth = 0;
-  char quote = 0;
-  for (const char ch : arg.substr(eq + 1)) {
-    if (quote != 0) {
-      quote = ch == quote ? 0 : quote;
-    } else if (ch == '\'' || ch == '"') {
-      quote = ch;
-    } else if (ch == '(' || ch == '[') {
-      ++depth;
-    } else if (ch == ')' || ch == ']') {
-      --depth;
-    } else if (ch == ',' && depth == 0) {
-      values.emplace_back();
-      continue;
-    }
-    values.back() += ch;
-  }
+  const std::vector<std::string> values = split_values(arg.substr(eq + 1));
   for (const std::string& v : values)
     CHECK(!v.empty(), "--compare '{}' has an empty value: write KEY=V1,V2,... with a value between every two commas", arg);
   return {arg.substr(0, eq), values};

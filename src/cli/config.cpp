@@ -152,6 +152,7 @@ const std::vector<Key>& keys() {
       bind<int64_t>("num_layers_per_pipeline_stage", [](Config& c) -> int64_t& { return c.run.num_layers_per_pipeline_stage; }, or_derived()),
       bind<int64_t>("num_pipeline_repeats", [](Config& c) -> int64_t& { return c.run.num_pipeline_repeats; }, or_derived()),
       bind_enum("pipeline_schedule", {"gpipe", "1f1b", "interleaved_1f1b"}, [](Config& c) -> std::string& { return c.run.pipeline_schedule; }),
+      bind<std::string>("pipeline_stage_remat_policies", [](Config& c) -> std::string& { return c.pipeline_stage_remat_policies; }),
       bind<int64_t>("steps", [](Config& c) -> int64_t& { return c.run.steps; }, at_least(1)),
       bind<double>("learning_rate", [](Config& c) -> double& { return c.run.optimizer.learning_rate; }, at_least(0)),
       bind<int64_t>("warmup_steps", [](Config& c) -> int64_t& { return c.run.optimizer.warmup_steps; }, at_least(0)),
@@ -299,6 +300,28 @@ std::vector<std::string> presets(const fs::path& dir) {
   return {names.begin(), names.end()};
 }
 
+// pipeline_stage_remat_policies parsed, each entry as remat_policy is (auto refused: one placement per rank is
+// not searched). Their count is checked against the pipeline by trainer::plan_run.
+std::vector<rematerialize::Policy> stage_policies(const Config& c, const rematerialize::CustomKeys& keys) {
+  if (c.pipeline_stage_remat_policies.empty()) return {};
+  CHECK(c.run.ici_pipeline_parallelism > 1,
+        "config key 'pipeline_stage_remat_policies' is '{}' but there is no pipeline (ici_pipeline_parallelism=1): "
+        "set remat_policy instead, or ici_pipeline_parallelism", c.pipeline_stage_remat_policies);
+  std::vector<rematerialize::Policy> out;
+  for (const std::string& text : split_values(c.pipeline_stage_remat_policies)) {
+    const size_t at = out.size();
+    try {
+      out.push_back(nn::parse_remat_policy(text, c.run.model, keys));
+    } catch (const Error& e) {
+      CHECK(false, "config key 'pipeline_stage_remat_policies', entry {} ('{}'): {}", at, text, e.what());
+    }
+    CHECK(out.back().kind != rematerialize::Policy::Kind::automatic,
+          "config key 'pipeline_stage_remat_policies', entry {}: auto is not searched per stage; give each stage a "
+          "policy (remat_policy=auto on one stage's layers without the pipeline prints one)", at);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> config_keys() {
@@ -386,7 +409,30 @@ Config load_config(const std::string& config_path, const std::vector<std::string
   CHECK(g != Kind::automatic && g != Kind::none && g != Kind::custom,
         "config key 'group_remat_policy' is '{}': a group's policy is a preset (full, minimal, ...), a JAX policy or "
         "a name list; auto, none and custom apply to remat_policy only", c.group_remat_policy);
+  c.run.model.stage_remat_policies = stage_policies(c, keys);
   return c;
+}
+
+std::vector<std::string> split_values(const std::string& text) {
+  std::vector<std::string> values(1);
+  int depth = 0;
+  char quote = 0;
+  for (const char ch : text) {
+    if (quote != 0) {
+      quote = ch == quote ? 0 : quote;
+    } else if (ch == '\'' || ch == '"') {
+      quote = ch;
+    } else if (ch == '(' || ch == '[') {
+      ++depth;
+    } else if (ch == ')' || ch == ']') {
+      --depth;
+    } else if (ch == ',' && depth == 0) {
+      values.emplace_back();
+      continue;
+    }
+    values.back() += ch;
+  }
+  return values;
 }
 
 Config with_overrides(const Config& config, const std::vector<std::string>& more) {

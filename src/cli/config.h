@@ -17,6 +17,7 @@ struct Config {
   trainer::RunConfig run;
   std::string remat_policy = "full";          // as written; parsed into run.model.remat_policy
   std::string group_remat_policy = "nothing_saveable";  // as written; parsed into run.model.group_remat_policy
+  std::string pipeline_stage_remat_policies;  // as written (comma-separated); parsed into run.model.stage_remat_policies
   std::map<std::string, std::string> custom_remat;  // checkpoint name -> remat|device|offload (remat_policy=custom)
   std::string model = "tiny";                 // preset name (configs/models/<model>.yml)
   std::string run_name;                       // "" = the model name
@@ -50,6 +51,10 @@ Config load_config(const std::string& config_path, const std::vector<std::string
 // `config` loaded again as its command line was, with `more` ("key=value") after its own overrides; the run's
 // dump_ir_after is kept.
 Config with_overrides(const Config& config, const std::vector<std::string>& more);
+
+// A comma-separated list of values, where a comma inside (), [] or quotes separates nothing (policy texts have
+// them): "full,save_only_these_names(a, b)" -> {"full", "save_only_these_names(a, b)"}. "" -> {""}.
+std::vector<std::string> split_values(const std::string& text);
 
 // configs/ as built into the binary, by path relative to it: "base.yml", "models/tiny.yml", ...
 const std::map<std::string, std::string>& embedded_configs();

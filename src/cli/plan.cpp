@@ -59,9 +59,9 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
   }
   const int64_t limit = config.hbm_limit.empty() ? 0 : plan::parse_bytes(config.hbm_limit, "hbm_limit");
   nlohmann::json ranks = nlohmann::json::array();
-  std::string table = fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>9}  {}\n", "rank", "total",
-                                  "parameters", "optimizer", "arena", "live peak", "sent", "bubble",
-                                  "most microbatches stashed at once");
+  std::string table = fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>9}  {:>8}  {}\n", "rank",
+                                  "total", "parameters", "optimizer", "arena", "live peak", "sent", "recompute",
+                                  "bubble", "stashed", "remat policy");
   std::string communication;
   bool every_rank_fits = true;
   for (int64_t r = 0; r < s.shape.stages; ++r) {
@@ -77,16 +77,20 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
     const size_t rank = static_cast<size_t>(r);
     auto str = [](int64_t b) { return plan::bytes_str(static_cast<double>(b)); };
     const double sent = ir::communication_of(rep.communication, ir::Op::send).all.sent;  // to the neighbouring stages
-    table += fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>8.1f}%  {}\n", r, str(rep.total),
-                         str(rep.parameters), str(rep.optimizer_state), str(rep.temporaries), str(rep.lower_bound),
-                         str(static_cast<int64_t>(sent)),
-                         100 * t.bubble(rank), stashed);
+    const std::string policy = train::rank_remat_policy(model, s.shape, r);
+    const double recompute = step.explanation.recompute_flops;
+    table += fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>8.1f}%  {:>8}  {}\n", r,
+                         str(rep.total), str(rep.parameters), str(rep.optimizer_state), str(rep.temporaries),
+                         str(rep.lower_bound), str(static_cast<int64_t>(sent)), fmt::format("{:.1f} GF", recompute / 1e9),
+                         100 * t.bubble(rank), stashed, policy);
     communication += fmt::format("rank {}:\n{}", r, plan::communication_text(rep.communication, "  "));
     nlohmann::json j = rep.json();
     j["rank"] = r;
     j["bubble"] = t.bubble(rank);
     j["peak_in_flight"] = t.ranks[rank].peak_in_flight;
     j["most_stashed"] = stashed;
+    j["remat_policy"] = policy;
+    j["recompute_flops"] = recompute;
     ranks.push_back(j);
   }
   if (fits) *fits = every_rank_fits;
@@ -101,11 +105,15 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
     return out.dump(2) + "\n";
   }
   const double params = static_cast<double>(nn::param_count(run.model));
-  return fmt::format("model {} ({:.2f}B parameters), {} stages x {} microbatches of {} x {} tokens{}, remat_policy {}\n",
+  return fmt::format("model {} ({:.2f}B parameters), {} stages x {} microbatches of {} x {} tokens{}, {}\n",
                      config.model, params / 1e9, s.shape.stages, s.shape.microbatches, shape.batch, shape.seq,
                      model.mesh.ranks() > 1 ? fmt::format(" per replica; {} ranks ({}) of each stage", model.mesh.ranks(), trainer::mesh_text(planned)) : "",
-                     run.model.remat_policy.written) +
-         parallel::grid(s, t) + "\nEach rank's plan (its own program: the stage's parameters and moments, the arena of its actions in order):\n" +
+                     run.model.stage_remat_policies.empty()
+                         ? "remat_policy " + run.model.remat_policy.written
+                         : "pipeline_stage_remat_policies " + config.pipeline_stage_remat_policies) +
+         parallel::grid(s, t) +
+         "\nEach rank's plan (its own program: the stage's parameters and moments, the arena of its actions in order; "
+         "recompute: FLOPs its backwards run again; stashed: the most microbatches whose activations it holds at once):\n" +
          table +
          "\nEach rank's communication per step (count, operand bytes, bytes it sends; what recomputation runs again):\n" +
          communication + (limit > 0 ? fmt::format("hbm_limit {} per device: {}\n", plan::bytes_str(static_cast<double>(limit)),

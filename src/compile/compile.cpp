@@ -1,5 +1,7 @@
 #include "compile/compile.h"
 
+#include <algorithm>
+
 namespace remat::compile {
 
 Compiled compile(const Request& r) {
@@ -12,6 +14,13 @@ Compiled compile(const Request& r) {
     if (r.model.layers_per_group > 0)  // the group's policy sees the same names (its layers')
       for (std::string& w : rematerialize::lint(forward, r.model.group_remat_policy, {.allow_unmatched = r.allow_unmatched}))
         c.warnings.push_back(std::move(w));
+    std::vector<std::string> linted{r.model.remat_policy.written};
+    for (const rematerialize::Policy& p : r.model.stage_remat_policies) {  // each stage's layers carry the same names
+      if (std::find(linted.begin(), linted.end(), p.written) != linted.end()) continue;
+      linted.push_back(p.written);
+      for (std::string& w : rematerialize::lint(forward, p, {.allow_unmatched = r.allow_unmatched}))
+        c.warnings.push_back(std::move(w));
+    }
     rematerialize::Decider own(nn::remat_policies(r.model));
     rematerialize::Decider& decider = r.decider != nullptr ? *r.decider : own;
     CHECK(r.pipeline == nullptr || r.kind == Kind::train_step, "compile: under a pipeline, gradients come with the train step");
@@ -32,7 +41,7 @@ Compiled compile(const Request& r) {
           "compile: generation with a KV cache runs without pipeline stages");
     if (r.pipeline)
       traced = train::pipeline_forward_program(r.model, r.shape.batch, r.shape.seq, r.pipeline->shape, r.stage,
-                                               r.kind == Kind::logits);
+                                               r.kind == Kind::logits ? train::Forward::logits : train::Forward::loss);
     else if (r.kind == Kind::prefill)
       traced = train::prefill_program(r.model, r.shape.batch, r.shape.seq, r.max_length);
     else if (r.kind == Kind::decode)

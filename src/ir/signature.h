@@ -33,6 +33,9 @@ struct Slot {
 
 struct Signature {
   std::vector<Slot> args, results;
+  // The loss as the forward makes it on this rank (before any sum over ranks, mean or loss scaling), where the
+  // program has one (-1: none): where a plan report splits the step into forward and backward.
+  ValueId loss = -1;
 
   // Index by name; a name that is not there is an internal error (names are fixed by the program's builder).
   int arg(std::string_view name) const;

@@ -51,11 +51,10 @@ struct Step {
 // with their keys and values written in. `key`, `value`: the caches so far (null: all zeros, the prefill).
 Step trace_step(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Tensor inputs, Tensor position,
                 int64_t max_length, Tensor key, Tensor value) {
-  ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
   const std::vector<ParamSpec> specs = param_specs(c);
-  const HeadAt at = head_at(c);
+  const ParamLayout at = param_layout(c);
   const int64_t batch = inputs.dim(0), T = inputs.dim(1), S = max_length;
-  Tensor x = embed(b, c, p[0], specs[0], inputs);
+  Tensor x = embed(b, c, p[*at.embedding], specs[*at.embedding], inputs);
   LayerConsts tables = layer_consts(b, c, S);  // RoPE of every cache position (its causal mask goes unused)
   LayerConsts k;
   {
@@ -69,7 +68,8 @@ Step trace_step(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Ten
     Tensor query_pos = iota(b, DType::i32, {T, S}, 0) + broadcast_in_dim(position, {T, S}, {});
     k.mask = compare(iota(b, DType::i32, {T, S}, 1), query_pos, "le");
   }
-  std::vector<Tensor> xs(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(at.norm));
+  const std::span<const Tensor> stacked = at.layers_of(p);
+  std::vector<Tensor> xs(stacked.begin(), stacked.end());
   const size_t nw = xs.size();
   const bool prefill = key.b == nullptr;
   if (!prefill) xs.insert(xs.end(), {key, value});
@@ -88,7 +88,7 @@ Step trace_step(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Ten
                "decoder_layer");
   }
   Tensor last = slice(out[0], {0, T - 1, 0}, {batch, T, c.emb_dim});
-  Tensor logits = head(b, c, last, p[at.norm], specs[at.norm], p[at.out], specs[at.out]);
+  Tensor logits = head(b, c, last, p[*at.norm], specs[*at.norm], p[*at.out], specs[*at.out]);
   return {reshape(logits, {batch, c.vocab_size}), out[1], out[2]};
 }
 

@@ -5,6 +5,7 @@
 #include "nn/model.h"
 
 #include <utility>
+#include <vector>
 
 namespace remat::nn::detail {
 
@@ -13,6 +14,13 @@ namespace remat::nn::detail {
 struct LayerWeights {
   ir::Tensor attn_norm, query, key, value, qkv, out, mlp_norm, wi0, wi1, wi, wo;
 };
+
+// The layer's parameters in param_specs() order (after the embedding): each name, and where it goes.
+struct LayerParam {
+  const char* name;  // the parameter path's module (decoder/layers/<...>) and the remat region input's name
+  ir::Tensor LayerWeights::*field;
+};
+std::vector<LayerParam> layer_params(const ModelConfig& c);
 
 // Decoding (decode.cpp): one layer's key and value caches [B,S,KV,Dh] and the position (an i32 scalar) of the
 // first of the T tokens the layer is computing. append() writes their keys and values [B,T,KV,Dh] there (RoPE
@@ -42,12 +50,6 @@ ir::Tensor embed(ir::Builder& b, const ModelConfig& c, ir::Tensor table, const P
 // The final norm and the logits [B,T,V] in f32.
 ir::Tensor head(ir::Builder& b, const ModelConfig& c, ir::Tensor x, ir::Tensor norm, const ParamSpec& norm_spec,
                 ir::Tensor out, const ParamSpec& out_spec);
-// Where the head's parameters are among param_specs: the final norm scale, and the output kernel (the
-// embedding when tied). The layers' stacked parameters lie between the embedding and `norm`.
-struct HeadAt {
-  size_t norm, out;
-};
-HeadAt head_at(const ModelConfig& c);
 // The model's parameters as graph params, in param_specs order.
 std::vector<ir::Tensor> declare_params(ir::Builder& b, const ModelConfig& c);
 

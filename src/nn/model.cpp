@@ -21,12 +21,6 @@ namespace detail {
 
 constexpr DType kF32 = DType::f32;
 
-// The layer's parameters in param_specs() order (after the embedding): each name, and where it goes.
-struct LayerParam {
-  const char* name;  // the parameter path's module (decoder/layers/<...>) and the remat region input's name
-  Tensor LayerWeights::*field;
-};
-
 std::vector<LayerParam> layer_params(const ModelConfig& c) {
   std::vector<LayerParam> p = {{"pre_self_attention_norm", &LayerWeights::attn_norm}};
   if (c.fused_qkv) {
@@ -44,19 +38,19 @@ std::vector<LayerParam> layer_params(const ModelConfig& c) {
   return p;
 }
 
-// The dtype activations and matmuls run in (the ComputeContext's).
-DType compute_dtype() { return ComputeContext::current().precision.compute; }
+// The dtype activations and matmuls run in.
+DType compute_dtype(const ModelConfig& c) { return c.precision.compute; }
 
 // RMSNorm in f32 (statistics and scale), returned in the compute dtype.
-Tensor rms_norm(Tensor input, Tensor scale, double eps) {
+Tensor rms_norm(const ModelConfig& c, Tensor input, Tensor scale) {
   Tensor x = convert(input, kF32);
   scale = convert(scale, kF32);
   int64_t last = x.rank() - 1;
   Tensor ms = mean(square(x), {last});
   IntList keep(static_cast<size_t>(last));
   for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int64_t>(i);
-  Tensor normalized = x * broadcast_in_dim(rsqrt(ms + eps), x.shape(), keep);
-  return convert(normalized * broadcast_in_dim(scale, x.shape(), {last}), compute_dtype());
+  Tensor normalized = x * broadcast_in_dim(rsqrt(ms + c.rms_eps), x.shape(), keep);
+  return convert(normalized * broadcast_in_dim(scale, x.shape(), {last}), compute_dtype(c));
 }
 
 LayerConsts layer_consts(Builder& b, const ModelConfig& c, int64_t seq) {
@@ -71,8 +65,8 @@ LayerConsts layer_consts(Builder& b, const ModelConfig& c, int64_t seq) {
     Tensor angle = pos * inv_freq;
     Tensor cosine = cos(angle);
     Tensor sine = sin(angle);
-    k.cos = convert(concatenate(std::array{cosine, cosine}, 1), compute_dtype());
-    k.sin = convert(concatenate(std::array{sine, sine}, 1), compute_dtype());
+    k.cos = convert(concatenate(std::array{cosine, cosine}, 1), compute_dtype(c));
+    k.sin = convert(concatenate(std::array{sine, sine}, 1), compute_dtype(c));
   }
   auto s = b.scope("decoder/causal_mask");
   Tensor query_pos = iota(b, DType::i32, {seq, seq}, 0);
@@ -100,10 +94,9 @@ Tensor repeat_kv(Tensor x, int64_t heads) {
   return reshape(wide, {s[0], s[1], heads, s[3]});
 }
 
-// [B,T,D] . [D, ...] -> [B,T, ...] in `dtype`, by default the context's compute dtype (operands not yet in
-// it are cast here).
-Tensor project(Tensor h, Tensor kernel, std::optional<DType> dtype = std::nullopt) {
-  const DType d = dtype.value_or(compute_dtype());
+// [B,T,D] . [D, ...] -> [B,T, ...] in the compute dtype (operands not yet in it are cast here).
+Tensor project(const ModelConfig& c, Tensor h, Tensor kernel) {
+  const DType d = compute_dtype(c);
   return dot_general(convert(h, d), convert(kernel, d), DotDims{{2}, {0}, {}, {}});
 }
 
@@ -118,7 +111,7 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
   Tensor q, key, v;
   if (c.fused_qkv) {  // one matmul for q, k and v, named before the split (MaxText's qkv_proj)
     auto s2 = b.scope("qkv_proj");
-    Tensor qkv = named(project(h, w.qkv), names::kQkvProj, c.checkpoint_naming);
+    Tensor qkv = named(project(c, h, w.qkv), names::kQkvProj, c.checkpoint_naming);
     const Shape d = qkv.shape();  // [B, T, H + 2KV, Dh]
     const int64_t H = c.num_heads, KV = c.num_kv_heads;
     q = rope(slice(qkv, {0, 0, 0, 0}, {d[0], d[1], H, d[3]}), k);
@@ -127,15 +120,15 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
   } else {
     {
       auto s2 = b.scope("query");
-      q = named(rope(project(h, w.query), k), names::kQueryProj, c.checkpoint_naming);
+      q = named(rope(project(c, h, w.query), k), names::kQueryProj, c.checkpoint_naming);
     }
     {
       auto s2 = b.scope("key");
-      key = named(rope(project(h, tp::kv_kernel(b, c, w.key)), k), names::kKeyProj, c.checkpoint_naming);
+      key = named(rope(project(c, h, tp::kv_kernel(b, c, w.key)), k), names::kKeyProj, c.checkpoint_naming);
     }
     {
       auto s2 = b.scope("value");
-      v = named(project(h, tp::kv_kernel(b, c, w.value)), names::kValueProj, c.checkpoint_naming);
+      v = named(project(c, h, tp::kv_kernel(b, c, w.value)), names::kValueProj, c.checkpoint_naming);
     }
   }
   if (k.cache) std::tie(key, v) = k.cache->append(key, v);  // decoding: attend over the whole cache
@@ -153,14 +146,14 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     // scores[b,h,s,t] = q[b,s,h,:] . k[b,t,h,:] / sqrt(Dh). As in MaxText, float32_qk_product casts q and k
     // up before the dot and float32_logits casts the scores up after it (never down): the softmax reads f32
     // scores when either is on (it computes in f32 either way).
-    const DType qk = c.float32_qk_product ? kF32 : compute_dtype();
+    const DType qk = c.float32_qk_product ? kF32 : compute_dtype(c);
     Tensor scores = dot_general(convert(q, qk), convert(kk, qk), DotDims{{3}, {3}, {0, 2}, {0, 2}});
     if (c.float32_logits) scores = convert(scores, kF32);
     scores = scores * (1.0 / std::sqrt(double(c.head_dim)));
     Tensor visible = broadcast_in_dim(k.mask, scores.shape(), {2, 3});
     Tensor hidden = full(b, scores.type(), -std::numeric_limits<double>::infinity());
     Tensor masked = select(visible, scores, hidden);
-    Tensor probs = softmax(masked, compute_dtype());  // computed in f32 (f64), rounded once to the matmul's dtype
+    Tensor probs = softmax(masked, compute_dtype(c));  // computed in f32 (f64), rounded once to the matmul's dtype
     // ctx[b,h,s,:] = sum_t probs[b,h,s,t] v[b,t,h,:], then [B,T,H,Dh]
     Tensor ctx = dot_general(probs, vv, DotDims{{3}, {1}, {0, 1}, {0, 2}});
     context = named(transpose(ctx, {0, 2, 1, 3}), names::kContext, c.checkpoint_naming);
@@ -174,22 +167,22 @@ Tensor mlp(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights& w) {
   Tensor gate, up;
   if (c.fused_mlp) {  // gate and up as one matmul against [D, 2, F], named before the split (MaxText's mlpwi)
     auto s2 = b.scope("wi");
-    Tensor wi = named(project(h, w.wi), names::kMlpWi, c.checkpoint_naming);
+    Tensor wi = named(project(c, h, w.wi), names::kMlpWi, c.checkpoint_naming);
     const Shape d = wi.shape();  // [B, T, 2, F]
     gate = reshape(slice(wi, {0, 0, 0, 0}, {d[0], d[1], 1, d[3]}), {d[0], d[1], d[3]});
     up = reshape(slice(wi, {0, 0, 1, 0}, {d[0], d[1], 2, d[3]}), {d[0], d[1], d[3]});
   } else {
     {
       auto s2 = b.scope("wi_0");
-      gate = named(project(h, w.wi0), names::kMlpWi0, c.checkpoint_naming);
+      gate = named(project(c, h, w.wi0), names::kMlpWi0, c.checkpoint_naming);
     }
     {
       auto s2 = b.scope("wi_1");
-      up = named(project(h, w.wi1), names::kMlpWi1, c.checkpoint_naming);
+      up = named(project(c, h, w.wi1), names::kMlpWi1, c.checkpoint_naming);
     }
   }
   auto s2 = b.scope("wo");
-  return project(silu(gate) * up, w.wo);
+  return project(c, silu(gate) * up, w.wo);
 }
 
 // The weights matmuls read in the compute dtype; the RMSNorm scales stay as they are (used in f32).
@@ -204,25 +197,25 @@ std::vector<Tensor*> kernels(LayerWeights& w) {
 // allocation right before the layer's first matmul and freed after its last: under a scan only one
 // layer's copy is ever live. Kernels already in the compute dtype (f32 runs, mp_cast=upfront) are used
 // as they are.
-LayerWeights cast_to_compute(LayerWeights w) {
+LayerWeights cast_to_compute(const ModelConfig& c, LayerWeights w) {
+  const DType d = compute_dtype(c);
   std::vector<Tensor> from;
   for (Tensor* k : kernels(w))
-    if (k->dtype() != compute_dtype()) from.push_back(*k);
+    if (k->dtype() != d) from.push_back(*k);
   if (from.empty()) return w;
-  std::vector<Tensor> to = convert_group(from, compute_dtype());
+  std::vector<Tensor> to = convert_group(from, d);
   size_t next = 0;
   for (Tensor* k : kernels(w))
-    if (k->dtype() != compute_dtype()) *k = to[next++];
+    if (k->dtype() != d) *k = to[next++];
   return w;
 }
 
 // FSDP: the whole of a parameter (or of a layer's slice of one) from this device's shard along `dim`, in
 // `to` when given: the cast comes before the gather, so the compute dtype is what goes on the wire and what
 // the gathered buffer holds. Unsharded: the parameter itself (converted).
-Tensor gathered(Tensor shard, int64_t dim, int64_t shards, std::optional<DType> to = std::nullopt) {
+Tensor gathered(const ModelConfig& c, Tensor shard, int64_t dim, int64_t shards, std::optional<DType> to) {
   if (shards == 1) return to ? convert(shard, *to) : shard;
-  const Mesh& m = ComputeContext::current().mesh;
-  return all_gather(shard, m.batch_group(), m.batch_ranks(), dim, shards, to);
+  return all_gather(shard, c.mesh.batch_group(), c.mesh.batch_ranks(), dim, shards, to);
 }
 
 // FSDP: a layer's whole weights from its shards, the kernels cast to the compute dtype before the gather
@@ -233,13 +226,14 @@ Tensor gathered(Tensor shard, int64_t dim, int64_t shards, std::optional<DType> 
 LayerWeights gather_layer(Builder& b, const ModelConfig& c, LayerWeights w) {
   auto s = b.scope("fsdp_gather");
   const std::vector<ParamSpec> specs = param_specs(c);
+  const std::span<const ParamSpec> layer_specs = param_layout(c).layers_of(std::span<const ParamSpec>(specs));
   const std::vector<LayerParam> params = layer_params(c);
   const std::vector<Tensor*> matmul = kernels(w);
   for (size_t i = 0; i < params.size(); ++i) {
-    const ParamSpec& spec = specs[1 + i];  // after the embedding; a layer's slice drops the layers dimension
+    const ParamSpec& spec = layer_specs[i];  // a layer's slice drops the layers dimension
     Tensor& t = w.*params[i].field;
     const bool kernel = std::find(matmul.begin(), matmul.end(), &t) != matmul.end();
-    t = gathered(t, spec.shard_dim - 1, spec.shards, kernel ? std::optional<DType>(compute_dtype()) : std::nullopt);
+    t = gathered(c, t, spec.shard_dim - 1, spec.shards, kernel ? std::optional<DType>(compute_dtype(c)) : std::nullopt);
   }
   return w;
 }
@@ -253,9 +247,9 @@ Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeig
   Tensor h;
   {
     auto s = b.scope("pre_self_attention_norm");
-    h = rms_norm(x, tp::whole_param(c, whole.attn_norm), c.rms_eps);
+    h = rms_norm(c, x, tp::whole_param(c, whole.attn_norm));
   }
-  const LayerWeights w = sharded ? whole : cast_to_compute(weights);
+  const LayerWeights w = sharded ? whole : cast_to_compute(c, weights);
   // out_proj and mlpwo name a block's output as the layer adds it: under tensor parallelism the sum over the
   // ranks (the rank's slice of it under sequence parallelism), as JAX names the logical value, so a policy
   // that saves them keeps the reduced value and recomputation never runs that collective again.
@@ -263,7 +257,7 @@ Tensor decoder_layer(Builder& b, const ModelConfig& c, Tensor x, const LayerWeig
   x = named(x + attention_out, names::kAttentionResidual, c.checkpoint_naming);
   {
     auto s = b.scope("post_self_attention_norm");
-    h = rms_norm(x, tp::whole_param(c, w.mlp_norm), c.rms_eps);
+    h = rms_norm(c, x, tp::whole_param(c, w.mlp_norm));
   }
   const Tensor mlp_out = named(tp::leave(c, mlp(b, c, tp::enter(c, h), w)), names::kMlpWo, c.checkpoint_naming);
   return named(x + mlp_out, names::kMlpResidual, c.checkpoint_naming);
@@ -376,8 +370,8 @@ Tensor decoder_layers(Builder& b, const ModelConfig& c, Tensor x, std::span<cons
 }
 
 // The parts of the model a stage may hold, each traced from its parameters (gathered where sharded).
-Tensor whole_param(Tensor p, const ParamSpec& spec, std::optional<DType> to) {
-  return gathered(p, spec.shard_dim, spec.shards, to);
+Tensor whole_param(const ModelConfig& c, Tensor p, const ParamSpec& spec, std::optional<DType> to) {
+  return gathered(c, p, spec.shard_dim, spec.shards, to);
 }
 
 Tensor embed(Builder& b, const ModelConfig& c, Tensor table, const ParamSpec& spec, Tensor inputs) {
@@ -385,9 +379,9 @@ Tensor embed(Builder& b, const ModelConfig& c, Tensor table, const ParamSpec& sp
         type_str(inputs.type()));
   auto s = b.scope("token_embedder");
   // The table in its own dtype (sharded, gathered so): the rows' gradient accumulates in it, as unsharded.
-  table = whole_param(table, spec, std::nullopt);
-  if (tp::degree(c) > 1) return tp::embed(b, c, table, inputs, compute_dtype());
-  return convert(gather(table, inputs), compute_dtype());
+  table = whole_param(c, table, spec, std::nullopt);
+  if (tp::degree(c) > 1) return tp::embed(b, c, table, inputs, compute_dtype(c));
+  return convert(gather(table, inputs), compute_dtype(c));
 }
 
 // `c.num_decoder_layers` layers over the stacked weights.
@@ -397,7 +391,7 @@ Tensor layers(Builder& b, const ModelConfig& c, Tensor x, std::vector<Tensor> st
   if (c.cast_upfront) {  // every layer's kernels in the compute dtype before the layer loop (all L live)
     auto s = b.scope("decoder/cast_upfront");
     LayerWeights all = layer_weights(c, stacked);
-    for (Tensor* w : kernels(all)) *w = convert(*w, compute_dtype());
+    for (Tensor* w : kernels(all)) *w = convert(*w, compute_dtype(c));
     stacked = layer_tensors(c, all);
   }
   return decoder_layers(b, c, x, stacked, k);
@@ -406,11 +400,11 @@ Tensor layers(Builder& b, const ModelConfig& c, Tensor x, std::vector<Tensor> st
 // The final norm of the hidden states, as the output projection reads them (tensor_parallel::enter).
 Tensor final_norm(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec) {
   auto s = b.scope("decoder/decoder_norm");
-  return tp::enter(c, rms_norm(x, tp::whole_param(c, whole_param(norm, norm_spec, std::nullopt)), c.rms_eps));
+  return tp::enter(c, rms_norm(c, x, tp::whole_param(c, whole_param(c, norm, norm_spec, std::nullopt))));
 }
 
 // The output projection's matmul dtype: the compute dtype, or f32 with logits_dot_in_fp32.
-DType logits_dot(const ModelConfig& c) { return c.logits_dot_in_fp32 ? kF32 : compute_dtype(); }
+DType logits_dot(const ModelConfig& c) { return c.logits_dot_in_fp32 ? kF32 : compute_dtype(c); }
 
 // Logits [..., V] in f32 for the loss from hidden states [..., D] (the matmul in logits_dot, cast up). `out` is
 // the output kernel [D,V], or the embedding [V,D] when tied.
@@ -426,26 +420,22 @@ Tensor head(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const Param
             const ParamSpec& out_spec) {
   x = final_norm(b, c, x, norm, norm_spec);
   auto s = b.scope("decoder/logits_dense");
-  return logits_of(c, x, whole_param(out, out_spec, logits_dot(c)));
-}
-
-HeadAt head_at(const ModelConfig& c) {
-  const size_t norm = 1 + layer_params(c).size();
-  return {norm, c.logits_via_embedding ? 0 : norm + 1};
+  return logits_of(c, x, whole_param(c, out, out_spec, logits_dot(c)));
 }
 
 // The embedding and the layers: the hidden states [B,T,D] before the final norm.
 Tensor trunk(Builder& b, const ModelConfig& c, std::span<const Tensor> p, std::span<const ParamSpec> specs,
              Tensor inputs) {
-  Tensor x = embed(b, c, p[0], specs[0], inputs);
-  return layers(b, c, x, std::vector<Tensor>(p.begin() + 1, p.begin() + static_cast<std::ptrdiff_t>(head_at(c).norm)));
+  const ParamLayout at = param_layout(c);
+  Tensor x = embed(b, c, p[*at.embedding], specs[*at.embedding], inputs);
+  const std::span<const Tensor> stacked = at.layers_of(p);
+  return layers(b, c, x, std::vector<Tensor>(stacked.begin(), stacked.end()));
 }
 
 Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Tensor inputs) {
-  ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
   const std::vector<ParamSpec> specs = param_specs(c);
-  const HeadAt at = head_at(c);
-  return tp::gather_logits(c, head(b, c, trunk(b, c, p, specs, inputs), p[at.norm], specs[at.norm], p[at.out], specs[at.out]));
+  const ParamLayout at = param_layout(c);
+  return tp::gather_logits(c, head(b, c, trunk(b, c, p, specs, inputs), p[*at.norm], specs[*at.norm], p[*at.out], specs[*at.out]));
 }
 
 // log_softmax(logits)[target] in f32 along the last (vocabulary) axis, picked with a one-hot mask: the shape of
@@ -513,7 +503,7 @@ Tensor head_loss(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const 
   if (c.num_vocab_tiling == 1) return cross_entropy(b, c, head(b, c, x, norm, norm_spec, out, out_spec), targets);
   x = final_norm(b, c, x, norm, norm_spec);
   const std::optional<DType> accumulate = out.dtype() == DType::f64 ? std::nullopt : std::optional(kF32);
-  return tiled_cross_entropy(b, c, x, whole_param(out, out_spec, accumulate), targets);
+  return tiled_cross_entropy(b, c, x, whole_param(c, out, out_spec, accumulate), targets);
 }
 
 std::vector<Tensor> declare_params(Builder& b, const ModelConfig& c) {
@@ -529,11 +519,10 @@ using namespace detail;
 Tensor trace_loss(Builder& b, const ModelConfig& c, std::span<const Tensor> params, Tensor inputs, Tensor targets,
                   Tensor* logits_out) {
   if (!logits_out) {
-    ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
-    const std::vector<ParamSpec> specs = param_specs(c);
-    const HeadAt at = head_at(c);
+      const std::vector<ParamSpec> specs = param_specs(c);
+    const ParamLayout at = param_layout(c);
     Tensor x = trunk(b, c, params, specs, inputs);
-    return head_loss(b, c, x, params[at.norm], specs[at.norm], params[at.out], specs[at.out], targets);
+    return head_loss(b, c, x, params[*at.norm], specs[*at.norm], params[*at.out], specs[*at.out], targets);
   }
   *logits_out = trace_logits(b, c, params, inputs);  // the caller wants the logits: untiled, whole
   ModelConfig whole = c;
@@ -546,24 +535,32 @@ ir::Type stage_activation(const ModelConfig& c, int64_t batch, int64_t seq) {
   return {c.precision.compute, {batch, c.sequence_parallel ? seq / tp::degree(c) : seq, c.emb_dim}};
 }
 
+const rematerialize::Policy& stage_remat_policy(const ModelConfig& c, const StagePart& part) {
+  if (c.stage_remat_policies.empty()) return c.remat_policy;
+  ASSERT(part.num_layers > 0 && part.first_layer % part.num_layers == 0);
+  const size_t k = static_cast<size_t>(part.first_layer / part.num_layers);
+  return c.stage_remat_policies[k % c.stage_remat_policies.size()];
+}
+
 Tensor trace_stage(Builder& b, const ModelConfig& c, const StagePart& part, std::span<const Tensor> params, Tensor in,
                    std::optional<Tensor> targets) {
-  ComputeContext context(ComputeSettings{c.precision, c.mesh, c.axis_rules});
   const std::vector<ParamSpec> specs = stage_param_specs(c, part);
   ASSERT(params.size() == specs.size() && (part.head || !targets));
-  const size_t nw = layer_params(c).size(), first = part.embedding ? 1 : 0;
-  Tensor x = part.embedding ? embed(b, c, params[0], specs[0], in) : in;
+  const ParamLayout at = param_layout(c, part);
+  Tensor x = at.embedding ? embed(b, c, params[*at.embedding], specs[*at.embedding], in) : in;
   ModelConfig stage = c;
   stage.num_decoder_layers = part.num_layers;
-  x = layers(b, stage, x, std::vector<Tensor>(params.begin() + static_cast<std::ptrdiff_t>(first),
-                                              params.begin() + static_cast<std::ptrdiff_t>(first + nw)));
+  stage.remat_policy = stage_remat_policy(c, part);
+  const std::span<const Tensor> stacked = at.layers_of(params);
+  x = layers(b, stage, x, std::vector<Tensor>(stacked.begin(), stacked.end()));
   if (!part.head) return x;
-  const size_t norm = first + nw, out = c.logits_via_embedding ? 0 : norm + 1;
+  const size_t norm = *at.norm, out = *at.out;
   if (!targets) return tp::gather_logits(c, head(b, c, x, params[norm], specs[norm], params[out], specs[out]));
   return head_loss(b, c, x, params[norm], specs[norm], params[out], specs[out], *targets);
 }
 
-Graph loss_graph(const ModelConfig& c, int64_t batch, int64_t seq, bool with_logits) {
+Graph loss_graph(const ModelConfig& c, int64_t batch, int64_t seq, LossResults results) {
+  const bool with_logits = results == LossResults::loss_and_logits;
   Graph g;
   g.name = "loss";
   Builder b(g);

@@ -29,6 +29,7 @@
 #include "remat/policy.h"
 
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ struct ModelConfig {
                                                                             // remat region (nor group region)
   // Of each group (layers_per_group > 0): what crosses groups. Its default keeps only the groups' inputs.
   rematerialize::Policy group_remat_policy = rematerialize::parse_policy("nothing_saveable");
+  // Under a pipeline (pipeline_stage_remat_policies): the layers' policy of each virtual stage k, entry
+  // k % size (one per virtual stage, or one per rank for all of its chunks); empty: remat_policy everywhere.
+  std::vector<rematerialize::Policy> stage_remat_policies;
   names::Naming checkpoint_naming = names::Naming::maxtext;  // the checkpoint names the layer's tensors carry
   bool fused_qkv = false;            // q, k, v as one matmul against [D, H+2KV, Dh], named qkv_proj (MaxText's)
   bool fused_mlp = false;            // gate and up as one matmul against [D, 2, F], named mlpwi (MaxText's)
@@ -100,7 +104,9 @@ inline rematerialize::Policy parse_remat_policy(const std::string& text, const M
 
 // The policies the model's remat regions are traced with (a rematerialize::Decider is handed these).
 inline std::vector<rematerialize::Policy> remat_policies(const ModelConfig& c) {
-  return {c.remat_policy, c.group_remat_policy};
+  std::vector<rematerialize::Policy> all{c.remat_policy, c.group_remat_policy};
+  all.insert(all.end(), c.stage_remat_policies.begin(), c.stage_remat_policies.end());
+  return all;
 }
 
 enum class Init { normal, ones };
@@ -115,7 +121,11 @@ struct ParamSpec {
   int64_t shards = 1;             // the parts it is split into (that axis's size)
   int64_t tensor_dim = -1;        // the dimension split over `tensor`; -1: every tensor rank holds it whole
   int64_t tensor_shards = 1;
+  // The dimension axis_rules maps to `fsdp`, whether or not the mesh splits it (-1: none): a reduction that
+  // keeps it sums in the same order sharded or not.
+  int64_t fsdp_dim = -1;
   ir::Type whole_type() const;    // the whole parameter's
+  bool stacked() const;           // one slice per decoder layer along dimension 0 (the `layers` axis)
 };
 
 // One pipeline stage's part of the model: decoder layers [first_layer, first_layer + num_layers), after the
@@ -156,7 +166,8 @@ void init_stage_params(const ModelConfig& c, uint64_t seed, std::span<const Stag
 std::vector<exec::Array> fuse_params(const ModelConfig& c, std::span<const exec::Array> unfused);
 
 // (params..., inputs i32[B,T], targets i32[B,T]) -> (loss f32[]), plus logits f32[B,T,V] when asked.
-ir::Graph loss_graph(const ModelConfig& c, int64_t batch, int64_t seq, bool with_logits = false);
+enum class LossResults { loss, loss_and_logits };
+ir::Graph loss_graph(const ModelConfig& c, int64_t batch, int64_t seq, LossResults results = LossResults::loss);
 
 // Traces the loss into `b` from existing tensors (used inside larger step graphs).
 ir::Tensor trace_loss(ir::Builder& b, const ModelConfig& c, std::span<const ir::Tensor> params, ir::Tensor inputs,
@@ -167,9 +178,26 @@ ir::Tensor trace_loss(ir::Builder& b, const ModelConfig& c, std::span<const ir::
 // projection (logits_via_embedding) on a stage without the embedding is refused.
 std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& part);
 
+// Where each part of the model lies in a list of parameters in param_specs (or stage_param_specs) order.
+struct ParamLayout {
+  std::optional<size_t> embedding;    // the token embedding (the first stage's)
+  size_t first_layer = 0, layers = 0;  // the stacked layer parameters: [first_layer, first_layer + layers)
+  std::optional<size_t> norm, out;    // the final norm and the output kernel (the last stage's; `out` is the
+                                      // embedding when logits_via_embedding ties them)
+  // The layer parameters of `params`.
+  template <class T>
+  std::span<const T> layers_of(std::span<const T> params) const { return params.subspan(first_layer, layers); }
+};
+ParamLayout param_layout(const ModelConfig& c, const StagePart& part);
+ParamLayout param_layout(const ModelConfig& c);  // the whole model's (param_specs)
+
 // The activation one pipeline stage hands the next for B sequences of T tokens: [B,T,D] in the compute dtype,
 // or under sequence parallelism the rank's [B,T/t,D] slice.
 ir::Type stage_activation(const ModelConfig& c, int64_t batch, int64_t seq);
+
+// The policy of the stage's layers: its entry of stage_remat_policies (the stage's index is first_layer /
+// num_layers: stages are of equal size), else remat_policy.
+const rematerialize::Policy& stage_remat_policy(const ModelConfig& c, const StagePart& part);
 
 // Traces the stage: from inputs i32[B,T] (with the embedding) or the activation [B,T,D] the previous stage
 // sent, to the activation the next stage takes, or (with the head) the mean loss given targets, else the logits.

@@ -5,6 +5,7 @@
 #include "nn/model.h"
 
 #include "nn/checkpoint_names.h"
+#include "nn/layer.h"
 
 #include <cmath>
 #include <cstring>
@@ -103,6 +104,8 @@ ir::Type ParamSpec::whole_type() const {
   return t;
 }
 
+bool ParamSpec::stacked() const { return !axes.empty() && axes.front() == "layers"; }
+
 namespace {
 // Splits `p` along the logical axes that axis_rules maps to `fsdp` and to `tensor` (the first of each) where
 // that mesh axis has several ranks. kv heads fewer than the tensor ranks stay whole (validate_tensor).
@@ -114,6 +117,7 @@ void shard(ParamSpec& p, const ModelConfig& c) {
     ASSERT(fsdp || rule->second == "tensor");
     int64_t& dim = fsdp ? p.shard_dim : p.tensor_dim;
     int64_t& shards = fsdp ? p.shards : p.tensor_shards;
+    if (fsdp && p.fsdp_dim < 0) p.fsdp_dim = static_cast<int64_t>(d);
     const int64_t n = c.mesh.size(rule->second), size = p.type.shape[d];
     if (n == 1 || dim >= 0 || (p.axes[d] == "kv_heads" && size < n)) continue;
     CHECK(size % n == 0,
@@ -177,19 +181,34 @@ std::vector<ParamSpec> stage_param_specs(const ModelConfig& c, const StagePart& 
         "logits_via_embedding=true ties the output projection to the embedding, which pipeline stages would hold on "
         "two ranks: set logits_via_embedding=false to train with a pipeline");
   const std::vector<ParamSpec> specs = param_specs(c);
-  // The stacked layer parameters follow the embedding; the head's (final norm, output kernel) follow them.
-  size_t norm_at = 1;
-  while (norm_at < specs.size() && !specs[norm_at].axes.empty() && specs[norm_at].axes[0] == "layers") ++norm_at;
+  const ParamLayout whole = param_layout(c);
   std::vector<ParamSpec> out;
-  if (part.embedding) out.push_back(specs[0]);
-  for (size_t i = 1; i < norm_at; ++i) {
-    ParamSpec s = specs[i];
+  if (part.embedding) out.push_back(specs[*whole.embedding]);
+  for (ParamSpec s : whole.layers_of(std::span<const ParamSpec>(specs))) {
     s.type.shape[0] = part.num_layers;
     out.push_back(s);
   }
   if (part.head)
-    for (size_t i = norm_at; i < specs.size(); ++i) out.push_back(specs[i]);
+    for (size_t i = *whole.norm; i < specs.size(); ++i) out.push_back(specs[i]);
   return out;
+}
+
+ParamLayout param_layout(const ModelConfig& c, const StagePart& part) {
+  ParamLayout at;
+  size_t next = 0;
+  if (part.embedding) at.embedding = next++;
+  at.first_layer = next;
+  at.layers = detail::layer_params(c).size();
+  next += at.layers;
+  if (part.head) {
+    at.norm = next++;
+    at.out = c.logits_via_embedding ? at.embedding : std::optional<size_t>(next++);
+  }
+  return at;
+}
+
+ParamLayout param_layout(const ModelConfig& c) {
+  return param_layout(c, StagePart{0, c.num_decoder_layers, true, true});
 }
 
 namespace {
@@ -336,9 +355,8 @@ void init_stage_params(const ModelConfig& c, uint64_t seed, std::span<const Stag
       for (const ParamSpec& s : stage_param_specs(c, part)) {
         exec::Array& to = into[at++];
         if (s.path != model[i].path) continue;
-        const bool stacked = !s.axes.empty() && s.axes[0] == "layers";
-        const int64_t row = stacked ? value.type().bytes() / value.type().shape[0] : 0;
-        std::memcpy(to.bytes(), value.bytes() + (stacked ? part.first_layer * row : 0), static_cast<size_t>(to.type().bytes()));
+        const int64_t row = s.stacked() ? value.type().bytes() / value.type().shape[0] : 0;
+        std::memcpy(to.bytes(), value.bytes() + (s.stacked() ? part.first_layer * row : 0), static_cast<size_t>(to.type().bytes()));
       }
   });
 }

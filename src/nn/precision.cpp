@@ -29,11 +29,6 @@ std::string trim(const std::string& s) {
   return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
 
-std::vector<ComputeSettings>& stack() {
-  thread_local std::vector<ComputeSettings> s;
-  return s;
-}
-
 }  // namespace
 
 std::string PrecisionPolicy::str() const {
@@ -91,15 +86,6 @@ std::string Mesh::batch_group() const {
   for (const auto& [name, n] : axes)
     if (n > 1 && name != "tensor") g += (g.empty() ? "" : ",") + name;
   return g;
-}
-
-ComputeContext::ComputeContext(ComputeSettings settings) { stack().push_back(std::move(settings)); }
-
-ComputeContext::~ComputeContext() { stack().pop_back(); }
-
-const ComputeSettings& ComputeContext::current() {
-  static const ComputeSettings kDefaults;
-  return stack().empty() ? kDefaults : stack().back();
 }
 
 }  // namespace remat::nn

@@ -1,13 +1,10 @@
-// Mixed precision (docs/performance.md, "Mixed precision"): a policy of three dtypes parsed from jmp's grammar, and ComputeContext, the
-// scoped, thread-local bundle of the policy with the device mesh and the logical-to-mesh axis mapping.
+// Mixed precision (docs/performance.md, "Mixed precision"): a policy of three dtypes parsed from jmp's grammar; and
+// the device mesh and the logical-to-mesh axis mapping. All three reach the model through its ModelConfig only.
 //   "params=float32,compute=bfloat16,output=float32"   keys params|p, compute|c, output|o
 //   "bf16"                                              a bare dtype sets all three
 // Unspecified params are f32, compute follows params, output follows compute ("c=bf16" is p=f32, c=bf16,
 // o=bf16). Names: float32|f32|full|single, bfloat16|bf16, float16|f16, half (= bf16 here: these CPUs
 // compute bf16 natively; jmp picks bf16 on TPU, f16 elsewhere), float64|f64|double.
-//
-//   nn::ComputeContext scope(nn::ComputeSettings{nn::parse_precision("p=f32,c=bf16"), {}, {}});
-//   DType c = nn::ComputeContext::current().precision.compute;   // bf16 inside the scope
 #pragma once
 
 #include "base/dtype.h"
@@ -48,23 +45,5 @@ struct Mesh {
 // Logical axis name (embed, mlp, heads, ...) -> the mesh axis it is sharded over (MaxText's
 // logical_axis_rules, one mesh axis per logical one).
 using AxisMapping = std::map<std::string, std::string>;
-
-struct ComputeSettings {
-  PrecisionPolicy precision;
-  Mesh mesh;
-  AxisMapping axes;
-};
-
-// RAII: makes `settings` current for this thread until destroyed (scopes nest).
-class ComputeContext {
- public:
-  explicit ComputeContext(ComputeSettings settings);
-  ~ComputeContext();
-  ComputeContext(const ComputeContext&) = delete;
-  ComputeContext& operator=(const ComputeContext&) = delete;
-
-  // The innermost settings of this thread, or the defaults (all f32, no mesh) outside any scope.
-  static const ComputeSettings& current();
-};
 
 }  // namespace remat::nn

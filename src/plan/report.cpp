@@ -104,18 +104,11 @@ Report report(const Plan& p, const Graph& g, const ir::Signature& sig, const Rep
   std::vector<int> producer(g.types.size(), -1);
   for (size_t i = 0; i < g.nodes.size(); ++i)
     for (ir::ValueId v : g.nodes[i].outputs) producer[static_cast<size_t>(v)] = static_cast<int>(i);
-  // The loss as the forward made it: before the sum over the ranks (an all_reduce after the backward, whose
-  // collectives come first) and the mean's scaling.
+  // The loss as the forward made it (the program records it: before any sum over ranks, mean or scaling).
   int loss_step = 0;
-  const auto loss = std::find_if(sig.results.begin(), sig.results.end(), [](const ir::Slot& s) { return s.name == "loss"; });
-  if (loss != sig.results.end()) {
-    ir::ValueId v = g.results[static_cast<size_t>(loss - sig.results.begin())];
-    int made_by = producer[static_cast<size_t>(v)];
-    for (; made_by >= 0; made_by = producer[static_cast<size_t>(v)]) {
-      const Node& n = g.nodes[static_cast<size_t>(made_by)];
-      if (n.op != Op::all_reduce && n.op != Op::mul) break;
-      v = n.inputs[0];
-    }
+  if (sig.loss >= 0) {
+    const int made_by = producer[static_cast<size_t>(sig.loss)];
+    ASSERT(made_by >= 0 || std::find(g.params.begin(), g.params.end(), sig.loss) != g.params.end());
     if (made_by >= 0) loss_step = p.position[static_cast<size_t>(made_by)];
   }
   std::vector<ir::Type> weight_types;

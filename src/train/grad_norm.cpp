@@ -22,25 +22,25 @@ Tensor squared_norm(Builder& b, const nn::ModelConfig& model, std::span<const Gr
   for (size_t i = 0; i < specs.size(); ++i) {
     const nn::ParamSpec& spec = specs[i];
     IntList others;
-    Shape whole;  // of the partial sums: the layers and embed dimensions of the whole parameter
-    int64_t embed = -1;
-    for (size_t d = 0; d < spec.axes.size(); ++d) {
-      if (spec.axes[d] != "layers" && spec.axes[d] != "embed") {
-        others.push_back(static_cast<int64_t>(d));
+    Shape whole;  // of the partial sums: the layers and fsdp dimensions of the whole parameter
+    int64_t fsdp_at = -1;  // the fsdp dimension's place among them
+    const bool stacked = spec.stacked();
+    for (int64_t d = 0; d < static_cast<int64_t>(spec.axes.size()); ++d) {
+      if (!(stacked && d == 0) && d != spec.fsdp_dim) {
+        others.push_back(d);
         continue;
       }
-      if (spec.axes[d] == "embed") embed = static_cast<int64_t>(whole.size());
-      whole.push_back(spec.whole_type().shape[d]);
+      if (d == spec.fsdp_dim) fsdp_at = static_cast<int64_t>(whole.size());
+      whole.push_back(spec.whole_type().shape[static_cast<size_t>(d)]);
     }
-    ASSERT(spec.shards == 1 || embed >= 0);
-    const bool stacked = !spec.axes.empty() && spec.axes[0] == "layers";
+    ASSERT(spec.shards == 1 || fsdp_at >= 0);
     std::optional<Tensor> total;
     for (const GradPart& part : parts) {
       if (part.param != i) continue;
       Tensor partial = sum_of_squares(part.grad, others, loss_scale);
       if (spec.shards > 1) {
         ASSERT(spec.shards == fsdp);
-        partial = all_gather(partial, "fsdp", fsdp, embed);
+        partial = all_gather(partial, "fsdp", fsdp, fsdp_at);
       }
       if (stacked && partial.dim(0) != whole[0]) {  // a block of the layers: zeros around it
         Shape before = whole, after = whole;

@@ -22,6 +22,7 @@ namespace {
 struct LossAndGrads {
   Tensor loss;
   std::vector<Tensor> grads;
+  Tensor forward_loss;  // the loss before the means over microbatches and ranks (the program's Signature::loss)
 };
 
 // Gradients of `loss` (times `scale`, when loss scaling: the gradients are then scaled too).
@@ -31,7 +32,7 @@ LossAndGrads trace_microbatch(Builder& b, const nn::ModelConfig& model, std::spa
   Tensor differentiated = scale ? loss * *scale : loss;
   std::vector<ValueId> wrt;
   for (Tensor p : params) wrt.push_back(p.id);
-  LossAndGrads r{loss, {}};
+  LossAndGrads r{loss, {}, loss};
   for (ValueId g : autodiff::grad(b.graph(), differentiated.id, wrt, &decider, wrt)) r.grads.push_back(b.wrap(g));
   return r;
 }
@@ -82,7 +83,7 @@ LossAndGrads trace_accumulated(Builder& b, const nn::ModelConfig& model, std::sp
   for (Tensor p : params) init.push_back(zeros_like(p));
   auto s = b.scope("accumulate");
   std::vector<Tensor> sums = scan(b, k, consts, init, std::array{inputs, targets}, body, "microbatch");
-  return mean_over(b, model, nn::param_specs(model), {sums[0], {sums.begin() + 1, sums.end()}}, k);
+  return mean_over(b, model, nn::param_specs(model), {sums[0], {sums.begin() + 1, sums.end()}, sums[0]}, k);
 }
 
 struct StepInputs {
@@ -99,11 +100,16 @@ struct Declared {
   ir::Type type;
 };
 
-// Declares the step's arguments as graph params, each with its role in `sig`: `params` (and with `optimizer`
-// their moments and the step), the loss scale with `loss_scaling`, and each batch argument (inputs, targets)
-// that is asked for.
+// Which arguments a program takes beside its parameters.
+struct Arguments {
+  bool optimizer = false;     // the parameters' moments and the step counter
+  bool loss_scaling = false;  // the loss scale and its counter
+  bool inputs = true, targets = true;  // the batch
+};
+
+// Declares the step's arguments as graph params, each with its role in `sig`: `params`, then those `with` asks for.
 StepInputs declare(Builder& b, ir::Signature& sig, const std::vector<Declared>& params, const StepShape& shape,
-                   bool optimizer, bool loss_scaling = false, bool inputs = true, bool targets = true) {
+                   const Arguments& with) {
   CHECK(shape.batch > 0 && shape.seq > 0 && shape.accumulation > 0,
         "per_device_batch_size ({}), max_target_length ({}) and gradient_accumulation_steps ({}) must be positive",
         shape.batch, shape.seq, shape.accumulation);
@@ -116,18 +122,18 @@ StepInputs declare(Builder& b, ir::Signature& sig, const std::vector<Declared>& 
     in.paths.push_back(p.name);
     in.params.push_back(param(p.name, p.type, ir::Role::parameter));
   }
-  if (optimizer) {
+  if (with.optimizer) {
     for (const Declared& p : params) in.m.push_back(param("opt_m/" + p.name, p.type, ir::Role::optimizer_state));
     for (const Declared& p : params) in.v.push_back(param("opt_v/" + p.name, p.type, ir::Role::optimizer_state));
     in.step = param("step", {DType::i32, {}}, ir::Role::step);
   }
-  if (loss_scaling) {
+  if (with.loss_scaling) {
     in.loss_scale = param("loss_scale", {DType::f32, {}}, ir::Role::loss_scale);
     in.loss_scale_count = param("loss_scale_count", {DType::i32, {}}, ir::Role::loss_scale);
   }
   Type tokens{DType::i32, {shape.accumulation, shape.batch, shape.seq}};
-  if (inputs) in.inputs = param("inputs", tokens, ir::Role::batch);
-  if (targets) in.targets = param("targets", tokens, ir::Role::batch);
+  if (with.inputs) in.inputs = param("inputs", tokens, ir::Role::batch);
+  if (with.targets) in.targets = param("targets", tokens, ir::Role::batch);
   return in;
 }
 
@@ -169,10 +175,11 @@ Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rema
   Graph& g = prog.graph;
   g.name = "grads";
   Builder b(g);
-  StepInputs in = declare(b, prog.signature, model_params(model), shape, false);
+  StepInputs in = declare(b, prog.signature, model_params(model), shape, {});
   LossAndGrads r =
       trace_accumulated(b, model, in.params, in.inputs, in.targets, decider ? *decider : local);
   result(b, prog.signature, r.loss, "loss", ir::Role::metric);
+  prog.signature.loss = r.forward_loss.id;
   for (size_t i = 0; i < r.grads.size(); ++i) result(b, prog.signature, r.grads[i], "grad/" + in.paths[i], ir::Role::output);
   sink_converts_into_scans(g);
   dce(g);
@@ -229,6 +236,7 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
     new_v.push_back(v2);
   }
   result(b, sig, r.loss, "loss", ir::Role::metric);
+  sig.loss = r.forward_loss.id;
   result(b, sig, norm, "grad_norm", ir::Role::metric);
   result(b, sig, lr, "lr", ir::Role::metric);
   for (size_t i = 0; i < in.paths.size(); ++i) result_updating(b, sig, new_p[i], in.paths[i]);
@@ -257,7 +265,8 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
   Graph& g = prog.graph;
   g.name = "train_step";
   Builder b(g);
-  StepInputs in = declare(b, prog.signature, model_params(model), shape, true, o.loss_scale.enabled);
+  StepInputs in =
+      declare(b, prog.signature, model_params(model), shape, {.optimizer = true, .loss_scaling = o.loss_scale.enabled});
   std::optional<Tensor> loss_scale;
   if (o.loss_scale.enabled) loss_scale = in.loss_scale;
   LossAndGrads r =
@@ -289,8 +298,17 @@ std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const pa
   return parts;
 }
 
+std::string rank_remat_policy(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank) {
+  std::vector<std::string> written;
+  for (const nn::StagePart& part : pipeline_parts(model, shape, rank)) {
+    const std::string& w = nn::stage_remat_policy(model, part).written;
+    if (std::find(written.begin(), written.end(), w) == written.end()) written.push_back(w);
+  }
+  return fmt::format("{}", fmt::join(written, " | "));
+}
+
 std::string pipeline_arg_name(const nn::ParamSpec& spec, const nn::StagePart& part) {
-  if (spec.axes.empty() || spec.axes[0] != "layers") return spec.path;
+  if (!spec.stacked()) return spec.path;
   return fmt::format("{}[{}:{}]", spec.path, part.first_layer, part.first_layer + part.num_layers);
 }
 
@@ -328,7 +346,8 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
     chunks.push_back(std::move(c));
   }
   const bool first = chunks.front().part.embedding, last = chunks.back().part.head;
-  StepInputs in = declare(b, prog.signature, declared, shape, true, o.loss_scale.enabled, first, last);
+  StepInputs in = declare(b, prog.signature, declared, shape,
+                          {.optimizer = true, .loss_scaling = o.loss_scale.enabled, .inputs = first, .targets = last});
   const Type activation = nn::stage_activation(model, shape.batch, shape.seq);
   auto microbatch = [&](Tensor tokens, int64_t c) {
     return reshape(slice(tokens, {c, 0, 0}, {c + 1, shape.batch, shape.seq}), {shape.batch, shape.seq});
@@ -409,7 +428,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
     for (Tensor t : waits[static_cast<int64_t>(k)]) send_done(t);
   }
   for (Tensor t : waits[static_cast<int64_t>(actions.size())]) send_done(t);
-  LossAndGrads sums{loss_sum, {}};
+  LossAndGrads sums{loss_sum, {}, loss_sum};
   std::vector<nn::ParamSpec> specs;
   std::vector<GradPart> parts;
   const std::vector<nn::ParamSpec> whole = nn::param_specs(model);
@@ -459,7 +478,8 @@ parallel::Costs chunk_costs(const nn::ModelConfig& model, const parallel::Pipeli
 }
 
 Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, int64_t seq,
-                                 const parallel::PipelineShape& shape, int64_t rank, bool logits) {
+                                 const parallel::PipelineShape& shape, int64_t rank, Forward what) {
+  const bool logits = what == Forward::logits;
   const int64_t p = shape.stages, K = shape.virtual_stages();
   Program prog;
   Graph& g = prog.graph;
@@ -470,7 +490,7 @@ Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, in
   for (const nn::StagePart& part : parts)
     for (const nn::ParamSpec& s : nn::stage_param_specs(model, part)) declared.push_back({pipeline_arg_name(s, part), s.type});
   const bool first = parts.front().embedding, last = parts.back().head;
-  StepInputs in = declare(b, prog.signature, declared, {batch, seq, 1}, false, false, first, last && !logits);
+  StepInputs in = declare(b, prog.signature, declared, {batch, seq, 1}, {.inputs = first, .targets = last && !logits});
   const Type activation = nn::stage_activation(model, batch, seq);
   // The virtual stages one after another: this rank's run when they come, receiving from the one before and
   // sending to the one after (a chain: no rank waits for one that waits for it).
@@ -496,6 +516,7 @@ Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, in
   // The last stage's result, given to every rank: the others add zeros (exact) in the all-reduce.
   const Type result_type = logits ? Type{DType::f32, {batch, seq, model.vocab_size}} : Type{DType::f32, {}};
   if (!last) out = full(b, result_type, 0.0);
+  if (!logits) prog.signature.loss = out.id;
   if (p > 1) out = all_reduce(out, "stage", p);
   b.result(out);
   prog.signature.results.push_back({logits ? "logits" : "loss", logits ? ir::Role::output : ir::Role::metric});
@@ -522,6 +543,7 @@ ir::Signature forward_signature(const nn::ModelConfig& model, const Graph& g, co
 Program loss_program(const nn::ModelConfig& model, int64_t batch, int64_t seq) {
   Graph g = nn::loss_graph(model, batch, seq);
   ir::Signature sig = forward_signature(model, g, "loss", ir::Role::metric);
+  sig.loss = g.results[0];
   return {std::move(g), std::move(sig), {}};
 }
 

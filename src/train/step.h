@@ -93,13 +93,16 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
 // parameters, `inputs` i32[1,B,T] on the first stage's rank, `targets` i32[1,B,T] on the last's for the loss)
 // -> the metric `loss` or the output `logits` f32[B,T,V], the last stage's, all-reduced over the stage axis so
 // that every rank has it (bit-identical to loss_program's / logits_program's).
+enum class Forward { loss, logits };
 Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, int64_t seq,
-                                 const parallel::PipelineShape& shape, int64_t rank, bool logits);
+                                 const parallel::PipelineShape& shape, int64_t rank, Forward what);
 // FLOPs of one chunk's forward and backward (recomputes included) of one microbatch [batch, seq], for a chunk of
 // layers only: the simulator's costs (parallel::simulate).
 parallel::Costs chunk_costs(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t batch, int64_t seq);
 // The model's parts on pipeline rank `rank`: chunk j is virtual stage j·p + rank (circular placement).
 std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank);
+// The layers' policy of rank `rank`'s chunks (nn::stage_remat_policy), as written; distinct ones joined by " | ".
+std::string rank_remat_policy(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank);
 // A stage parameter's argument name: its path, with the layers it holds for stacked layer parameters
 // ("decoder/layers/mlp/wo/kernel[4:8]").
 std::string pipeline_arg_name(const nn::ParamSpec& spec, const nn::StagePart& part);

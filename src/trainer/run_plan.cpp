@@ -13,6 +13,11 @@ RunPlan plan_run(const RunConfig& c, int64_t ranks) {
   const int64_t stages = c.ici_pipeline_parallelism;
   if (stages > 1) {
     plan.pipeline = pipeline_schedule(c);
+    const size_t policies = c.model.stage_remat_policies.size();
+    const int64_t K = plan.pipeline->shape.virtual_stages();
+    CHECK(policies == 0 || policies == static_cast<size_t>(stages) || policies == static_cast<size_t>(K),
+          "config key 'pipeline_stage_remat_policies' has {} entries: give one per rank ({}) or one per virtual stage "
+          "({} = {} ranks x {} chunks)", policies, stages, K, stages, plan.pipeline->shape.chunks);
     CHECK(ranks % stages == 0,
           "ici_pipeline_parallelism={} needs a multiple of {} ranks, but {} {} launched: start `mpirun -np {} remat "
           "train ...`", stages, stages, ranks, ranks == 1 ? "process was" : "processes were", stages);

@@ -208,6 +208,7 @@ const Bound kBounds[] = {
     {"num_layers_per_pipeline_stage", "0", "an integer -1 (derived) or >= 1", "1"},
     {"num_pipeline_repeats", "-2", "an integer -1 (derived) or >= 1", "1"},
     {"pipeline_schedule", "zb", "one of gpipe, 1f1b, interleaved_1f1b", "1f1b"},
+    {"pipeline_stage_remat_policies", "full", "there is no pipeline", ""},  // entries: tests/cli/pipeline_cli_test.cpp
     {"steps", "0", "an integer >= 1", "1"},
     {"learning_rate", "-1e-9", "a number >= 0", "0"},
     {"warmup_steps", "-1", "an integer >= 0", "0"},

@@ -124,5 +124,24 @@ TEST(FsdpConfig, ADegreeThatDoesNotDivideAParameterIsRefusedNamingIt) {
   EXPECT_NE(error_of({"ici_fsdp_parallelism=-1"}).find("are both -1"), std::string::npos) << error_of({"ici_fsdp_parallelism=-1"});
 }
 
+// The report splits the step at the forward's loss (the program records it, before the sum over the ranks): under
+// FSDP each device holds the same activations as one device does (its batch is one device's) and 1/N of each
+// gradient, so at the peak "saved residuals" are one device's and "gradients" one N-th of them.
+TEST(FsdpPlanCategories, TheLossSplitsTheStepAsOnOneDevice) {
+  auto peak = [](int64_t fsdp) {
+    const Config c = load_config(std::string(REMAT_TEST_DATA) + "/../configs/base.yml",
+                                 {fmt::format("ici_fsdp_parallelism={}", fsdp)});
+    return plan_of(c).at("peak");
+  };
+  const nlohmann::json one = peak(1);
+  ASSERT_GT(one.at("saved_residuals").get<int64_t>(), 0);
+  ASSERT_GT(one.at("gradients").get<int64_t>(), 0);
+  for (const int64_t n : {2, 8}) {
+    const nlohmann::json sharded = peak(n);
+    EXPECT_EQ(sharded.at("saved_residuals"), one.at("saved_residuals")) << "fsdp " << n;
+    EXPECT_EQ(sharded.at("gradients").get<int64_t>() * n, one.at("gradients").get<int64_t>()) << "fsdp " << n;
+  }
+}
+
 }  // namespace
 }  // namespace remat::cli

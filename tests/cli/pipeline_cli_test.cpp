@@ -10,6 +10,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
 namespace remat {
 namespace {
 
@@ -35,6 +40,88 @@ TEST(PipelineCli, InterleavedRanksSendAndReceiveTheirVirtualStagesMessages) {
     EXPECT_NEAR(ranks[static_cast<size_t>(r)].at("bubble").get<double>(), (p - 1.0) / (v * m + p - 1.0), 1e-12)
         << "rank " << r;
   }
+}
+
+// Each rank's plan (`remat plan --json`'s pipeline.ranks) under `keys`.
+nlohmann::json plan_ranks(const std::string& keys) {
+  const testing_support::Output o = testing_support::run_command(fmt::format("'{}' plan {} --json 2>&1", REMAT_BINARY, keys));
+  EXPECT_EQ(o.status, 0) << o.text;
+  return o.status == 0 ? nlohmann::json::parse(o.text).at("pipeline").at("ranks") : nlohmann::json::array();
+}
+
+// Under 1F1B rank r holds the activations of up to p - r microbatches at once, so the policy rank 0 needs to fit
+// is not the cheapest that fits the others. A rank's program holds only its own chunks: under
+// pipeline_stage_remat_policies each rank plans as it does when its entry is everyone's policy. So the per-stage
+// optimum under a budget is, rank by rank, the policy of least recompute that fits; here one policy for all
+// either does not fit (minimal: rank 0) or recomputes more (full: ranks 1-3).
+TEST(PipelineCli, PerStagePoliciesFitABudgetThatOnePolicyForAllDoesNotFitOrFitsRecomputingMore) {
+  const int p = 4;
+  const std::string pipeline = "base_num_decoder_layers=8 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
+                               "pipeline_schedule=1f1b logits_via_embedding=false";
+  const std::vector<std::string> policies = {"full", "minimal"};  // recompute: full > minimal
+  std::map<std::string, nlohmann::json> alone;  // policy -> each rank's plan with it everywhere
+  for (const std::string& policy : policies) {
+    alone[policy] = plan_ranks(pipeline + " remat_policy=" + policy);
+    ASSERT_EQ(alone[policy].size(), static_cast<size_t>(p)) << policy;
+  }
+  auto total = [&](const std::string& policy, int r) { return alone[policy][static_cast<size_t>(r)].at("total").get<double>(); };
+  auto recompute = [&](const std::string& policy, int r) {
+    return alone[policy][static_cast<size_t>(r)].at("recompute_flops").get<double>();
+  };
+  // The budget: rank 0 under full, the others under minimal.
+  double budget = total("full", 0);
+  for (int r = 1; r < p; ++r) budget = std::max(budget, total("minimal", r));
+  std::vector<std::string> best;  // rank by rank: the least recompute that fits
+  double best_recompute = 0;
+  for (int r = 0; r < p; ++r) {
+    std::string pick;
+    for (const std::string& policy : policies)
+      if (total(policy, r) <= budget && (pick.empty() || recompute(policy, r) < recompute(pick, r))) pick = policy;
+    ASSERT_FALSE(pick.empty()) << "rank " << r;
+    best.push_back(pick);
+    best_recompute += recompute(pick, r);
+  }
+  EXPECT_EQ(best, (std::vector<std::string>{"full", "minimal", "minimal", "minimal"}));
+  EXPECT_GT(total("minimal", 0), budget) << "minimal for all stages does not fit rank 0";
+  double full_recompute = 0;
+  for (int r = 0; r < p; ++r) {
+    EXPECT_LE(total("full", r), budget) << "full for all stages fits (rank " << r << ")";
+    full_recompute += recompute("full", r);
+  }
+  EXPECT_GT(full_recompute, best_recompute) << "full for all stages recomputes more";
+
+  // The per-stage list: every rank plans as with its policy alone, and shows it.
+  const nlohmann::json mixed =
+      plan_ranks(fmt::format("{} pipeline_stage_remat_policies={}", pipeline, fmt::join(best, ",")));
+  ASSERT_EQ(mixed.size(), static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    const nlohmann::json& rank = mixed[static_cast<size_t>(r)];
+    const std::string& policy = best[static_cast<size_t>(r)];
+    EXPECT_EQ(rank.at("remat_policy").get<std::string>(), policy) << "rank " << r;
+    EXPECT_EQ(rank.at("total").get<double>(), total(policy, r)) << "rank " << r;
+    EXPECT_EQ(rank.at("recompute_flops").get<double>(), recompute(policy, r)) << "rank " << r;
+    EXPECT_LE(rank.at("total").get<double>(), budget) << "rank " << r;
+  }
+  // The text shows each rank's policy; one entry per rank or per virtual stage, nothing else.
+  const testing_support::Output text = testing_support::run_command(fmt::format(
+      "'{}' plan {} pipeline_stage_remat_policies=full,minimal,minimal,minimal 2>&1", REMAT_BINARY, pipeline));
+  ASSERT_EQ(text.status, 0) << text.text;
+  EXPECT_NE(text.text.find("pipeline_stage_remat_policies full,minimal,minimal,minimal"), std::string::npos) << text.text;
+  EXPECT_NE(text.text.find("full\n"), std::string::npos) << text.text;
+  const testing_support::Output three = testing_support::run_command(fmt::format(
+      "'{}' plan {} pipeline_stage_remat_policies=full,minimal,minimal 2>&1", REMAT_BINARY, pipeline));
+  EXPECT_NE(three.status, 0);
+  EXPECT_NE(three.text.find("has 3 entries: give one per rank (4) or one per virtual stage"), std::string::npos)
+      << three.text;
+  const testing_support::Output with_auto = testing_support::run_command(fmt::format(
+      "'{}' plan {} pipeline_stage_remat_policies=full,auto,full,full 2>&1", REMAT_BINARY, pipeline));
+  EXPECT_NE(with_auto.status, 0);
+  EXPECT_NE(with_auto.text.find("entry 1: auto is not searched per stage"), std::string::npos) << with_auto.text;
+  const testing_support::Output no_pipeline = testing_support::run_command(
+      fmt::format("'{}' plan pipeline_stage_remat_policies=full,minimal 2>&1", REMAT_BINARY));
+  EXPECT_NE(no_pipeline.status, 0);
+  EXPECT_NE(no_pipeline.text.find("there is no pipeline (ici_pipeline_parallelism=1)"), std::string::npos)
+      << no_pipeline.text;
 }
 
 }  // namespace

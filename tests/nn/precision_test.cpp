@@ -1,4 +1,4 @@
-// The precision policy grammar (jmp's get_policy) and ComputeContext scoping.
+// The precision policy grammar (jmp's get_policy).
 #include "nn/precision.h"
 
 #include "base/check.h"
@@ -38,21 +38,6 @@ TEST(Precision, RejectsBadStringsShowingTheGrammar) {
   EXPECT_NE(error("p=f32,c").find("is not key=dtype"), std::string::npos);
   EXPECT_NE(error("").find("is empty"), std::string::npos);
   EXPECT_NE(error("quarter").find("use jmp's grammar"), std::string::npos);
-}
-
-TEST(Precision, ComputeContextNestsAndRestores) {
-  EXPECT_EQ(ComputeContext::current().precision.compute, DType::f32);
-  {
-    ComputeContext outer(ComputeSettings{parse_precision("c=bf16"), {{{"data", 2}}}, {{"batch", "data"}}});
-    EXPECT_EQ(ComputeContext::current().precision.compute, DType::bf16);
-    EXPECT_EQ(ComputeContext::current().axes.at("batch"), "data");
-    {
-      ComputeContext inner(ComputeSettings{parse_precision("f16"), {}, {}});
-      EXPECT_EQ(ComputeContext::current().precision.compute, DType::f16);
-    }
-    EXPECT_EQ(ComputeContext::current().precision.compute, DType::bf16);
-  }
-  EXPECT_EQ(ComputeContext::current().precision.compute, DType::f32);
 }
 
 }  // namespace

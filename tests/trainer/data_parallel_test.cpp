@@ -132,6 +132,12 @@ INSTANTIATE_TEST_SUITE_P(
         PipelineLaunch{"one_f_one_b4", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
                                           "num_layers_per_pipeline_stage=2 pipeline_schedule=1f1b",
                        "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
+        // A policy per stage (rank 0's is the one whose planned peak is checked): policies never change bits.
+        PipelineLaunch{"one_f_one_b4_stage_policies", 4,
+                       "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
+                       "num_layers_per_pipeline_stage=2 pipeline_schedule=1f1b "
+                       "pipeline_stage_remat_policies=minimal,full,none,save_qkv_proj",
+                       "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
         PipelineLaunch{"interleaved4", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
                                           "num_layers_per_pipeline_stage=1 pipeline_schedule=interleaved_1f1b",
                        "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
