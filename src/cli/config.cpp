@@ -101,8 +101,9 @@ Key custom_key(const std::string& name) {
                    [name](Config& c) -> std::string& { return c.custom_remat[name]; });
 }
 
-const std::vector<Key>& keys() {
-  static const std::vector<Key> k = {
+// The model's keys (shape, precision, remat), in base.yml's order.
+std::vector<Key> model_keys() {
+  return {
       bind<std::string>("model", [](Config& c) -> std::string& { return c.model; }),
       bind<int64_t>("vocab_size", [](Config& c) -> int64_t& { return c.run.model.vocab_size; }, at_least(1)),
       bind<int64_t>("base_emb_dim", [](Config& c) -> int64_t& { return c.run.model.emb_dim; }, at_least(1)),
@@ -136,6 +137,12 @@ const std::vector<Key>& keys() {
       bind_enum("checkpoint_naming", {"maxtext", "axlearn"}, [](Config& c) -> std::string& { return c.checkpoint_naming; }),
       bind<bool>("fused_qkv", [](Config& c) -> bool& { return c.run.model.fused_qkv; }),
       bind<bool>("fused_mlp", [](Config& c) -> bool& { return c.run.model.fused_mlp; }),
+  };
+}
+
+// The run's keys (batch, parallelism, optimizer, data, checkpoints, sampling), in base.yml's order.
+std::vector<Key> run_keys() {
+  return {
       bind<int64_t>("per_device_batch_size", [](Config& c) -> int64_t& { return c.run.shape.batch; }, at_least(1)),
       bind<int64_t>("max_target_length", [](Config& c) -> int64_t& { return c.run.shape.seq; }, at_least(1)),
       bind<int64_t>("gradient_accumulation_steps", [](Config& c) -> int64_t& { return c.run.shape.accumulation; }, at_least(1)),
@@ -212,6 +219,15 @@ const std::vector<Key>& keys() {
       bind<int64_t>("sample_length", [](Config& c) -> int64_t& { return c.run.sample_length; }, at_least(0)),
       bind<double>("sample_temperature", [](Config& c) -> double& { return c.run.sample_temperature; }, at_least(0)),
   };
+}
+
+// Every key, in base.yml's order (its documentation).
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = [] {
+    std::vector<Key> all = model_keys();
+    for (Key& key : run_keys()) all.push_back(std::move(key));
+    return all;
+  }();
   return k;
 }
 

@@ -54,105 +54,115 @@ int train_command(const std::vector<std::string>& args, const std::string& dump_
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"remat: transformer training with activation memory under exact control"};
-  app.require_subcommand(1);
+// The subcommands, their arguments and flags (filled in by CLI11 as it parses).
+struct Commands {
+  std::string dump_ir;  // --dump-ir=PASS on train, explain and plan
+  std::vector<std::string> train_args, explain_args, plan_args, convert_args, generate_args, plot_args,
+      tokenizer_args, prepare_args;
+  bool search_layers_per_group = false, explain_json = false, plan_json = false;
+  std::string timeline, frontier;
+  std::vector<std::string> compare;
+  remat::cli::DemoOptions demo;
+  CLI::App *train_cmd = nullptr, *explain_cmd = nullptr, *plan_cmd = nullptr, *convert_cmd = nullptr,
+           *generate_cmd = nullptr, *plot_cmd = nullptr, *tokenizer_cmd = nullptr, *tokenizer_train_cmd = nullptr,
+           *data_cmd = nullptr, *prepare_cmd = nullptr, *demo_cmd = nullptr;
+};
+
+// Declares every subcommand on `app`, bound to `c` (which must outlive the parse).
+void declare(CLI::App& app, Commands& c) {
   // --dump-ir=PASS on train, explain and plan: every program they compile is printed after that pass.
-  std::string dump_ir;
   std::string pass_names;
   for (const remat::compile::Pass& p : remat::compile::passes()) pass_names += fmt::format(" {}", p.name);
   auto add_dump_ir = [&](CLI::App* command) {
-    command->add_option("--dump-ir", dump_ir, "print the IR of every program compiled after this pass, one of:" + pass_names);
+    command->add_option("--dump-ir", c.dump_ir, "print the IR of every program compiled after this pass, one of:" + pass_names);
   };
-  std::vector<std::string> train_args;
-  CLI::App* train_cmd = app.add_subcommand("train", "train the configured decoder: remat train [CONFIG.yml] [key=value ...]");
-  train_cmd->add_option("args", train_args, "an optional base config file, then key=value overrides");
-  add_dump_ir(train_cmd);
+  c.train_cmd = app.add_subcommand("train", "train the configured decoder: remat train [CONFIG.yml] [key=value ...]");
+  c.train_cmd->add_option("args", c.train_args, "an optional base config file, then key=value overrides");
+  add_dump_ir(c.train_cmd);
   // remat_policy=auto: the group size (layers_per_group) searched with the two policies.
-  bool search_layers_per_group = false;
   const char* group_size_help = "with remat_policy=auto: search the group size too (every layers_per_group that "
                                 "divides the layers, and no groups), printed with the policies";
-  train_cmd->add_flag("--layers-per-group", search_layers_per_group, group_size_help);
-  std::vector<std::string> explain_args;
-  bool explain_json = false;
-  CLI::App* explain_cmd =
+  c.train_cmd->add_flag("--layers-per-group", c.search_layers_per_group, group_size_help);
+  c.explain_cmd =
       app.add_subcommand("explain", "every residual of the training step and its remat decision: remat explain [CONFIG.yml] [key=value ...]");
-  explain_cmd->add_option("args", explain_args, "an optional base config file, then key=value overrides");
-  explain_cmd->add_flag("--json", explain_json, "machine-readable output");
-  add_dump_ir(explain_cmd);
-  std::vector<std::string> plan_args;
-  bool plan_json = false;
-  std::string timeline;
-  CLI::App* plan_cmd = app.add_subcommand(
+  c.explain_cmd->add_option("args", c.explain_args, "an optional base config file, then key=value overrides");
+  c.explain_cmd->add_flag("--json", c.explain_json, "machine-readable output");
+  add_dump_ir(c.explain_cmd);
+  c.plan_cmd = app.add_subcommand(
       "plan", "the memory plan of the training step, from shapes alone: remat plan [CONFIG.yml] [key=value ...]");
-  plan_cmd->add_option("args", plan_args, "an optional base config file, then key=value overrides");
-  plan_cmd->add_flag("--json", plan_json, "machine-readable output");
-  plan_cmd->add_flag("--layers-per-group", search_layers_per_group, group_size_help);
-  add_dump_ir(plan_cmd);
-  plan_cmd->add_option("--timeline", timeline, "write an SVG of live bytes over the schedule to this file");
-  std::string frontier;
-  plan_cmd->add_option("--frontier", frontier,
+  c.plan_cmd->add_option("args", c.plan_args, "an optional base config file, then key=value overrides");
+  c.plan_cmd->add_flag("--json", c.plan_json, "machine-readable output");
+  c.plan_cmd->add_flag("--layers-per-group", c.search_layers_per_group, group_size_help);
+  add_dump_ir(c.plan_cmd);
+  c.plan_cmd->add_option("--timeline", c.timeline, "write an SVG of live bytes over the schedule to this file");
+  c.plan_cmd->add_option("--frontier", c.frontier,
                        "write an SVG of the Pareto frontier of remat placements (peak vs recompute cost), MaxText presets marked");
-  std::vector<std::string> compare;
-  plan_cmd->add_option("--compare", compare,
+  c.plan_cmd->add_option("--compare", c.compare,
                        "KEY=V1,V2,...: plan the config once per value instead (repeat for more keys: every combination), "
                        "one row each: total, peak, saved and offloaded bytes, recompute, estimated step time")
       ->allow_extra_args(false);  // one value per --compare: what follows it is the command line's again
-  std::vector<std::string> convert_args;
-  CLI::App* convert_cmd = app.add_subcommand(
+  c.convert_cmd = app.add_subcommand(
       "convert", "Hugging Face Llama in and out: remat convert to=remat hf_path=DIR output_path=FILE, or "
                  "to=hf load_parameters_path=CHECKPOINT output_path=DIR [key=value ...]");
-  convert_cmd->add_option("args", convert_args, "to=, hf_path= or load_parameters_path=, output_path=, config keys");
-  std::vector<std::string> generate_args;
-  CLI::App* generate_cmd = app.add_subcommand(
+  c.convert_cmd->add_option("args", c.convert_args, "to=, hf_path= or load_parameters_path=, output_path=, config keys");
+  c.generate_cmd = app.add_subcommand(
       "generate", "text with a KV cache: remat generate load_parameters_path=CHECKPOINT_OR_HF_DIR prompt=... "
                   "max_new_tokens=N [temperature=T top_k=K top_p=P seed=S] [key=value ...]");
-  generate_cmd->add_option("args", generate_args, "load_parameters_path=, prompt=, max_new_tokens=, sampling and config keys");
-  std::vector<std::string> plot_args;
-  CLI::App* plot_cmd = app.add_subcommand(
+  c.generate_cmd->add_option("args", c.generate_args, "load_parameters_path=, prompt=, max_new_tokens=, sampling and config keys");
+  c.plot_cmd = app.add_subcommand(
       "plot", "several runs' loss, learning rate and tokens/s in one SVG: remat plot RUN_DIR... [output_path=FILE.svg]");
-  plot_cmd->add_option("args", plot_args, "run folders (base_output_directory/run_name), then output_path=");
-  std::vector<std::string> tokenizer_args, prepare_args;
-  CLI::App* tokenizer_cmd = app.add_subcommand("tokenizer", "tokenizers: remat tokenizer train ...");
-  tokenizer_cmd->require_subcommand(1);
-  CLI::App* tokenizer_train_cmd = tokenizer_cmd->add_subcommand(
+  c.plot_cmd->add_option("args", c.plot_args, "run folders (base_output_directory/run_name), then output_path=");
+  c.tokenizer_cmd = app.add_subcommand("tokenizer", "tokenizers: remat tokenizer train ...");
+  c.tokenizer_cmd->require_subcommand(1);
+  c.tokenizer_train_cmd = c.tokenizer_cmd->add_subcommand(
       "train", "train a SentencePiece tokenizer: dataset_path=FILES vocab_size=N tokenizer_path=OUT.model [tokenizer_algorithm=bpe|unigram]");
-  tokenizer_train_cmd->add_option("args", tokenizer_args, "an optional base config file, then key=value overrides");
-  CLI::App* data_cmd = app.add_subcommand("data", "datasets: remat data prepare ...");
-  data_cmd->require_subcommand(1);
-  CLI::App* prepare_cmd = data_cmd->add_subcommand(
+  c.tokenizer_train_cmd->add_option("args", c.tokenizer_args, "an optional base config file, then key=value overrides");
+  c.data_cmd = app.add_subcommand("data", "datasets: remat data prepare ...");
+  c.data_cmd->require_subcommand(1);
+  c.prepare_cmd = c.data_cmd->add_subcommand(
       "prepare", "tokenize a corpus into token shards: dataset_type=text|jsonl dataset_path=... tokenizer_type=... "
                  "tokenizer_path=... output_path=DIR");
-  prepare_cmd->add_option("args", prepare_args, "an optional base config file, then key=value overrides");
-  remat::cli::DemoOptions demo;
-  CLI::App* demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
-  demo_cmd->add_option("--steps", demo.steps, "training steps")->check(CLI::PositiveNumber);
-  demo_cmd->add_option("--seed", demo.seed, "random seed");
-  demo_cmd->add_option("--lr", demo.learning_rate, "learning rate")->check(CLI::PositiveNumber);
+  c.prepare_cmd->add_option("args", c.prepare_args, "an optional base config file, then key=value overrides");
+  c.demo_cmd = app.add_subcommand("demo", "train a small MLP on a synthetic regression task");
+  c.demo_cmd->add_option("--steps", c.demo.steps, "training steps")->check(CLI::PositiveNumber);
+  c.demo_cmd->add_option("--seed", c.demo.seed, "random seed");
+  c.demo_cmd->add_option("--lr", c.demo.learning_rate, "learning rate")->check(CLI::PositiveNumber);
+}
+
+// Runs the subcommand that was parsed.
+int run(const Commands& c) {
+  if (c.train_cmd->parsed()) return train_command(c.train_args, c.dump_ir, c.search_layers_per_group);
+  if (c.plan_cmd->parsed() && !c.compare.empty()) {
+    CHECK(c.timeline.empty() && c.frontier.empty(), "remat plan --compare prints a table of plans and takes no --timeline or "
+          "--frontier: run `remat plan` with the row's overrides for those");
+    return remat::cli::run_compare(config_from(c.plan_args, c.dump_ir), c.compare, c.plan_json);
+  }
+  if (c.plan_cmd->parsed()) {
+    remat::cli::Config config = config_from(c.plan_args, c.dump_ir);
+    config.search_layers_per_group = c.search_layers_per_group;
+    return remat::cli::run_plan(config, c.plan_json, c.timeline, c.frontier);
+  }
+  if (c.explain_cmd->parsed()) return remat::cli::run_explain(config_from(c.explain_args, c.dump_ir), c.explain_json);
+  if (c.convert_cmd->parsed()) return remat::cli::run_convert(c.convert_args);
+  if (c.plot_cmd->parsed()) return remat::cli::run_plot(c.plot_args);
+  if (c.generate_cmd->parsed()) return remat::cli::run_generate(c.generate_args);
+  if (c.tokenizer_train_cmd->parsed()) return remat::cli::run_tokenizer_train(config_from(c.tokenizer_args, ""));
+  if (c.prepare_cmd->parsed()) return remat::cli::run_data_prepare(config_from(c.prepare_args, ""));
+  if (c.demo_cmd->parsed()) return remat::cli::run_demo(c.demo);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"remat: transformer training with activation memory under exact control"};
+  app.require_subcommand(1);
+  Commands c;
+  declare(app, c);
   CLI11_PARSE(app, argc, argv);
   // Every error a user can cause ends here as one line and exit 2: remat's own (CHECK), and the kinds that
   // the places naming their path do not catch (a file-system call, a JSON text, memory).
   std::string error;
   try {
-    if (train_cmd->parsed()) return train_command(train_args, dump_ir, search_layers_per_group);
-    if (plan_cmd->parsed() && !compare.empty()) {
-      CHECK(timeline.empty() && frontier.empty(), "remat plan --compare prints a table of plans and takes no --timeline or "
-            "--frontier: run `remat plan` with the row's overrides for those");
-      return remat::cli::run_compare(config_from(plan_args, dump_ir), compare, plan_json);
-    }
-    if (plan_cmd->parsed()) {
-      remat::cli::Config config = config_from(plan_args, dump_ir);
-      config.search_layers_per_group = search_layers_per_group;
-      return remat::cli::run_plan(config, plan_json, timeline, frontier);
-    }
-    if (explain_cmd->parsed()) return remat::cli::run_explain(config_from(explain_args, dump_ir), explain_json);
-    if (convert_cmd->parsed()) return remat::cli::run_convert(convert_args);
-    if (plot_cmd->parsed()) return remat::cli::run_plot(plot_args);
-    if (generate_cmd->parsed()) return remat::cli::run_generate(generate_args);
-    if (tokenizer_train_cmd->parsed()) return remat::cli::run_tokenizer_train(config_from(tokenizer_args, ""));
-    if (prepare_cmd->parsed()) return remat::cli::run_data_prepare(config_from(prepare_args, ""));
-    if (demo_cmd->parsed()) return remat::cli::run_demo(demo);
-    return 0;
+    return run(c);
   } catch (const remat::Error& e) {
     error = e.what();
   } catch (const std::filesystem::filesystem_error& e) {  // names the call, the reason and the path(s)

@@ -107,22 +107,21 @@ void assign_offsets(Plan& p, Space space) {
   p.arena[static_cast<int>(space)] = std::min(a, b);
 }
 
-}  // namespace
+// Where each value's storage is written (`def`) and last read (`last`), in schedule steps, and the space it
+// lives in; a view's are its operand's (Plan::root).
+struct Lifetimes {
+  std::vector<int> def, last;
+  std::vector<Space> space;
+};
 
-Plan build(const Graph& g, const Options& options) {
-  Plan p;
-  const int n = static_cast<int>(g.nodes.size());
-  for (const Node& node : g.nodes)
-    CHECK(node.op != Op::remat, "plan::build: graph @{} still has remat regions; inline them first", g.name);
-  p.schedule = schedule(g, std::min(options.invariant_params, g.params.size()), options.float_recomputes);
-  p.position.assign(static_cast<size_t>(n), -1);
-  for (int s = 0; s < static_cast<int>(p.schedule.size()); ++s) p.position[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])] = s;
-  const int end = static_cast<int>(p.schedule.size());  // results live through the last step
-
+Lifetimes lifetimes(const Graph& g, Plan& p, int end) {
   p.root.resize(g.types.size());
   std::iota(p.root.begin(), p.root.end(), 0);
-  std::vector<int> def(g.types.size(), -1), last(g.types.size(), -1);
-  std::vector<Space> space(g.types.size(), Space::device);
+  Lifetimes t{std::vector<int>(g.types.size(), -1), std::vector<int>(g.types.size(), -1),
+              std::vector<Space>(g.types.size(), Space::device)};
+  std::vector<int>& def = t.def;
+  std::vector<int>& last = t.last;
+  std::vector<Space>& space = t.space;
   for (int s = 0; s < end; ++s) {
     const Node& node = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])];
     for (ValueId v : node.inputs) last[static_cast<size_t>(p.root[static_cast<size_t>(v)])] = s;
@@ -145,7 +144,13 @@ Plan build(const Graph& g, const Options& options) {
     }
   }
   for (ValueId r : g.results) last[static_cast<size_t>(p.root[static_cast<size_t>(r)])] = end;
+  return t;
+}
 
+void write_in_place(const Graph& g, Plan& p, Lifetimes& t, int end) {
+  std::vector<int>& def = t.def;
+  std::vector<int>& last = t.last;
+  const std::vector<Space>& space = t.space;
   // In place: a kernel that may write its result over an operand (ir::in_place_operand) does, when that operand's
   // storage is a plain temporary of the result's size that nothing reads afterwards. The result (and its views)
   // then takes the operand's storage, whose buffer lives on to the result's last use.
@@ -164,7 +169,12 @@ Plan build(const Graph& g, const Options& options) {
       if (r == out) r = from;
     last[static_cast<size_t>(from)] = std::max(s, last[static_cast<size_t>(out)]);  // a result nobody reads: its step
   }
+}
 
+// The values written into a param's storage (-1: none), Plan::donated_param set.
+std::vector<int> donate(const Graph& g, Plan& p, const Lifetimes& t, const Options& options) {
+  const std::vector<int>& def = t.def;
+  const std::vector<int>& last = t.last;
   // Donation: a result written into a param's storage, when that param is dead by the result's definition.
   p.donated_param.assign(g.results.size(), -1);
   std::vector<int> donated_into(g.types.size(), -1);
@@ -192,7 +202,12 @@ Plan build(const Graph& g, const Options& options) {
       param_taken[static_cast<size_t>(pi)] = true;
     }
   }
+  return donated_into;
+}
 
+// The values made in their slice of a stacked result (Plan::in_slice set).
+std::vector<bool> in_slices(const Graph& g, Plan& p, const Lifetimes& t, const Options& options) {
+  const std::vector<int>& def = t.def;
   // Stacked in place (a scan body's ys): a result made by a body node (or a view of one) takes its slice of the
   // stacked output as storage. Not a param's view, nor a convert_group's shared buffer, nor a value that is two
   // results (two slices).
@@ -207,7 +222,14 @@ Plan build(const Graph& g, const Options& options) {
     p.in_slice[r] = true;
     made_in_slice[static_cast<size_t>(rr)] = true;
   }
+  return made_in_slice;
+}
 
+// The buffers: each scan body's sub-arena, each kernel's workspace, each value that owns its storage.
+void make_buffers(const Graph& g, Plan& p, const Lifetimes& t, const Options& options,
+                  const std::vector<int>& donated_into, const std::vector<bool>& made_in_slice, int end) {
+  const std::vector<int>& last = t.last;
+  const std::vector<Space>& space = t.space;
   p.buffer_of.assign(g.types.size(), -2);
   p.within.assign(g.types.size(), 0);
   for (ValueId v : g.params) p.buffer_of[static_cast<size_t>(v)] = -1;
@@ -292,6 +314,24 @@ Plan build(const Graph& g, const Options& options) {
       p.buffer_of[v] = p.buffer_of[static_cast<size_t>(p.root[v])];
       p.within[v] = p.within[static_cast<size_t>(p.root[v])];
     }
+}
+
+}  // namespace
+
+Plan build(const Graph& g, const Options& options) {
+  Plan p;
+  const int n = static_cast<int>(g.nodes.size());
+  for (const Node& node : g.nodes)
+    CHECK(node.op != Op::remat, "plan::build: graph @{} still has remat regions; inline them first", g.name);
+  p.schedule = schedule(g, std::min(options.invariant_params, g.params.size()), options.float_recomputes);
+  p.position.assign(static_cast<size_t>(n), -1);
+  for (int s = 0; s < static_cast<int>(p.schedule.size()); ++s) p.position[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])] = s;
+  const int end = static_cast<int>(p.schedule.size());  // results live through the last step
+  Lifetimes t = lifetimes(g, p, end);
+  write_in_place(g, p, t, end);
+  const std::vector<int> donated_into = donate(g, p, t, options);
+  const std::vector<bool> made_in_slice = in_slices(g, p, t, options);
+  make_buffers(g, p, t, options, donated_into, made_in_slice, end);
 
   for (Space sp : {Space::device, Space::host}) {
     std::vector<int64_t>& live = p.live[static_cast<int>(sp)];

@@ -52,6 +52,35 @@ std::string checkpoint_name(const Graph& g, const Plan& p, const Buffer& b) {
   return "";
 }
 
+// The `top` largest buffers, largest first (in plan order among equals).
+std::vector<Allocation> largest(const Plan& p, const Graph& g, int top) {
+  std::vector<Allocation> out;
+  std::vector<const Buffer*> order;
+  for (const Buffer& b : p.buffers) order.push_back(&b);
+  std::stable_sort(order.begin(), order.end(), [](const Buffer* a, const Buffer* b) { return a->bytes > b->bytes; });
+  for (const Buffer* b : order) {
+    if (static_cast<int>(out.size()) >= top) break;
+    const Node& def = g.nodes[static_cast<size_t>(b->node)];
+    Allocation a;
+    a.bytes = b->bytes;
+    a.op = b->workspace  ? fmt::format("{} (workspace)", ir::op_name(def.op))
+           : b->value < 0 ? "scan body (sub-arena)"
+                          : std::string(ir::op_name(def.op));
+    a.scope = def.scope;
+    a.name = checkpoint_name(g, p, *b);
+    std::vector<std::string> shapes;  // a convert_group's buffer holds all its outputs
+    for (ir::ValueId v : def.op == Op::convert_group ? def.outputs : std::vector<ir::ValueId>{b->value})
+      if (b->value >= 0) shapes.push_back(ir::shape_str(g.type(v).shape));
+    a.shape = fmt::format("{}", fmt::join(shapes, ","));
+    a.dtype = b->value < 0 ? "" : std::string(dtype_name(g.type(b->value).dtype));
+    a.start = b->start;
+    a.end = b->end;
+    a.space = b->space;
+    out.push_back(a);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string bytes_str(double b) {
@@ -155,29 +184,7 @@ Report report(const Plan& p, const Graph& g, const ir::Signature& sig, const Rep
     if (sum > best) best = sum, r.peak_step = s;
   }
 
-  std::vector<const Buffer*> order;
-  for (const Buffer& b : p.buffers) order.push_back(&b);
-  std::stable_sort(order.begin(), order.end(), [](const Buffer* a, const Buffer* b) { return a->bytes > b->bytes; });
-  for (const Buffer* b : order) {
-    if (static_cast<int>(r.largest.size()) >= options.top) break;
-    const Node& def = g.nodes[static_cast<size_t>(b->node)];
-    Allocation a;
-    a.bytes = b->bytes;
-    a.op = b->workspace  ? fmt::format("{} (workspace)", ir::op_name(def.op))
-           : b->value < 0 ? "scan body (sub-arena)"
-                          : std::string(ir::op_name(def.op));
-    a.scope = def.scope;
-    a.name = checkpoint_name(g, p, *b);
-    std::vector<std::string> shapes;  // a convert_group's buffer holds all its outputs
-    for (ir::ValueId v : def.op == Op::convert_group ? def.outputs : std::vector<ir::ValueId>{b->value})
-      if (b->value >= 0) shapes.push_back(ir::shape_str(g.type(v).shape));
-    a.shape = fmt::format("{}", fmt::join(shapes, ","));
-    a.dtype = b->value < 0 ? "" : std::string(dtype_name(g.type(b->value).dtype));
-    a.start = b->start;
-    a.end = b->end;
-    a.space = b->space;
-    r.largest.push_back(a);
-  }
+  r.largest = largest(p, g, options.top);
   return r;
 }
 

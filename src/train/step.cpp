@@ -324,6 +324,51 @@ struct Chunk {
   std::vector<Tensor> grad_sums;           // over the microbatches done, in order
 };
 
+// A forward action: the chunk's stage on microbatch `mb` from `x` (embedded or received); on the last stage the
+// loss, summed into `loss_sum` and kept (times `loss_scale` when given) as the backward's seed.
+void forward_action(Builder& b, const nn::ModelConfig& model, Chunk& c, size_t mb, std::span<const Tensor> params,
+                    Tensor x, std::optional<Tensor> targets, Tensor loss_scale, Tensor& loss_sum) {
+  ASSERT(x.b != nullptr);
+  c.in[mb] = x;
+  Tensor y = nn::trace_stage(b, model, c.part, params, x, targets);
+  if (!c.part.head) {
+    c.out[mb] = y;
+    return;
+  }
+  const std::string action_scope = b.current_scope();
+  b.set_scope("pipeline/loss_sum");  // it outlives the microbatch
+  loss_sum = loss_sum + y;
+  b.set_scope(action_scope);
+  c.loss[mb] = loss_scale.b != nullptr ? y * loss_scale : y;
+}
+
+// A backward action: the chunk's vjp for the action's microbatch, seeded with 1 on the (scaled) loss, as grad
+// seeds it, or with the gradient the next stage sent; its input's gradient kept for sending, its parameters'
+// added to the chunk's sums in microbatch order (`m` microbatches). `weights`: every parameter of the rank.
+void backward_action(Builder& b, Chunk& c, const parallel::Action& a, std::span<const Tensor> params,
+                     std::span<const Tensor> weights, int64_t m, rematerialize::Decider& decider) {
+  const size_t mb = static_cast<size_t>(a.microbatch);
+  const Tensor y = c.part.head ? c.loss[mb] : c.out[mb];
+  const Tensor dy = c.part.head ? full(b, y.type(), 1.0) : c.dout[mb];
+  const std::pair<ValueId, ValueId> seed{y.id, dy.id};
+  std::vector<ValueId> wrt;
+  if (!c.part.embedding) wrt.push_back(c.in[mb].id);
+  for (Tensor t : params) wrt.push_back(t.id);
+  std::vector<ValueId> weight_ids;
+  for (Tensor t : weights) weight_ids.push_back(t.id);
+  std::vector<ValueId> grads = autodiff::vjp(b.graph(), std::span(&seed, 1), wrt, &decider, weight_ids);
+  const size_t skip = c.part.embedding ? 0 : 1;
+  if (!c.part.embedding) c.din[mb] = b.wrap(grads[0]);
+  const std::string action_scope = b.current_scope();
+  b.set_scope(fmt::format("pipeline/chunk{}/gradient_sums", a.chunk));  // they outlive the microbatch
+  for (size_t i = 0; i < c.specs.size(); ++i) {
+    Tensor gi = b.wrap(grads[skip + i]);
+    if (c.grad_sums.size() <= i) c.grad_sums.push_back(m == 1 ? gi : zeros_like(gi) + gi);  // as the scan: 0 + g
+    else c.grad_sums[i] = c.grad_sums[i] + gi;
+  }
+  b.set_scope(action_scope);
+}
+
 }  // namespace
 
 Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
@@ -370,45 +415,15 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
     switch (a.step) {
       case parallel::Step::forward: {
         const Tensor x = c.part.embedding ? microbatch(in.inputs, a.microbatch) : c.in[mb];
-        ASSERT(x.b != nullptr);
-        c.in[mb] = x;
         std::optional<Tensor> targets;
         if (c.part.head) targets = microbatch(in.targets, a.microbatch);
-        Tensor y = nn::trace_stage(b, model, c.part, params_of(c), x, targets);
-        if (c.part.head) {
-          const std::string action_scope = b.current_scope();
-          b.set_scope("pipeline/loss_sum");  // it outlives the microbatch
-          loss_sum = loss_sum + y;
-          b.set_scope(action_scope);
-          c.loss[mb] = o.loss_scale.enabled ? y * in.loss_scale : y;
-        } else {
-          c.out[mb] = y;
-        }
+        forward_action(b, model, c, mb, params_of(c), x, targets, o.loss_scale.enabled ? in.loss_scale : Tensor{}, loss_sum);
         break;
       }
       case parallel::Step::backward: {
-        // The seed: 1 on the (scaled) loss, as grad seeds it, or the gradient the next stage sent.
-        const Tensor y = c.part.head ? c.loss[mb] : c.out[mb];
-        const Tensor dy = c.part.head ? full(b, y.type(), 1.0) : c.dout[mb];
-        const std::pair<ValueId, ValueId> seed{y.id, dy.id};
-        std::vector<ValueId> wrt;
-        if (!c.part.embedding) wrt.push_back(c.in[mb].id);
-        for (Tensor t : params_of(c)) wrt.push_back(t.id);
-        std::vector<ValueId> weights;
-        for (Tensor t : in.params) weights.push_back(t.id);
         // The explanation records each chunk's first microbatch (every microbatch decides alike).
         rematerialize::Decider& d = a.microbatch == 0 && decider ? *decider : local;
-        std::vector<ValueId> grads = autodiff::vjp(g, std::span(&seed, 1), wrt, &d, weights);
-        const size_t skip = c.part.embedding ? 0 : 1;
-        if (!c.part.embedding) c.din[mb] = b.wrap(grads[0]);
-        const std::string action_scope = b.current_scope();
-        b.set_scope(fmt::format("pipeline/chunk{}/gradient_sums", a.chunk));  // they outlive the microbatch
-        for (size_t i = 0; i < c.specs.size(); ++i) {
-          Tensor gi = b.wrap(grads[skip + i]);
-          if (c.grad_sums.size() <= i) c.grad_sums.push_back(m == 1 ? gi : zeros_like(gi) + gi);  // as the scan: 0 + g
-          else c.grad_sums[i] = c.grad_sums[i] + gi;
-        }
-        b.set_scope(action_scope);
+        backward_action(b, c, a, params_of(c), in.params, m, d);
         break;
       }
       case parallel::Step::send_activation:
