@@ -52,7 +52,7 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
   const parallel::Schedule& s = *planned.pipeline;
   const nn::ModelConfig model = trainer::device_model(run, planned);  // its shards, its part of the batch, its collectives
   const train::StepShape& shape = planned.shape;
-  const parallel::Costs costs = train::chunk_costs(model, s.shape, shape.batch, shape.seq);
+  const std::vector<parallel::Costs> costs = train::stage_costs(model, s.shape, shape.batch, shape.seq);
   const parallel::Simulation t = parallel::simulate(s, costs);
   if (!timeline.empty()) {
     train::write_text(timeline, parallel::svg(s, t));
@@ -94,13 +94,15 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
     ranks.push_back(j);
   }
   if (fits) *fits = every_rank_fits;
+  nlohmann::json stage_costs_json = nlohmann::json::array();  // each virtual stage's
+  for (const parallel::Costs& c : costs) stage_costs_json.push_back({{"forward", c.forward}, {"backward", c.backward}});
   if (json) {
     nlohmann::json out = {{"pipeline",
                            {{"schedule", parallel::schedule_name(s.kind)},
                             {"stages", s.shape.stages},
                             {"microbatches", s.shape.microbatches},
                             {"chunks", s.shape.chunks},
-                            {"costs", {{"forward", costs.forward}, {"backward", costs.backward}}},
+                            {"costs", stage_costs_json},
                             {"ranks", ranks}}}};
     return out.dump(2) + "\n";
   }

@@ -10,11 +10,12 @@
 // messages between two ranks of one kind matched in order (one MPI tag per kind).
 //
 //   parallel::Schedule s = parallel::make_schedule(parallel::ScheduleKind::one_f_one_b, {.stages = 4, .microbatches = 8});
-//   parallel::Simulation t = parallel::simulate(s, {});          // CHECKs that it is valid and progresses
+//   parallel::Simulation t = parallel::simulate(s, {1, 2});        // CHECKs that it is valid and progresses
 //   fmt::print("{}", parallel::grid(s, t));
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,8 @@ struct Simulation {
 // of the same microbatch and chunk — and runs it: CHECKs that every rank finishes (no deadlock), naming the
 // waiting ranks and showing the grid so far. Compute takes `costs`; communication takes no time.
 Simulation simulate(const Schedule& s, const Costs& costs);
+// The same with each virtual stage's own costs (one entry: every stage's), e.g. under a policy per stage.
+Simulation simulate(const Schedule& s, std::span<const Costs> stage_costs);
 
 // The schedule as text: a row per rank, a column per time slot of the simulation (forward "F<mb>", backward
 // "B<mb>", with ".<chunk>" when ranks run several chunks; "." idle), then each rank's peak in flight and bubble.

@@ -54,7 +54,12 @@ struct Message {
 
 }  // namespace
 
-Simulation simulate(const Schedule& s, const Costs& costs) {
+Simulation simulate(const Schedule& s, const Costs& costs) { return simulate(s, std::span(&costs, 1)); }
+
+Simulation simulate(const Schedule& s, std::span<const Costs> stage_costs) {
+  CHECK(stage_costs.size() == 1 || stage_costs.size() == static_cast<size_t>(s.shape.virtual_stages()),
+        "schedule: {} stage costs for {} virtual stages (give one, or one per virtual stage)", stage_costs.size(),
+        s.shape.virtual_stages());
   check_counts(s);
   const int64_t p = s.shape.stages;
   // Channels (from, to, gradient?) carry messages in the order they were sent.
@@ -94,6 +99,7 @@ Simulation simulate(const Schedule& s, const Costs& costs) {
           for (size_t q = 0; q < n; ++q) known[r][q] = std::max(known[r][q], m.clock[q]);
           received_at[static_cast<size_t>(a.peer)][m.send] = {r, next[r]};
         } else {
+          const Costs& costs = stage_costs[stage_costs.size() == 1 ? 0 : static_cast<size_t>(a.chunk * p + me)];
           const double d = a.step == Step::forward ? costs.forward : costs.backward;
           RankTimeline& t = sim.ranks[r];
           t.compute.push_back({clock[r], clock[r] + d, a});

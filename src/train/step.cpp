@@ -402,7 +402,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   };
   // Each send is waited for once this rank knows it was received (then at once), its buffer live until then.
   const std::vector<parallel::Action>& actions = schedule.ranks[static_cast<size_t>(rank)];
-  const std::vector<int64_t> received = parallel::simulate(schedule, {}).send_known_received[static_cast<size_t>(rank)];
+  const std::vector<int64_t> received = parallel::simulate(schedule, parallel::Costs{}).send_known_received[static_cast<size_t>(rank)];
   std::map<int64_t, std::vector<Tensor>> waits;  // after action k: the sends known received by then
   Tensor loss_sum = scalar(b, DType::f32, 0.0);
   enum Tag : int64_t { activation_tag = 0, gradient_tag = 1 };
@@ -468,9 +468,9 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   return prog;
 }
 
-parallel::Costs chunk_costs(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t batch,
-                            int64_t seq) {
-  nn::StagePart part = pipeline_parts(model, shape, 0).front();
+namespace {
+// The FLOPs of `part`'s layers (no embedding, no head): forward, and backward with its recomputes.
+parallel::Costs layer_costs(const nn::ModelConfig& model, nn::StagePart part, int64_t batch, int64_t seq) {
   part.embedding = part.head = false;
   Graph g;
   Builder b(g);
@@ -490,6 +490,22 @@ parallel::Costs chunk_costs(const nn::ModelConfig& model, const parallel::Pipeli
   parallel::Costs c{0, 0};
   for (size_t i = 0; i < g.nodes.size(); ++i) (i < forward_nodes ? c.forward : c.backward) += ir::flops(g, g.nodes[i]);
   return c;
+}
+}  // namespace
+
+std::vector<parallel::Costs> stage_costs(const nn::ModelConfig& model, const parallel::PipelineShape& shape,
+                                         int64_t batch, int64_t seq) {
+  std::vector<parallel::Costs> costs(static_cast<size_t>(shape.virtual_stages()));
+  std::map<std::string, parallel::Costs> of_policy;  // stages differ only in their policy
+  for (int64_t rank = 0; rank < shape.stages; ++rank) {
+    const std::vector<nn::StagePart> parts = pipeline_parts(model, shape, rank);
+    for (size_t j = 0; j < parts.size(); ++j) {
+      const std::string& policy = nn::stage_remat_policy(model, parts[j]).written;
+      if (!of_policy.count(policy)) of_policy[policy] = layer_costs(model, parts[j], batch, seq);
+      costs[j * static_cast<size_t>(shape.stages) + static_cast<size_t>(rank)] = of_policy[policy];
+    }
+  }
+  return costs;
 }
 
 Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, int64_t seq,

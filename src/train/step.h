@@ -96,9 +96,10 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
 enum class Forward { loss, logits };
 Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, int64_t seq,
                                  const parallel::PipelineShape& shape, int64_t rank, Forward what);
-// FLOPs of one chunk's forward and backward (recomputes included) of one microbatch [batch, seq], for a chunk of
-// layers only: the simulator's costs (parallel::simulate).
-parallel::Costs chunk_costs(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t batch, int64_t seq);
+// FLOPs of each virtual stage's forward and backward (recomputes included) of one microbatch [batch, seq], for its
+// layers only (under its policy: nn::stage_remat_policy): the simulator's costs (parallel::simulate).
+std::vector<parallel::Costs> stage_costs(const nn::ModelConfig& model, const parallel::PipelineShape& shape,
+                                         int64_t batch, int64_t seq);
 // The model's parts on pipeline rank `rank`: chunk j is virtual stage j·p + rank (circular placement).
 std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank);
 // The layers' policy of rank `rank`'s chunks (nn::stage_remat_policy), as written; distinct ones joined by " | ".

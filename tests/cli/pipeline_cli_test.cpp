@@ -42,12 +42,15 @@ TEST(PipelineCli, InterleavedRanksSendAndReceiveTheirVirtualStagesMessages) {
   }
 }
 
-// Each rank's plan (`remat plan --json`'s pipeline.ranks) under `keys`.
-nlohmann::json plan_ranks(const std::string& keys) {
+// `remat plan --json`'s pipeline object under `keys`: the schedule's costs, each rank's plan.
+nlohmann::json plan_pipeline(const std::string& keys) {
   const testing_support::Output o = testing_support::run_command(fmt::format("'{}' plan {} --json 2>&1", REMAT_BINARY, keys));
   EXPECT_EQ(o.status, 0) << o.text;
-  return o.status == 0 ? nlohmann::json::parse(o.text).at("pipeline").at("ranks") : nlohmann::json::array();
+  return o.status == 0 ? nlohmann::json::parse(o.text).at("pipeline")
+                       : nlohmann::json{{"ranks", nlohmann::json::array()}, {"costs", nlohmann::json::array()}};
 }
+
+nlohmann::json plan_ranks(const std::string& keys) { return plan_pipeline(keys).at("ranks"); }
 
 // Under 1F1B rank r holds the activations of up to p - r microbatches at once, so the policy rank 0 needs to fit
 // is not the cheapest that fits the others. A rank's program holds only its own chunks: under
@@ -91,9 +94,16 @@ TEST(PipelineCli, PerStagePoliciesFitABudgetThatOnePolicyForAllDoesNotFitOrFitsR
   EXPECT_GT(full_recompute, best_recompute) << "full for all stages recomputes more";
 
   // The per-stage list: every rank plans as with its policy alone, and shows it.
-  const nlohmann::json mixed =
-      plan_ranks(fmt::format("{} pipeline_stage_remat_policies={}", pipeline, fmt::join(best, ",")));
+  const nlohmann::json mixed_plan =
+      plan_pipeline(fmt::format("{} pipeline_stage_remat_policies={}", pipeline, fmt::join(best, ",")));
+  const nlohmann::json& mixed = mixed_plan.at("ranks");
   ASSERT_EQ(mixed.size(), static_cast<size_t>(p));
+  // The simulator's costs are each stage's: full's backward runs its forward again, minimal's little of it.
+  const nlohmann::json& costs = mixed_plan.at("costs");
+  ASSERT_EQ(costs.size(), static_cast<size_t>(p));
+  EXPECT_EQ(costs[0].at("forward"), costs[1].at("forward"));
+  EXPECT_GT(costs[0].at("backward").get<double>(), costs[1].at("backward").get<double>());
+  EXPECT_EQ(costs[1], costs[3]);
   for (int r = 0; r < p; ++r) {
     const nlohmann::json& rank = mixed[static_cast<size_t>(r)];
     const std::string& policy = best[static_cast<size_t>(r)];

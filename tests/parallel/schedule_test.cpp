@@ -45,6 +45,30 @@ int64_t expected_in_flight(const Case& c, int64_t rank) {
   return -1;
 }
 
+// Each virtual stage runs at its own costs (a remat policy per stage): a rank is busy m x the sum of its chunks'
+// F + B, and with m = 1 the one microbatch passes every stage forward, then back, one after another.
+TEST(Schedules, EachVirtualStageRunsAtItsOwnCosts) {
+  for (const Case& c : cases()) {
+    const Schedule s = make_schedule(c.kind, c.shape);
+    const int64_t p = c.shape.stages, K = c.shape.virtual_stages();
+    std::vector<Costs> costs;
+    for (int64_t k = 0; k < K; ++k) costs.push_back({1.0 + static_cast<double>(k), 2.5 + 0.5 * static_cast<double>(k * k)});
+    const Simulation t = simulate(s, costs);
+    const std::string what = fmt::format("{} p={} m={} v={}", schedule_name(c.kind), p, c.shape.microbatches, c.shape.chunks);
+    for (int64_t r = 0; r < p; ++r) {
+      double busy = 0;
+      for (int64_t k = r; k < K; k += p) busy += costs[static_cast<size_t>(k)].forward + costs[static_cast<size_t>(k)].backward;
+      EXPECT_DOUBLE_EQ(t.ranks[static_cast<size_t>(r)].busy, static_cast<double>(c.shape.microbatches) * busy) << what << " rank " << r;
+    }
+  }
+  for (const ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b}) {
+    const Schedule s = make_schedule(kind, {.stages = 3, .microbatches = 1});
+    const std::vector<Costs> costs = {{1, 2}, {3, 7}, {0.5, 4}};
+    EXPECT_DOUBLE_EQ(simulate(s, costs).makespan, 1 + 2 + 3 + 7 + 0.5 + 4) << schedule_name(kind);
+    EXPECT_NE(error_of([&] { simulate(s, std::vector<Costs>(2)); }).find("2 stage costs for 3 virtual stages"), std::string::npos);
+  }
+}
+
 TEST(Schedules, EveryGeneratedScheduleRunsAndHoldsWhatItsDefinitionSays) {
   for (const Case& c : cases()) {
     const Schedule s = make_schedule(c.kind, c.shape);
@@ -134,22 +158,22 @@ TEST(Schedules, BrokenSchedulesAreRefusedNamingTheRankAndTheAction) {
   auto& r0 = early.ranks[0];
   auto recv = std::find(r0.begin(), r0.end(), Action{Step::recv_gradient, 0, 0, 1});
   std::rotate(r0.begin(), recv, recv + 1);
-  EXPECT_NE(error_of([&] { simulate(early, {}); })
+  EXPECT_NE(error_of([&] { simulate(early, Costs{}); })
                 .find("schedule 1f1b does not progress (deadlock): rank 0 at recv_gradient of microbatch 0 (chunk 0) with "
                       "rank 1; rank 1 at recv_activation of microbatch 0 (chunk 0) with rank 0"),
             std::string::npos)
-      << error_of([&] { simulate(early, {}); });
+      << error_of([&] { simulate(early, Costs{}); });
   Schedule swapped = s;  // rank 1 runs microbatch 1's forward before microbatch 0's
   auto& r1 = swapped.ranks[1];
   std::iter_swap(std::find(r1.begin(), r1.end(), Action{Step::forward, 0, 0}),
                  std::find(r1.begin(), r1.end(), Action{Step::forward, 1, 0}));
-  EXPECT_NE(error_of([&] { simulate(swapped, {}); })
+  EXPECT_NE(error_of([&] { simulate(swapped, Costs{}); })
                 .find("schedule: rank 1 runs forward of microbatch 1 (chunk 0) where microbatch 0 comes next on that chunk"),
             std::string::npos)
-      << error_of([&] { simulate(swapped, {}); });
+      << error_of([&] { simulate(swapped, Costs{}); });
   Schedule lost = s;  // a backward dropped
   lost.ranks[1].erase(std::find(lost.ranks[1].begin(), lost.ranks[1].end(), Action{Step::backward, 3, 0}));
-  EXPECT_NE(error_of([&] { simulate(lost, {}); }).find("rank 1 chunk 0 runs 4 forwards and 3 backwards of 4 microbatches"),
+  EXPECT_NE(error_of([&] { simulate(lost, Costs{}); }).find("rank 1 chunk 0 runs 4 forwards and 3 backwards of 4 microbatches"),
             std::string::npos);
 }
 
