@@ -128,6 +128,7 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
 void write_frontier(const Config& config, const std::string& path, bool table) {
   const trainer::RunConfig& run = config.run;
   const SearchInputs in = search_inputs(config, "--frontier");
+  train::write_text(path, "");  // a path that cannot be written fails now, not after the search
   const search::Frontier f = search::frontier(in.request, in.limits, in.rates);  // limits.device is ignored
   train::write_text(path, f.svg(fmt::format("model {}, batch {} x {}: least recompute + transfer time per device peak",
                                             config.model, run.shape.batch, run.shape.seq)));
