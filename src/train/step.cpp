@@ -327,7 +327,7 @@ struct Chunk {
 // A forward action: the chunk's stage on microbatch `mb` from `x` (embedded or received); on the last stage the
 // loss, summed into `loss_sum` and kept (times `loss_scale` when given) as the backward's seed.
 void forward_action(Builder& b, const nn::ModelConfig& model, Chunk& c, size_t mb, std::span<const Tensor> params,
-                    Tensor x, std::optional<Tensor> targets, Tensor loss_scale, Tensor& loss_sum) {
+                    Tensor x, std::optional<Tensor> targets, std::optional<Tensor> loss_scale, Tensor& loss_sum) {
   ASSERT(x.b != nullptr);
   c.in[mb] = x;
   Tensor y = nn::trace_stage(b, model, c.part, params, x, targets);
@@ -339,7 +339,7 @@ void forward_action(Builder& b, const nn::ModelConfig& model, Chunk& c, size_t m
   b.set_scope("pipeline/loss_sum");  // it outlives the microbatch
   loss_sum = loss_sum + y;
   b.set_scope(action_scope);
-  c.loss[mb] = loss_scale.b != nullptr ? y * loss_scale : y;
+  c.loss[mb] = loss_scale ? y * *loss_scale : y;
 }
 
 // A backward action: the chunk's vjp for the action's microbatch, seeded with 1 on the (scaled) loss, as grad
@@ -417,7 +417,9 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
         const Tensor x = c.part.embedding ? microbatch(in.inputs, a.microbatch) : c.in[mb];
         std::optional<Tensor> targets;
         if (c.part.head) targets = microbatch(in.targets, a.microbatch);
-        forward_action(b, model, c, mb, params_of(c), x, targets, o.loss_scale.enabled ? in.loss_scale : Tensor{}, loss_sum);
+        std::optional<Tensor> scale;
+        if (o.loss_scale.enabled) scale = in.loss_scale;
+        forward_action(b, model, c, mb, params_of(c), x, targets, scale, loss_sum);
         break;
       }
       case parallel::Step::backward: {
