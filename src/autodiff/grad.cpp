@@ -74,22 +74,28 @@ std::vector<bool> live_backward(const Graph& g, size_t num_forward, std::vector<
 std::vector<Cot> backprop(Builder& b, size_t num_forward, std::span<const std::pair<ValueId, ValueId>> seeds,
                           std::span<const ValueId> wrt, Context& ctx) {
   std::unordered_map<ValueId, Tensor> cot;
+  // The sweep ends once no cotangent waits on a node output it has not reached (the rest flow to params):
+  // differentiating a microbatch late in a long program visits its own nodes, not the whole program.
+  const std::vector<ValueId>& params = b.graph().params;
+  int64_t pending = 0;
   auto accumulate = [&](ValueId v, Tensor t) {
     auto [it, fresh] = cot.emplace(v, t);
     if (!fresh) it->second = it->second + t;
+    else if (std::find(params.begin(), params.end(), v) == params.end()) ++pending;
   };
   for (const auto& [v, c] : seeds) accumulate(v, b.wrap(c));
   std::string saved_scope = b.current_scope();
-  for (size_t i = num_forward; i-- > 0;) {
-    Node n = b.graph().nodes[i];  // a copy: rules append to the node list
+  for (size_t i = num_forward; i-- > 0 && pending > 0;) {
     std::vector<Cot> out_cots;
     bool any = false;
-    for (ValueId v : n.outputs) {
+    for (ValueId v : b.graph().nodes[i].outputs) {
       auto it = cot.find(v);
       out_cots.push_back(it == cot.end() ? Cot{} : Cot{it->second});
       any = any || it != cot.end();
     }
     if (!any) continue;
+    pending -= std::count_if(out_cots.begin(), out_cots.end(), [](const Cot& c) { return c.has_value(); });
+    const Node n = b.graph().nodes[i];  // a copy: rules append to the node list
     b.set_scope(n.scope);
     std::vector<Cot> in_cots = vjp_rule(n.op)(b, i, n, out_cots, ctx);
     ASSERT(in_cots.size() == n.inputs.size());

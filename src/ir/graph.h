@@ -33,6 +33,7 @@ struct Type {
   int64_t num_elements() const { return ir::num_elements(shape); }
   int64_t bytes() const { return num_elements() * dtype_size(dtype); }
   bool operator==(const Type&) const = default;
+  auto operator<=>(const Type&) const = default;  // an order, for maps keyed by types
 };
 
 std::string type_str(const Type& t);  // "f32[8,64]"

@@ -1,6 +1,6 @@
-// Public header of the IR stage (docs/design.md, "The stages"): graph data structures, the op table, tracing,
-// text form, verification, dead code elimination and the graph passes (inlining remat regions, sinking converts
-// into scans, finite checks, fusion). Everything downstream includes only this.
+// Public header of the IR stage (docs/design.md, "The stages"): graph data structures, the op table, tracing and
+// instantiation, text form, verification, dead code elimination and the graph passes (inlining remat regions,
+// sinking converts into scans, finite checks, fusion). Everything downstream includes only this.
 #pragma once
 
 #include "base/check.h"
@@ -11,6 +11,7 @@
 #include "ir/fuse.h"
 #include "ir/graph.h"
 #include "ir/inline.h"
+#include "ir/instantiate.h"
 #include "ir/ops.h"
 #include "ir/shape_rules.h"
 #include "ir/signature.h"

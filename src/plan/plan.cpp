@@ -64,17 +64,59 @@ std::vector<int> schedule(const Graph& g, size_t invariant, bool float_recompute
   return order;
 }
 
+// The buffers `ids` as an implicit balanced search tree by start (each range's middle its root), each subtree
+// knowing its latest end: finds the buffers whose lifetimes overlap a given one in O(log n + overlaps), which
+// keeps planning a long program (a pipeline rank's, thousands of actions) from growing quadratically.
+class Overlaps {
+ public:
+  Overlaps(const std::vector<Buffer>& buffers, std::vector<int> ids) : buffers_(buffers), ids_(std::move(ids)) {
+    std::sort(ids_.begin(), ids_.end(), [&](int a, int b) { return at(a).start < at(b).start; });
+    latest_end_.resize(ids_.size());
+    build(0, ids_.size());
+  }
+  // Calls f(id) for each buffer whose [start, end] meets [start, end].
+  template <class F>
+  void each(int start, int end, const F& f) const {
+    visit(0, ids_.size(), start, end, f);
+  }
+
+ private:
+  const Buffer& at(int id) const { return buffers_[static_cast<size_t>(id)]; }
+  int build(size_t lo, size_t hi) {
+    if (lo >= hi) return -1;
+    const size_t mid = lo + (hi - lo) / 2;
+    latest_end_[mid] = std::max({at(ids_[mid]).end, build(lo, mid), build(mid + 1, hi)});
+    return latest_end_[mid];
+  }
+  template <class F>
+  void visit(size_t lo, size_t hi, int start, int end, const F& f) const {
+    if (lo >= hi) return;
+    const size_t mid = lo + (hi - lo) / 2;
+    if (latest_end_[mid] < start) return;  // the whole subtree ends before
+    visit(lo, mid, start, end, f);
+    const Buffer& y = at(ids_[mid]);
+    if (y.start > end) return;  // it and every buffer to its right start after
+    if (y.end >= start) f(ids_[mid]);
+    visit(mid + 1, hi, start, end, f);
+  }
+  const std::vector<Buffer>& buffers_;
+  std::vector<int> ids_;
+  std::vector<int> latest_end_;
+};
+
 // Offsets by a best-fit heap, in the given order of buffers; returns the arena size.
 int64_t place(std::vector<Buffer>& buffers, const std::vector<int>& order) {
+  const Overlaps overlaps(buffers, order);  // lifetimes do not change here, offsets do
   int64_t top = 0;
-  std::vector<int> done;
+  std::vector<bool> done(buffers.size(), false);
+  std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, offset+bytes) of time-overlapping buffers
   for (int b : order) {
     Buffer& x = buffers[static_cast<size_t>(b)];
-    std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, offset+bytes) of time-overlapping buffers
-    for (int d : done) {
+    busy.clear();
+    overlaps.each(x.start, x.end, [&](int d) {
       const Buffer& y = buffers[static_cast<size_t>(d)];
-      if (y.start <= x.end && x.start <= y.end) busy.emplace_back(y.offset, y.offset + y.bytes);
-    }
+      if (done[static_cast<size_t>(d)]) busy.emplace_back(y.offset, y.offset + y.bytes);
+    });
     std::sort(busy.begin(), busy.end());
     int64_t best = -1, best_gap = INT64_MAX, cursor = 0;
     for (const auto& [lo, hi] : busy) {
@@ -83,7 +125,7 @@ int64_t place(std::vector<Buffer>& buffers, const std::vector<int>& order) {
     }
     x.offset = best >= 0 ? best : cursor;
     top = std::max(top, x.offset + x.bytes);
-    done.push_back(b);
+    done[static_cast<size_t>(b)] = true;
   }
   return top;
 }

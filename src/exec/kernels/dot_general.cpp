@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 namespace remat::exec {
 namespace {
@@ -160,12 +161,21 @@ void* feed(const Array& x, const Layout& l, std::span<std::byte>& workspace) {
 
 int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in) {
   if (in[0].dtype != DType::f32 && in[0].dtype != DType::bf16) return 0;  // the reference kernel needs none
+  // Remembered by everything the analysis reads: a pipeline rank's program repeats each matmul per microbatch,
+  // and making a oneDNN primitive descriptor costs more than planning the node.
+  using Key = std::tuple<ir::Type, ir::Type, ir::IntLists, ir::IntLists, int>;
+  static std::mutex mutex;
+  static std::map<Key, int64_t> known;
+  Key key{in[0], in[1], n.attrs.int_lists("contract"), n.attrs.int_lists("batch"), omp_get_max_threads()};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = known.find(key); it != known.end()) return it->second;
   Analysis x = analyze(n, in[0], in[1]);
   // The pieces in the order the kernel takes them, each but the last rounded up to the next piece's alignment.
   int64_t bytes = 0;
   for (int64_t piece : {x.a_layout.copy ? in[0].bytes() : 0, x.b_layout.copy ? in[1].bytes() : 0,
                         static_cast<int64_t>(x.pd.scratchpad_desc().get_size())})
     if (piece > 0) bytes = aligned64(bytes) + piece;
+  known.emplace(std::move(key), bytes);
   return bytes;
 }
 
