@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 #include "cli/config.h"
 
+#include "base/workers.h"
 #include "plan/report.h"
 #include "train/checkpoint.h"
 
@@ -64,7 +65,15 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
                                   "bubble", "stashed", "remat policy");
   std::string communication;
   bool every_rank_fits = true;
-  for (int64_t r = 0; r < s.shape.stages; ++r) {
+  // Each rank's program is compiled and planned on its own: all at once (in order when its IR is dumped), then
+  // reported in rank order.
+  struct Row {
+    std::string table, communication;
+    nlohmann::json json;
+    bool fits = true;
+  };
+  std::vector<Row> rows(static_cast<size_t>(s.shape.stages));
+  for_each_parallel(s.shape.stages, [&](int64_t r) {
     const compile::Compiled step = compile::compile({.model = model, .shape = shape, .optimizer = run.optimizer,
                                                      .allow_unmatched = run.remat_allow_unmatched, .pipeline = &s,
                                                      .stage = r, .fuse = run.fusion, .dump_ir_after = run.dump_ir_after});
@@ -72,26 +81,32 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
     o.title = fmt::format("pipeline rank {}", r);
     o.limit = limit;
     const plan::Report rep = plan::report(step.plan, step.program, step.signature, o);
-    every_rank_fits = every_rank_fits && rep.fits();
     const int64_t stashed = most_stashed(step.plan, step.program);
     const size_t rank = static_cast<size_t>(r);
     auto str = [](int64_t b) { return plan::bytes_str(static_cast<double>(b)); };
     const double sent = ir::communication_of(rep.communication, ir::Op::send).all.sent;  // to the neighbouring stages
     const std::string policy = train::rank_remat_policy(model, s.shape, r);
     const double recompute = step.explanation.recompute_flops;
-    table += fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>8.1f}%  {:>8}  {}\n", r,
-                         str(rep.total), str(rep.parameters), str(rep.optimizer_state), str(rep.temporaries),
-                         str(rep.lower_bound), str(static_cast<int64_t>(sent)), fmt::format("{:.1f} GF", recompute / 1e9),
-                         100 * t.bubble(rank), stashed, policy);
-    communication += fmt::format("rank {}:\n{}", r, plan::communication_text(rep.communication, "  "));
-    nlohmann::json j = rep.json();
-    j["rank"] = r;
-    j["bubble"] = t.bubble(rank);
-    j["peak_in_flight"] = t.ranks[rank].peak_in_flight;
-    j["most_stashed"] = stashed;
-    j["remat_policy"] = policy;
-    j["recompute_flops"] = recompute;
-    ranks.push_back(j);
+    Row& row = rows[rank];
+    row.fits = rep.fits();
+    row.table = fmt::format("{:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}  {:>8.1f}%  {:>8}  {}\n", r,
+                            str(rep.total), str(rep.parameters), str(rep.optimizer_state), str(rep.temporaries),
+                            str(rep.lower_bound), str(static_cast<int64_t>(sent)),
+                            fmt::format("{:.1f} GF", recompute / 1e9), 100 * t.bubble(rank), stashed, policy);
+    row.communication = fmt::format("rank {}:\n{}", r, plan::communication_text(rep.communication, "  "));
+    row.json = rep.json();
+    row.json["rank"] = r;
+    row.json["bubble"] = t.bubble(rank);
+    row.json["peak_in_flight"] = t.ranks[rank].peak_in_flight;
+    row.json["most_stashed"] = stashed;
+    row.json["remat_policy"] = policy;
+    row.json["recompute_flops"] = recompute;
+  }, run.dump_ir_after.empty() ? 0 : 1);
+  for (const Row& row : rows) {
+    every_rank_fits = every_rank_fits && row.fits;
+    table += row.table;
+    communication += row.communication;
+    ranks.push_back(row.json);
   }
   if (fits) *fits = every_rank_fits;
   nlohmann::json stage_costs_json = nlohmann::json::array();  // each virtual stage's

@@ -79,6 +79,19 @@ Graph Graph::clone() const {
   return g;
 }
 
+bool same_computation(const Graph& a, const Graph& b) {
+  if (a.types != b.types || a.params != b.params || a.results != b.results || a.nodes.size() != b.nodes.size())
+    return false;
+  for (size_t i = 0; i < a.nodes.size(); ++i) {
+    const Node &x = a.nodes[i], &y = b.nodes[i];
+    if (x.op != y.op || x.inputs != y.inputs || x.outputs != y.outputs || x.recomputed != y.recomputed ||
+        !(x.attrs == y.attrs) || (x.body == nullptr) != (y.body == nullptr))
+      return false;
+    if (x.body && x.body != y.body && !same_computation(*x.body, *y.body)) return false;
+  }
+  return true;
+}
+
 uint64_t next_origin() {
   static std::atomic<uint64_t> counter{0};
   return ++counter;

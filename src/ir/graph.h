@@ -122,6 +122,11 @@ struct Graph {
   Graph clone() const;
 };
 
+// Whether a and b are one computation: the same values (ids and types), params, results and nodes (ops,
+// operands, attributes, recompute marks, bodies alike), whatever their names, scopes and origins. Copies of one
+// template (ir::instantiate) are; the planner plans such bodies once.
+bool same_computation(const Graph& a, const Graph& b);
+
 // A node's human-readable location for messages: "node #12 dot_general (scope 'mlp/wi_0')".
 std::string describe_node(const Graph& g, size_t node_index);
 

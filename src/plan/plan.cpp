@@ -268,8 +268,23 @@ std::vector<bool> in_slices(const Graph& g, Plan& p, const Lifetimes& t, const O
 }
 
 // The buffers: each scan body's sub-arena, each kernel's workspace, each value that owns its storage.
+// The scan bodies planned so far in one build, with the options they were planned under: a pipeline rank's
+// program holds each chunk's bodies once per microbatch, copies of one another, planned once.
+struct BodyPlans {
+  struct Made {
+    const Graph* body;
+    int64_t consts, carries;
+    bool recomputed;
+    const Plan* plan;
+  };
+  std::vector<Made> made;
+};
+
+Plan build(const Graph& g, const Options& options, BodyPlans& known);
+
 void make_buffers(const Graph& g, Plan& p, const Lifetimes& t, const Options& options,
-                  const std::vector<int>& donated_into, const std::vector<bool>& made_in_slice, int end) {
+                  const std::vector<int>& donated_into, const std::vector<bool>& made_in_slice, int end,
+                  BodyPlans& known) {
   const std::vector<int>& last = t.last;
   const std::vector<Space>& space = t.space;
   p.buffer_of.assign(g.types.size(), -2);
@@ -280,11 +295,19 @@ void make_buffers(const Graph& g, Plan& p, const Lifetimes& t, const Options& op
     const Node& node = g.nodes[static_cast<size_t>(i)];
     if (node.op == Op::scan) {
       const ir::ScanAttrs scan = ir::scan_attrs(node.attrs);
-      Plan body = build(*node.body, {.donate = {},
-                                     .invariant_params = static_cast<size_t>(scan.num_consts),
-                                     .stacked_results_from = static_cast<size_t>(scan.num_carry),
-                                     .float_recomputes = !node.recomputed,
-                                     .workspace = options.workspace});
+      auto same = [&](const BodyPlans::Made& m) {
+        return m.consts == scan.num_consts && m.carries == scan.num_carry && m.recomputed == node.recomputed &&
+               ir::same_computation(*m.body, *node.body);
+      };
+      auto it = std::find_if(known.made.begin(), known.made.end(), same);
+      Plan body = it != known.made.end() ? *it->plan
+                                         : build(*node.body,
+                                                 {.donate = {},
+                                                  .invariant_params = static_cast<size_t>(scan.num_consts),
+                                                  .stacked_results_from = static_cast<size_t>(scan.num_carry),
+                                                  .float_recomputes = !node.recomputed,
+                                                  .workspace = options.workspace},
+                                                 known);
       for (Space sp : {Space::device, Space::host}) {
         if (body.arena[static_cast<int>(sp)] == 0) continue;
         Buffer sub;
@@ -295,7 +318,9 @@ void make_buffers(const Graph& g, Plan& p, const Lifetimes& t, const Options& op
         (sp == Space::device ? p.body_buffer : p.body_host_buffer)[i] = static_cast<int>(p.buffers.size());
         p.buffers.push_back(sub);
       }
-      p.bodies.emplace(i, std::move(body));
+      const Plan& kept = p.bodies.emplace(i, std::move(body)).first->second;
+      if (it == known.made.end())
+        known.made.push_back({node.body.get(), scan.num_consts, scan.num_carry, node.recomputed, &kept});
     }
     if (options.workspace && !ir::is_region(node.op)) {
       std::vector<ir::Type> in;
@@ -358,9 +383,7 @@ void make_buffers(const Graph& g, Plan& p, const Lifetimes& t, const Options& op
     }
 }
 
-}  // namespace
-
-Plan build(const Graph& g, const Options& options) {
+Plan build(const Graph& g, const Options& options, BodyPlans& known) {
   Plan p;
   const int n = static_cast<int>(g.nodes.size());
   for (const Node& node : g.nodes)
@@ -373,18 +396,29 @@ Plan build(const Graph& g, const Options& options) {
   write_in_place(g, p, t, end);
   const std::vector<int> donated_into = donate(g, p, t, options);
   const std::vector<bool> made_in_slice = in_slices(g, p, t, options);
-  make_buffers(g, p, t, options, donated_into, made_in_slice, end);
+  make_buffers(g, p, t, options, donated_into, made_in_slice, end, known);
 
   for (Space sp : {Space::device, Space::host}) {
     std::vector<int64_t>& live = p.live[static_cast<int>(sp)];
     live.assign(static_cast<size_t>(end + 1), 0);
+    std::vector<int64_t> change(static_cast<size_t>(end + 2), 0);  // at each step: bytes allocated - freed
     for (const Buffer& b : p.buffers)
-      if (b.space == sp)
-        for (int s = b.start; s <= b.end; ++s) live[static_cast<size_t>(s)] += b.bytes;
+      if (b.space == sp) {
+        change[static_cast<size_t>(b.start)] += b.bytes;
+        change[static_cast<size_t>(b.end) + 1] -= b.bytes;
+      }
+    std::partial_sum(change.begin(), change.end() - 1, live.begin());
     p.lower_bound[static_cast<int>(sp)] = live.empty() ? 0 : *std::max_element(live.begin(), live.end());
     assign_offsets(p, sp);
   }
   return p;
+}
+
+}  // namespace
+
+Plan build(const Graph& g, const Options& options) {
+  BodyPlans known;
+  return build(g, options, known);
 }
 
 std::string trace(const Plan& p, const Graph& g) {

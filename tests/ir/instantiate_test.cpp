@@ -105,5 +105,31 @@ TEST(Instantiate, EachInstanceHasItsOwnOriginsAndARecomputeSharesItsOpsOne) {
   EXPECT_NE(kept.g.nodes[2].origin, t.nodes[0].origin);
 }
 
+
+// Copies of one template are one computation (what the planner plans once); a changed attribute, operand or
+// body op is another.
+TEST(Instantiate, CopiesAreOneComputationAndChangesAreNot) {
+  Graph t = parse(kTemplate);
+  const Instantiated r = two_instances(t, false);
+  const Graph& a = *r.g.nodes[1].body;
+  const Graph& b = *r.g.nodes[3].body;
+  ASSERT_NE(a.nodes[0].scope, b.nodes[0].scope);
+  ASSERT_NE(a.nodes[0].origin, b.nodes[0].origin);
+  EXPECT_TRUE(same_computation(a, b));
+  EXPECT_TRUE(same_computation(t, parse(kTemplate)));  // names, scopes and origins aside
+  Graph changed = parse(kTemplate);
+  changed.nodes[1].body->nodes[0].op = Op::exp;
+  EXPECT_FALSE(same_computation(t, changed));
+  changed = parse(kTemplate);
+  changed.nodes[1].attrs.set("reverse", true);
+  EXPECT_FALSE(same_computation(t, changed));
+  changed = parse(kTemplate);
+  std::swap(changed.nodes[0].inputs[0], changed.nodes[0].inputs[1]);
+  EXPECT_FALSE(same_computation(t, changed));
+  changed = parse(kTemplate);
+  changed.nodes[2].recomputed = false;
+  EXPECT_FALSE(same_computation(t, changed));
+}
+
 }  // namespace
 }  // namespace remat::ir
