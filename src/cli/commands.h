@@ -25,18 +25,21 @@ struct Config;
 // remat_policy=auto: searches the cheapest placement of the checkpoint names whose per-device plan fits
 // hbm_limit and host_limit (search::search, at this machine's measured rates), prints its report when `print`,
 // and puts the chosen custom(...) into the config (every rank of an mpirun launch takes the first rank's).
-// Nothing fits: the result has no `best` (its text names the smallest peak) and the policy stays `auto`.
+// Under a pipeline each rank's placement is searched (search::search_ranks) and the config gets them as
+// pipeline_stage_remat_policies, one per rank. Nothing fits: the result (under a pipeline, the first rank's that
+// does not fit) has no `best` (its text names the smallest peak) and the policy stays `auto`.
 // Other policies: nothing (nullopt).
 std::optional<search::Result> resolve_auto(Config& config, bool print);
-// What a policy search over this config's per-device step takes: the step (one device's shards and batch),
-// hbm_limit and host_limit, and this machine's rates (host_bandwidth if given). Not under a pipeline (`what`
-// names the caller in the error).
+// What a policy search over this config's per-device step takes: the step (one device's shards and batch; under
+// a pipeline, one microbatch's, with the schedule), hbm_limit and host_limit, and this machine's rates
+// (host_bandwidth if given).
 struct SearchInputs {
-  compile::Request request;
+  compile::Request request;  // request.pipeline points into `pipeline`
   search::Limits limits;
   search::Rates rates;
+  std::shared_ptr<const parallel::Schedule> pipeline;
 };
-SearchInputs search_inputs(const Config& config, const char* what);
+SearchInputs search_inputs(const Config& config);
 // The same for commands that need a policy: nothing fitting is an error (a compile-time OOM's message).
 void require_auto_fits(Config& config);
 

@@ -316,8 +316,8 @@ std::vector<std::string> presets(const fs::path& dir) {
   return {names.begin(), names.end()};
 }
 
-// pipeline_stage_remat_policies parsed, each entry as remat_policy is (auto refused: one placement per rank is
-// not searched). Their count is checked against the pipeline by trainer::plan_run.
+// pipeline_stage_remat_policies parsed, each entry as remat_policy is (auto refused: remat_policy=auto searches
+// every rank's placement and fills this list). Their count is checked against the pipeline by trainer::plan_run.
 std::vector<rematerialize::Policy> stage_policies(const Config& c, const rematerialize::CustomKeys& keys) {
   if (c.pipeline_stage_remat_policies.empty()) return {};
   CHECK(c.run.ici_pipeline_parallelism > 1,
@@ -332,8 +332,8 @@ std::vector<rematerialize::Policy> stage_policies(const Config& c, const remater
       CHECK(false, "config key 'pipeline_stage_remat_policies', entry {} ('{}'): {}", at, text, e.what());
     }
     CHECK(out.back().kind != rematerialize::Policy::Kind::automatic,
-          "config key 'pipeline_stage_remat_policies', entry {}: auto is not searched per stage; give each stage a "
-          "policy (remat_policy=auto on one stage's layers without the pipeline prints one)", at);
+          "config key 'pipeline_stage_remat_policies', entry {}: auto is not an entry; drop this key and set "
+          "remat_policy=auto, which places each rank's names and prints the list", at);
   }
   return out;
 }
@@ -447,6 +447,10 @@ std::vector<std::string> split_values(const std::string& text) {
       continue;
     }
     values.back() += ch;
+  }
+  for (std::string& v : values) {  // "a, b" reads as "a,b"
+    v.erase(0, v.find_first_not_of(' '));
+    v.erase(v.find_last_not_of(' ') + 1);
   }
   return values;
 }

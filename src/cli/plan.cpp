@@ -142,7 +142,9 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
 // dominated.
 void write_frontier(const Config& config, const std::string& path, bool table) {
   const trainer::RunConfig& run = config.run;
-  const SearchInputs in = search_inputs(config, "--frontier");
+  const SearchInputs in = search_inputs(config);
+  CHECK(!in.pipeline, "--frontier under pipeline parallelism (ici_pipeline_parallelism={}) is not supported: each "
+        "rank has its own frontier; remat_policy=auto places each rank's names", run.ici_pipeline_parallelism);
   train::write_text(path, "");  // a path that cannot be written fails now, not after the search
   const search::Frontier f = search::frontier(in.request, in.limits, in.rates);  // limits.device is ignored
   train::write_text(path, f.svg(fmt::format("model {}, batch {} x {}: least recompute + transfer time per device peak",

@@ -1,5 +1,6 @@
 #include "search/search.h"
 
+#include "base/workers.h"
 #include "exec/executable.h"
 #include "ir/text.h"
 #include "plan/report.h"
@@ -46,6 +47,18 @@ double cost_of(const Rates& r, const Recompute& recompute, double offloaded) {
          2 * offloaded / r.host_bandwidth + recompute.sent / r.ici_bandwidth;
 }
 
+// Under a pipeline a rank's chunks decide once for all the microbatches it runs (its residual records are one
+// microbatch's): 1 without one.
+double microbatches_of(const compile::Request& r) {
+  return r.pipeline ? static_cast<double>(r.pipeline->shape.microbatches) : 1.0;
+}
+
+// A compile that only differentiates (recompute costs, the names' residuals): the gradients alone, or under a
+// pipeline the rank's step, which holds them.
+compile::Kind differentiated_kind(const compile::Request& r) {
+  return r.pipeline ? compile::Kind::train_step : compile::Kind::grads;
+}
+
 // The state of one search: memoized differentiations (recompute cost per saved set) and plans (per placement).
 class Searcher {
  public:
@@ -54,6 +67,7 @@ class Searcher {
     result_.limits = limits;
     result_.rates = rates;
     result_.names = searched_names(request, &result_.name_bytes);
+    result_.memory_bound = lemma_;
     // Largest first: the memory bound prunes most near the root.
     std::vector<size_t> order(result_.names.size());
     std::iota(order.begin(), order.end(), 0);
@@ -116,7 +130,7 @@ class Searcher {
   double device_bound(const Placement& p, bool keeps) const { return base_[keeps] + device_bytes(p); }
   bool within_bounds(const Placement& p, bool keeps) const {
     return (limits_.device <= 0 || !lemma_ || device_bound(p, keeps) <= static_cast<double>(limits_.device)) &&
-           (limits_.host <= 0 || host_bytes(p) <= static_cast<double>(limits_.host));
+           (limits_.host <= 0 || host_bytes(p) * host_held_ <= static_cast<double>(limits_.host));
   }
 
   // Recomputation of the placement saving exactly `saved` (a bit per name), G keeping or not: a differentiation,
@@ -131,7 +145,7 @@ class Searcher {
     compile::Request r = request_;
     r.model.remat_policy = placed(r.model, result_.names, p);
     if (r.model.layers_per_group > 0) r.model.group_remat_policy = group_placed(r.model, result_.names, p, keeps);
-    r.kind = compile::Kind::grads;
+    r.kind = differentiated_kind(r);
     r.plan = false;
     const compile::Compiled c = compile::compile(r);
     ++result_.differentiated;
@@ -157,7 +171,7 @@ class Searcher {
     Candidate c = evaluate(request_, result_.names, p, limits_, rates_, keeps);
     ++result_.planned;
     // The lemma, checked wherever it can be: a plan below its bound turns the bound off.
-    if (static_cast<double>(c.peak) < device_bound(p, keeps)) lemma_ = result_.lemma_held = false;
+    if (lemma_ && static_cast<double>(c.peak) < device_bound(p, keeps)) lemma_ = result_.lemma_held = false;
     return planned_[{p, keeps}] = std::move(c);
   }
 
@@ -224,7 +238,7 @@ class Searcher {
     std::optional<Candidate> smallest;  // within host_limit (every recompute placement is: one always exists)
     for (const auto& q : all) {
       if (smallest && lemma_ && bound(q) >= static_cast<double>(smallest->peak)) break;
-      if (limits_.host > 0 && host_bytes(q.first) > static_cast<double>(limits_.host)) continue;
+      if (limits_.host > 0 && host_bytes(q.first) * host_held_ > static_cast<double>(limits_.host)) continue;
       const Candidate& c = plan(q.first, q.second);
       if ((limits_.host <= 0 || c.host <= limits_.host) && (!smallest || c.peak < smallest->peak)) smallest = c;
     }
@@ -237,8 +251,13 @@ class Searcher {
   Rates rates_;
   Result result_;
   std::vector<bool> groups_ = group_choices(request_);  // G's choices searched (keeps or not)
-  double base_[2] = {0, 0};  // per G choice: peak minus device_bytes with every name on device (0 until planned)
-  bool lemma_ = true;
+  // Result::name_bytes are the step's (every microbatch's): the host arena holds at least one microbatch's.
+  double host_held_ = 1 / microbatches_of(request_);
+  // Per G choice: peak minus device_bytes with every name on device (-inf until planned: no bound before it).
+  double base_[2] = {-INFINITY, -INFINITY};
+  // Under a pipeline a rank's peak moves between its actions and the names' savings do not add up (observed:
+  // offloading mlpwi with the other names recomputed saved 0.7% more than its bytes): no memory bound there.
+  bool lemma_ = request_.pipeline == nullptr;
   std::map<std::pair<uint64_t, bool>, Recompute> recompute_;
   std::map<std::pair<Placement, bool>, Candidate> planned_;
 };
@@ -283,9 +302,10 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
     if (!n.maxtext.empty() && nn::names::carries(n, v)) candidates.emplace_back(n.maxtext);
   compile::Request r = request;
   r.model.remat_policy = placed(r.model, candidates, std::vector<Residency>(candidates.size(), Residency::save));
-  r.kind = compile::Kind::grads;
+  r.kind = differentiated_kind(r);
   r.plan = false;
   const compile::Compiled c = compile::compile(r);
+  const double runs = microbatches_of(request);
   std::vector<std::string> names;
   const std::string layer_policy = r.model.remat_policy.described();  // a group's records are its own policy's
   for (const std::string& name : candidates) {
@@ -299,7 +319,7 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
       }
     if (!decided) continue;  // an alias of a region input (kept with it), or never read by the backward
     names.push_back(name);
-    if (bytes) bytes->push_back(b);
+    if (bytes) bytes->push_back(b * runs);
   }
   return names;
 }
@@ -346,7 +366,7 @@ Candidate evaluate_policy(const compile::Request& request, const rematerialize::
   k.recompute_flops = c.explanation.recompute_flops;
   k.recompute_gemm_flops = c.explanation.recompute_gemm_flops;
   k.step_flops = c.explanation.step_flops;
-  k.offloaded_bytes = c.explanation.offloaded_bytes();
+  k.offloaded_bytes = c.explanation.offloaded_bytes() * microbatches_of(r);
   const Recompute recompute = recompute_of(c);
   k.recomputed_sent = recompute.sent;
   k.seconds = cost_of(rates, recompute, k.offloaded_bytes);
@@ -355,13 +375,26 @@ Candidate evaluate_policy(const compile::Request& request, const rematerialize::
 }
 
 Result search(const compile::Request& request, const Limits& limits, const Rates& rates) {
-  CHECK(request.pipeline == nullptr,
-        "remat_policy=auto: under pipeline parallelism each rank would need its own placement; give the policy "
-        "(e.g. search one stage's layers without the pipeline and paste the custom(...) it prints)");
+  CHECK(request.pipeline == nullptr || request.model.stage_remat_policies.empty(),
+        "remat_policy=auto under a pipeline places each rank's names itself: drop pipeline_stage_remat_policies, "
+        "or give remat_policy a policy");
   return Searcher(request, limits, rates).run();
 }
 
+std::vector<Result> search_ranks(const compile::Request& request, const Limits& limits, const Rates& rates) {
+  ASSERT(request.pipeline != nullptr);
+  std::vector<Result> ranks(static_cast<size_t>(request.pipeline->shape.stages));
+  for_each_parallel(request.pipeline->shape.stages, [&](int64_t r) {
+    compile::Request rank = request;
+    rank.stage = r;
+    ranks[static_cast<size_t>(r)] = search(rank, limits, rates);
+  });
+  return ranks;
+}
+
 Result search_group_sizes(const compile::Request& request, const Limits& limits, const Rates& rates) {
+  CHECK(request.pipeline == nullptr, "searching the group size (layers_per_group) under a pipeline is not supported: "
+        "give layers_per_group, and remat_policy=auto places each rank's names");
   CHECK(request.model.scan_layers, "searching the group size (layers_per_group) needs scan_layers=true: groups are a "
         "scan of scans");
   std::optional<Result> chosen;
@@ -397,7 +430,8 @@ std::string Result::text() const {
   const Candidate& b = *best;
   out += fmt::format("remat_policy=auto under {}: the cheapest placement that fits (searched {} names{}: {} plans, {} "
                      "differentiations{})\n",
-                     limit, names.size(), b.group_policy.empty() ? "" : " and the group policy", planned, differentiated, lemma_held ? "" : "; the memory bound did not hold, every candidate was planned");
+                     limit, names.size(), b.group_policy.empty() ? "" : " and the group policy", planned, differentiated, !memory_bound ? "; no memory bound under a pipeline: every cheaper candidate planned"
+                     : lemma_held ? "" : "; the memory bound did not hold, every candidate was planned");
   if (layers_per_group) out += fmt::format("  layers_per_group: {}\n", *layers_per_group);
   out += fmt::format("  remat_policy: {}\n", b.policy);
   if (!b.group_policy.empty()) out += fmt::format("  group_remat_policy: {}\n", b.group_policy);

@@ -83,7 +83,8 @@ struct Candidate {
 
 struct Result {
   std::vector<std::string> names;     // the searched names (MaxText spelling, as custom(...) takes them)
-  std::vector<double> name_bytes;     // per name: its residuals' bytes per step (every layer)
+  std::vector<double> name_bytes;     // per name: its residuals' bytes per step (every layer; under a pipeline,
+                                      // every microbatch of the rank's)
   std::optional<Candidate> best;      // the cheapest that fits; none when nothing fits
   Candidate smallest;                 // when nothing fits: the smallest peak (within host_limit)
   std::vector<Candidate> cheaper;     // each one-name change of `best` (or of G) that would cost less, planned
@@ -92,15 +93,23 @@ struct Result {
   int planned = 0, differentiated = 0;  // oracle calls: full plans, and differentiations for recompute costs
   std::optional<int64_t> layers_per_group;  // set by search_group_sizes: the size answered (0: no groups)
   bool lemma_held = true;             // false: a plan fell below the memory bound (the search then planned all)
+  bool memory_bound = true;           // false under a pipeline: the search plans every cheaper candidate
 
   // What a user acts on: the policy to paste, its peak, recompute share and offload bytes, and why each
   // cheaper one-name change does not fit; or, when nothing fits, the smallest peak any placement reaches.
   std::string text() const;
 };
 
-// `request`: the per-device training step to place (its model's remat_policy is replaced). Refuses a
-// pipeline (each rank would need its own placement).
+// `request`: the per-device training step to place (its model's remat_policy is replaced); under a pipeline,
+// the program of rank `request.stage`, whose chunks all take the placement. There a saved name costs its
+// microbatch's bytes once per microbatch the rank stashes at its peak (the schedule's): the host bound counts
+// one microbatch's, the offload cost every microbatch's; the memory bound is off (Result::memory_bound).
 Result search(const compile::Request& request, const Limits& limits, const Rates& rates);
+
+// remat_policy=auto under a pipeline (request.pipeline): search() for each rank, in parallel, one Result per rank
+// (paste-able together as pipeline_stage_remat_policies, one entry per rank). Each is exact as search() is (the
+// tests: brute force over each rank's placements).
+std::vector<Result> search_ranks(const compile::Request& request, const Limits& limits, const Rates& rates);
 
 // The group size searched too: search() under every layers_per_group that divides the layers (0: no groups, if
 // scan_layers), the cheapest answer that fits, equal cost to the lower peak, then the smaller size; when nothing

@@ -126,12 +126,54 @@ TEST(PipelineCli, PerStagePoliciesFitABudgetThatOnePolicyForAllDoesNotFitOrFitsR
   const testing_support::Output with_auto = testing_support::run_command(fmt::format(
       "'{}' plan {} pipeline_stage_remat_policies=full,auto,full,full 2>&1", REMAT_BINARY, pipeline));
   EXPECT_NE(with_auto.status, 0);
-  EXPECT_NE(with_auto.text.find("entry 1: auto is not searched per stage"), std::string::npos) << with_auto.text;
+  EXPECT_NE(with_auto.text.find("entry 1: auto is not an entry; drop this key and set remat_policy=auto"),
+            std::string::npos)
+      << with_auto.text;
   const testing_support::Output no_pipeline = testing_support::run_command(
       fmt::format("'{}' plan pipeline_stage_remat_policies=full,minimal 2>&1", REMAT_BINARY));
   EXPECT_NE(no_pipeline.status, 0);
   EXPECT_NE(no_pipeline.text.find("there is no pipeline (ici_pipeline_parallelism=1)"), std::string::npos)
       << no_pipeline.text;
+}
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+// remat_policy=auto under a pipeline places each rank's names: every rank fits the budget, rank 0 (four
+// microbatches stashed at its peak) keeps fewer names on device than rank 3 (one), and the printed list, given
+// back as pipeline_stage_remat_policies, plans to the same totals.
+TEST(PipelineCli, AutoPlacesEachRanksNamesAndPrintsTheListThatReproducesIt) {
+  const std::string pipeline = "base_num_decoder_layers=8 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
+                               "pipeline_schedule=1f1b logits_via_embedding=false";
+  const double budget = 50.0 * 1024 * 1024;
+  const nlohmann::json ranks = plan_ranks(pipeline + " remat_policy=auto hbm_limit=50MiB");
+  ASSERT_EQ(ranks.size(), 4u);
+  std::vector<std::string> policies;
+  for (const nlohmann::json& rank : ranks) {
+    policies.push_back(rank.at("remat_policy").get<std::string>());
+    EXPECT_LE(rank.at("total").get<double>(), budget) << policies.back();
+    EXPECT_EQ(policies.back().rfind("custom(", 0), 0u) << policies.back();
+  }
+  auto on_device = [](const std::string& policy) {
+    size_t n = 0;
+    for (size_t at = policy.find("=device"); at != std::string::npos; at = policy.find("=device", at + 1)) ++n;
+    return n;
+  };
+  EXPECT_LT(on_device(policies[0]), on_device(policies[3])) << policies[0] << " vs " << policies[3];
+  std::string list;
+  for (const std::string& p : policies) list += (list.empty() ? "" : ",") + p;
+  const nlohmann::json given = plan_ranks(fmt::format("{} \"pipeline_stage_remat_policies={}\"", pipeline, list));
+  ASSERT_EQ(given.size(), 4u);
+  for (size_t r = 0; r < 4; ++r) EXPECT_EQ(given[r].at("total"), ranks[r].at("total")) << "rank " << r;
+  const testing_support::Output text = testing_support::run_command(
+      fmt::format("'{}' plan {} remat_policy=auto hbm_limit=50MiB 2>&1", REMAT_BINARY, pipeline));
+  ASSERT_EQ(text.status, 0) << text.text;
+  for (const char* line : {"pipeline rank 0: remat_policy=auto under hbm_limit 50.00 MiB", "pipeline rank 3: ",
+                           "\npipeline_stage_remat_policies: custom(", "every rank fits"})
+    EXPECT_NE(text.text.find(line), std::string::npos) << line << "\n" << text.text;
 }
 
 }  // namespace

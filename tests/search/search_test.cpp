@@ -418,3 +418,93 @@ TEST(AutoPolicy, TheMemoryBoundSparesThePlannerTheCandidatesItRejects) {
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+// remat_policy=auto under a pipeline (search_ranks): each rank's answer equals the brute force over that rank's
+// placements, its own program planned with each, under every budget the ranks' peaks suggest (tight, middle,
+// loose). Under 1F1B rank 0 holds two microbatches' residuals at its peak and
+// rank 1 one, so a saved name costs rank 0 twice its bytes: under some budget the ranks answer differently, and
+// there one placement for both ranks does not fit or costs more than the two answers.
+TEST(AutoPolicy, UnderAPipelineEachRanksAnswerEqualsTheBruteForceOverItsPlacements) {
+  if (exec::kAddressSanitizer) GTEST_SKIP() << "162 plans; the search it runs per rank runs in Models/AutoPolicy";
+  const cli::Config config =
+      cli::load_config("", {"model=tiny", "fused_qkv=true", "fused_mlp=true", "ici_pipeline_parallelism=2",
+                            "num_pipeline_microbatches=4", "pipeline_schedule=1f1b", "logits_via_embedding=false"});
+  const cli::SearchInputs in = cli::search_inputs(config);
+  ASSERT_TRUE(in.pipeline != nullptr);
+  const int64_t ranks = 2;
+  std::vector<std::vector<search::Candidate>> all(ranks);
+  std::set<int64_t> budgets;
+  for (int64_t r = 0; r < ranks; ++r) {
+    compile::Request rank = in.request;
+    rank.stage = r;
+    std::vector<double> bytes;
+    const std::vector<std::string> names = search::searched_names(rank, &bytes);
+    ASSERT_EQ(names, (std::vector<std::string>{"context", "out_proj", "qkv_proj", "mlpwi"}));
+    std::vector<Residency> p(names.size(), Residency::recompute);
+    std::function<void(size_t)> each = [&](size_t i) {
+      if (i == names.size()) return all[r].push_back(search::evaluate(rank, names, p, {}, kRates));
+      for (Residency x : {Residency::recompute, Residency::save, Residency::offload}) p[i] = x, each(i + 1);
+    };
+    each(0);
+    // The names' bytes are the step's (4 microbatches); at its peak rank r holds 2 - r of them (1F1B: p - r).
+    auto device_bytes = [&](const search::Candidate& c) {
+      double b = 0;
+      for (size_t i = 0; i < names.size(); ++i) b += c.placement[i] == Residency::save ? bytes[i] / 4 * (2 - r) : 0;
+      return b;
+    };
+    // Why the search has no memory bound under a pipeline: some placement's peak is below it.
+    const search::Candidate& all_device = all[r][40];  // every name saved: the middle of 3^4 in this order
+    ASSERT_TRUE(std::all_of(all_device.placement.begin(), all_device.placement.end(),
+                            [](Residency x) { return x == Residency::save; }));
+    EXPECT_TRUE(std::any_of(all[r].begin(), all[r].end(), [&](const search::Candidate& c) {
+      return static_cast<double>(c.peak) < static_cast<double>(all_device.peak) - device_bytes(all_device) + device_bytes(c);
+    })) << "rank " << r << ": the memory bound holds here; search.cpp may use it under a pipeline";
+    std::vector<int64_t> peaks;
+    for (const search::Candidate& c : all[r]) peaks.push_back(c.peak);
+    std::sort(peaks.begin(), peaks.end());
+    peaks.erase(std::unique(peaks.begin(), peaks.end()), peaks.end());
+    budgets.insert({peaks.front(), peaks[peaks.size() / 2], peaks.back() - 1});
+  }
+  auto best_of = [](const std::vector<search::Candidate>& candidates, int64_t budget) {
+    const search::Candidate* want = nullptr;
+    for (const search::Candidate& c : candidates)
+      if (c.peak <= budget && (!want || std::pair(c.seconds, c.peak) < std::pair(want->seconds, want->peak))) want = &c;
+    return want;
+  };
+  bool differ = false;
+  for (int64_t budget : budgets) {
+    const std::vector<search::Result> got = search::search_ranks(in.request, {.device = budget}, kRates);
+    ASSERT_EQ(got.size(), static_cast<size_t>(ranks));
+    double answers = 0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      const search::Candidate* want = best_of(all[r], budget);
+      const search::Result& result = got[static_cast<size_t>(r)];
+      EXPECT_FALSE(result.memory_bound) << "rank " << r;
+      if (!want) {
+        EXPECT_FALSE(result.best.has_value()) << "rank " << r << ", budget " << budget;
+        answers = INFINITY;
+        continue;
+      }
+      ASSERT_TRUE(result.best.has_value()) << "rank " << r << ", budget " << budget << ": " << want->policy << " fits";
+      EXPECT_EQ(result.best->seconds, want->seconds) << "rank " << r << ", budget " << budget << ": got "
+                                                     << result.best->policy << ", brute force " << want->policy;
+      EXPECT_EQ(result.best->peak, want->peak) << "rank " << r << ", budget " << budget;
+      answers += want->seconds;
+    }
+    if (got[0].best && got[1].best && got[0].best->policy != got[1].best->policy) {
+      differ = true;
+      // One placement for both ranks: none fits both, or the cheapest that does costs more.
+      double one = INFINITY;
+      for (size_t i = 0; i < all[0].size(); ++i)
+        if (all[0][i].peak <= budget && all[1][i].peak <= budget) one = std::min(one, all[0][i].seconds + all[1][i].seconds);
+      EXPECT_GT(one, answers) << "budget " << budget;
+    }
+  }
+  EXPECT_TRUE(differ) << "some budget separates the ranks";
+}
+
+}  // namespace
+}  // namespace remat
