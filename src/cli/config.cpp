@@ -158,7 +158,7 @@ std::vector<Key> run_keys() {
       bind<int64_t>("num_pipeline_microbatches", [](Config& c) -> int64_t& { return c.run.num_pipeline_microbatches; }, or_derived()),
       bind<int64_t>("num_layers_per_pipeline_stage", [](Config& c) -> int64_t& { return c.run.num_layers_per_pipeline_stage; }, or_derived()),
       bind<int64_t>("num_pipeline_repeats", [](Config& c) -> int64_t& { return c.run.num_pipeline_repeats; }, or_derived()),
-      bind_enum("pipeline_schedule", {"gpipe", "1f1b", "interleaved_1f1b"}, [](Config& c) -> std::string& { return c.run.pipeline_schedule; }),
+      bind_enum("pipeline_schedule", {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}, [](Config& c) -> std::string& { return c.run.pipeline_schedule; }),
       bind<std::string>("pipeline_stage_remat_policies", [](Config& c) -> std::string& { return c.pipeline_stage_remat_policies; }),
       bind<int64_t>("steps", [](Config& c) -> int64_t& { return c.run.steps; }, at_least(1)),
       bind<double>("learning_rate", [](Config& c) -> double& { return c.run.optimizer.learning_rate; }, at_least(0)),

@@ -110,7 +110,7 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
   }
   if (fits) *fits = every_rank_fits;
   nlohmann::json stage_costs_json = nlohmann::json::array();  // each virtual stage's
-  for (const parallel::Costs& c : costs) stage_costs_json.push_back({{"forward", c.forward}, {"backward", c.backward}});
+  for (const parallel::Costs& c : costs) stage_costs_json.push_back({{"forward", c.forward}, {"backward", c.backward}, {"weight", c.weight}});
   if (json) {
     nlohmann::json out = {{"pipeline",
                            {{"schedule", parallel::schedule_name(s.kind)},

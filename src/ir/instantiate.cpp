@@ -30,11 +30,13 @@ std::shared_ptr<Graph> body_of(const Graph& body, const std::string& prefix, Ins
 
 }  // namespace
 
-void instantiate(Builder& b, const Graph& from, size_t first, size_t last, Instance& instance) {
+void instantiate(Builder& b, const Graph& from, size_t first, size_t last, Instance& instance,
+                 const std::vector<bool>* only, bool taken) {
   ASSERT(first <= last && last <= from.nodes.size());
   Graph& g = b.graph();
   const std::string prefix = b.current_scope();
   for (size_t i = first; i < last; ++i) {
+    if (only && (*only)[i] != taken) continue;
     const Node& t = from.nodes[i];
     Node n;
     n.op = t.op;

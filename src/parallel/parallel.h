@@ -1,8 +1,10 @@
-// Pipeline schedules as data (docs/parallelism.md, "Pipeline parallelism"): for each rank of the `stage` mesh axis, the list of actions it runs in
-// one training step — forward or backward of one microbatch through one of its chunks (virtual stages), and
-// the sends and receives that move activations forward and their gradients back. Generators for GPipe, 1F1B
-// (PipeDream-Flush) and interleaved 1F1B (Megatron's order); a validator; a simulator that runs every rank's
-// list against per-chunk costs and reports the timeline, the stashed microbatches in flight and the bubble;
+// Pipeline schedules as data (docs/parallelism.md, "Pipeline parallelism"): for each rank of the `stage` mesh
+// axis, the list of actions it runs in one training step — forward or backward of one microbatch through one of
+// its chunks (virtual stages), and the sends and receives that move activations forward and their gradients
+// back. Generators for GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B (Megatron's order) and ZB-H1 (Qi et al.,
+// "Zero Bubble Pipeline Parallelism": each backward split into B, the input's gradient, and W, the weights'; W
+// deferred); a validator; a simulator that runs every rank's list against per-chunk costs and reports the
+// timeline, the stashed microbatches in flight and the bubble;
 // a text grid (ranks x time slots) and an SVG.
 //
 // Virtual stage k of K = p·v runs on rank k mod p as its chunk k / p (MaxText's circular placement: rank r
@@ -21,11 +23,14 @@
 
 namespace remat::parallel {
 
-enum class ScheduleKind { gpipe, one_f_one_b, interleaved_1f1b };
+enum class ScheduleKind { gpipe, one_f_one_b, interleaved_1f1b, zb_h1 };
 
-// "gpipe", "1f1b", "interleaved_1f1b"; errors name `key` and list the choices.
+// "gpipe", "1f1b", "interleaved_1f1b", "zb_h1"; errors name `key` and list the choices.
 ScheduleKind parse_schedule(const std::string& text, const std::string& key = "pipeline_schedule");
 const char* schedule_name(ScheduleKind kind);
+// Whether `kind` runs each backward as two actions: backward (B: the input's gradient, which the previous stage
+// waits for) and weight (W: the parameters' gradients, which only the update waits for).
+bool splits_backward(ScheduleKind kind);
 
 struct PipelineShape {
   int64_t stages = 1;        // p: ranks along the `stage` axis
@@ -38,7 +43,7 @@ struct PipelineShape {
 // name the config keys and say what would work.
 void check_pipeline(ScheduleKind kind, const PipelineShape& shape, int64_t layers, int64_t layers_per_stage);
 
-enum class Step { forward, backward, send_activation, recv_activation, send_gradient, recv_gradient };
+enum class Step { forward, backward, weight, send_activation, recv_activation, send_gradient, recv_gradient };
 const char* step_name(Step s);
 
 struct Action {
@@ -59,9 +64,12 @@ struct Schedule {
 Schedule make_schedule(ScheduleKind kind, const PipelineShape& shape);
 
 // Costs of one chunk's forward and backward of one microbatch (the simulator's time unit is arbitrary).
+// `weight` is the part of `backward` that computes the parameters' gradients: a schedule that splits the
+// backward runs backward - weight as B and weight as W.
 struct Costs {
   double forward = 1;
   double backward = 2;
+  double weight = 0;
 };
 
 struct Slot {

@@ -10,7 +10,8 @@ namespace remat::parallel {
 namespace {
 
 std::string label(const Schedule& s, const Action& a) {
-  std::string l = fmt::format("{}{}", a.step == Step::forward ? 'F' : 'B', a.microbatch);
+  const char kind = a.step == Step::forward ? 'F' : a.step == Step::weight ? 'W' : 'B';
+  std::string l = fmt::format("{}{}", kind, a.microbatch);
   return s.shape.chunks > 1 ? l + fmt::format(".{}", a.chunk) : l;
 }
 
@@ -19,7 +20,7 @@ double unit_of(const Simulation& t) {
   double unit = 0;
   for (const RankTimeline& r : t.ranks)
     for (const Slot& c : r.compute)
-      if (unit == 0 || c.end - c.start < unit) unit = c.end - c.start;
+      if (c.end > c.start && (unit == 0 || c.end - c.start < unit)) unit = c.end - c.start;
   return unit > 0 ? unit : 1;
 }
 
@@ -60,11 +61,11 @@ std::string svg(const Schedule& s, const Simulation& t) {
     const double y = 22 + row * static_cast<double>(r);
     out += fmt::format("<text x=\"4\" y=\"{}\">rank {}</text>\n", y + 16, r);
     for (const Slot& c : t.ranks[r].compute) {
-      const bool forward = c.action.step == Step::forward;
+      const char* fill = c.action.step == Step::forward ? "#8ab6e6" : c.action.step == Step::weight ? "#b6d98a" : "#e6a88a";
       out += fmt::format(
           "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\" stroke=\"white\"/>"
           "<text x=\"{:.2f}\" y=\"{}\">{}</text>\n",
-          left + c.start * scale, y, (c.end - c.start) * scale, row - 4, forward ? "#8ab6e6" : "#e6a88a",
+          left + c.start * scale, y, (c.end - c.start) * scale, row - 4, fill,
           left + c.start * scale + 2, y + 16, label(s, c.action));
     }
   }

@@ -12,7 +12,8 @@ ScheduleKind parse_schedule(const std::string& text, const std::string& key) {
   if (text == "gpipe") return ScheduleKind::gpipe;
   if (text == "1f1b") return ScheduleKind::one_f_one_b;
   if (text == "interleaved_1f1b") return ScheduleKind::interleaved_1f1b;
-  CHECK(false, "config key '{}': unknown schedule '{}'; choose gpipe, 1f1b or interleaved_1f1b", key, text);
+  if (text == "zb_h1") return ScheduleKind::zb_h1;
+  CHECK(false, "config key '{}': unknown schedule '{}'; choose gpipe, 1f1b, interleaved_1f1b or zb_h1", key, text);
   __builtin_unreachable();
 }
 
@@ -21,14 +22,18 @@ const char* schedule_name(ScheduleKind kind) {
     case ScheduleKind::gpipe: return "gpipe";
     case ScheduleKind::one_f_one_b: return "1f1b";
     case ScheduleKind::interleaved_1f1b: return "interleaved_1f1b";
+    case ScheduleKind::zb_h1: return "zb_h1";
   }
   return "";
 }
+
+bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::zb_h1; }
 
 const char* step_name(Step s) {
   switch (s) {
     case Step::forward: return "forward";
     case Step::backward: return "backward";
+    case Step::weight: return "weight";
     case Step::send_activation: return "send_activation";
     case Step::recv_activation: return "recv_activation";
     case Step::send_gradient: return "send_gradient";
@@ -50,11 +55,11 @@ void check_pipeline(ScheduleKind kind, const PipelineShape& s, int64_t layers, i
         layers, p, v, layers_per_stage, p * v * layers_per_stage, p, layers_per_stage, layers / (p * layers_per_stage),
         layers % (p * layers_per_stage) == 0 ? " fit" : " not fit either: choose a stage count and layers per stage "
                                                          "whose product divides the layers");
-  if (kind == ScheduleKind::one_f_one_b) {
-    CHECK(v == 1, "pipeline_schedule=1f1b runs one chunk per rank, but num_pipeline_repeats is {}: use "
-                  "pipeline_schedule=interleaved_1f1b for {} chunks per rank", v, v);
-    CHECK(m >= p, "pipeline_schedule=1f1b needs num_pipeline_microbatches ({}) >= ici_pipeline_parallelism ({}): "
-                  "set it to {} or more, or use gpipe", m, p, p);
+  if (kind == ScheduleKind::one_f_one_b || kind == ScheduleKind::zb_h1) {
+    CHECK(v == 1, "pipeline_schedule={} runs one chunk per rank, but num_pipeline_repeats is {}: use "
+                  "pipeline_schedule=interleaved_1f1b for {} chunks per rank", schedule_name(kind), v, v);
+    CHECK(m >= p, "pipeline_schedule={} needs num_pipeline_microbatches ({}) >= ici_pipeline_parallelism ({}): "
+                  "set it to {} or more, or use gpipe", schedule_name(kind), m, p, p);
   }
   if (kind == ScheduleKind::interleaved_1f1b)
     CHECK(v >= 2, "pipeline_schedule=interleaved_1f1b needs num_pipeline_repeats >= 2 chunks per rank, got {}: "
@@ -92,6 +97,21 @@ std::vector<Action> compute_order(const PipelineShape& s, int64_t warmup) {
   return order;
 }
 
+// ZB-H1's order on rank r: 1F1B's forwards and backwards (B), each B of microbatch k followed by the W of
+// microbatch k - r, the W's left after the last B in order. Deferring r W's lets the later ranks run their B's
+// sooner, so the gradients reach rank 0 without waiting for W's: each rank idles (p-1)(T_F + T_B - T_W) where
+// 1F1B idles (p-1)(T_F + T_B + T_W), with 1F1B's forwards in flight (a pending W keeps only what W reads).
+std::vector<Action> with_deferred_weights(const std::vector<Action>& compute, int64_t rank, int64_t m) {
+  std::vector<Action> out;
+  int64_t w = 0;
+  for (const Action& a : compute) {
+    out.push_back(a);
+    if (a.step == Step::backward && a.microbatch - rank >= 0) out.push_back({Step::weight, w++, a.chunk});
+  }
+  for (; w < m; ++w) out.push_back({Step::weight, w, 0});
+  return out;
+}
+
 // The compute actions with their communication: a forward on virtual stage k receives its input from stage
 // k - 1 and sends its output to k + 1; a backward receives its output's gradient from k + 1 and sends its
 // input's gradient to k - 1.
@@ -99,6 +119,10 @@ std::vector<Action> with_communication(const PipelineShape& s, int64_t rank, con
   const int64_t p = s.stages, last = s.virtual_stages() - 1;
   std::vector<Action> out;
   for (const Action& a : compute) {
+    if (a.step == Step::weight) {  // no messages: the previous stage waits only for B
+      out.push_back(a);
+      continue;
+    }
     const int64_t k = a.chunk * p + rank;
     const bool forward = a.step == Step::forward;
     const int64_t from = forward ? k - 1 : k + 1, to = forward ? k + 1 : k - 1;
@@ -119,10 +143,12 @@ Schedule make_schedule(ScheduleKind kind, const PipelineShape& shape) {
   for (int64_t r = 0; r < p; ++r) {
     // Forwards before the first backward: all of them (GPipe); enough to fill the pipeline behind this rank
     // (1F1B: p - r - 1, so rank r holds at most p - r microbatches); Megatron's interleaved warm-up.
-    const int64_t warmup = kind == ScheduleKind::gpipe         ? n
-                           : kind == ScheduleKind::one_f_one_b ? std::min(p - r - 1, n)
-                                                               : std::min((p - r - 1) * 2 + (shape.chunks - 1) * p, n);
-    s.ranks.push_back(with_communication(shape, r, compute_order(shape, warmup)));
+    const int64_t warmup = kind == ScheduleKind::gpipe              ? n
+                           : kind == ScheduleKind::interleaved_1f1b ? std::min((p - r - 1) * 2 + (shape.chunks - 1) * p, n)
+                                                                    : std::min(p - r - 1, n);  // 1f1b, zb_h1
+    std::vector<Action> compute = compute_order(shape, warmup);
+    if (splits_backward(kind)) compute = with_deferred_weights(compute, r, shape.microbatches);
+    s.ranks.push_back(with_communication(shape, r, compute));
   }
   return s;
 }

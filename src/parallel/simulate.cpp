@@ -20,28 +20,32 @@ std::string action_str(const Action& a) {
 }
 
 // Each virtual stage runs every microbatch forward once and backward once, in microbatch order, on its rank,
-// backward after forward.
+// backward after forward; where the schedule splits backwards, the weight part once, in order, after the backward
+// (elsewhere none).
 void check_counts(const Schedule& s) {
   const PipelineShape& shape = s.shape;
   CHECK(static_cast<int64_t>(s.ranks.size()) == shape.stages, "schedule: {} rank lists for {} stages", s.ranks.size(),
         shape.stages);
   for (size_t r = 0; r < s.ranks.size(); ++r) {
-    std::vector<int64_t> forwards(static_cast<size_t>(shape.chunks), 0), backwards = forwards;
+    std::vector<int64_t> forwards(static_cast<size_t>(shape.chunks), 0), backwards = forwards, weights = forwards;
     for (const Action& a : s.ranks[r]) {
-      if (a.step != Step::forward && a.step != Step::backward) continue;
+      if (a.step != Step::forward && a.step != Step::backward && a.step != Step::weight) continue;
       CHECK(a.chunk >= 0 && a.chunk < shape.chunks, "schedule: rank {} runs {}: no such chunk", r, action_str(a));
       const size_t c = static_cast<size_t>(a.chunk);
-      int64_t& next = a.step == Step::forward ? forwards[c] : backwards[c];
+      int64_t& next = a.step == Step::forward ? forwards[c] : a.step == Step::backward ? backwards[c] : weights[c];
       CHECK(a.microbatch == next, "schedule: rank {} runs {} where microbatch {} comes next on that chunk", r,
             action_str(a), next);
       CHECK(a.step == Step::forward || a.microbatch < forwards[c], "schedule: rank {} runs {} before its forward", r,
             action_str(a));
+      CHECK(a.step != Step::weight || a.microbatch < backwards[c], "schedule: rank {} runs {} before its backward", r,
+            action_str(a));
       ++next;
     }
-    for (int64_t c = 0; c < shape.chunks; ++c)
-      CHECK(forwards[static_cast<size_t>(c)] == shape.microbatches && backwards[static_cast<size_t>(c)] == shape.microbatches,
-            "schedule: rank {} chunk {} runs {} forwards and {} backwards of {} microbatches", r, c,
-            forwards[static_cast<size_t>(c)], backwards[static_cast<size_t>(c)], shape.microbatches);
+    const int64_t m = shape.microbatches, w = splits_backward(s.kind) ? m : 0;
+    for (size_t c = 0; c < static_cast<size_t>(shape.chunks); ++c)
+      CHECK(forwards[c] == m && backwards[c] == m && weights[c] == w,
+            "schedule: rank {} chunk {} runs {} forwards, {} backwards and {} weight parts; {} wants {}, {} and {}", r,
+            c, forwards[c], backwards[c], weights[c], schedule_name(s.kind), m, m, w);
   }
 }
 
@@ -100,12 +104,16 @@ Simulation simulate(const Schedule& s, std::span<const Costs> stage_costs) {
           received_at[static_cast<size_t>(a.peer)][m.send] = {r, next[r]};
         } else {
           const Costs& costs = stage_costs[stage_costs.size() == 1 ? 0 : static_cast<size_t>(a.chunk * p + me)];
-          const double d = a.step == Step::forward ? costs.forward : costs.backward;
+          const bool split = splits_backward(s.kind);
+          const double d = a.step == Step::forward    ? costs.forward
+                           : a.step == Step::weight   ? costs.weight
+                           : split                    ? costs.backward - costs.weight
+                                                      : costs.backward;
           RankTimeline& t = sim.ranks[r];
           t.compute.push_back({clock[r], clock[r] + d, a});
           t.busy += d;
           clock[r] += d;
-          in_flight[r] += a.step == Step::forward ? 1 : -1;
+          in_flight[r] += a.step == Step::forward ? 1 : a.step == Step::backward ? -1 : 0;
           t.in_flight.push_back(in_flight[r]);
           t.peak_in_flight = std::max(t.peak_in_flight, in_flight[r]);
         }

@@ -60,6 +60,7 @@ struct ChunkTemplate {
   ValueId x = -1, targets = -1, loss_scale = -1, dout = -1;
   ValueId y = -1;              // the stage's output, or its loss
   std::vector<ValueId> grads;  // the input's (unless the chunk embeds), then the parameters'
+  std::vector<bool> input_part;  // per node: in the backward's B part (autodiff::input_gradient_part)
 };
 
 ChunkTemplate trace_chunk(const nn::ModelConfig& model, const nn::StagePart& part, std::span<const Tensor> params,
@@ -84,6 +85,8 @@ ChunkTemplate trace_chunk(const nn::ModelConfig& model, const nn::StagePart& par
   for (Tensor p : ps) wrt.push_back(p.id), t.params.push_back(p.id);
   const std::vector<ValueId> weights(t.params);
   t.grads = autodiff::vjp(t.g, std::span(&seed, 1), wrt, &decider, weights);
+  t.input_part = part.embedding ? std::vector<bool>(t.g.nodes.size(), false)  // no input: all W
+                                : autodiff::input_gradient_part(t.g, t.forward_end, t.grads[0]);
   t.x = x.id;
   t.targets = targets ? targets->id : -1;
   t.loss_scale = scale ? scale->id : -1;
@@ -137,16 +140,22 @@ void forward_action(Builder& b, const nn::ModelConfig& model, Chunk& c, size_t m
 
 // A backward action: the chunk's backward for the action's microbatch, from the (scaled) loss or the gradient
 // the next stage sent; its input's gradient kept for sending, its parameters' added to the chunk's sums in
-// microbatch order (`m` microbatches).
-void backward_action(Builder& b, Chunk& c, const parallel::Action& a, int64_t m) {
+// microbatch order (`m` microbatches). Under a schedule that splits backwards, the backward action runs B (up
+// to the input's gradient) and the weight action W (the rest, with the sums).
+void backward_action(Builder& b, Chunk& c, const parallel::Action& a, int64_t m, bool split) {
   const size_t mb = static_cast<size_t>(a.microbatch);
   const ChunkTemplate& t = *c.traced;
   ir::Instance& instance = c.instances[mb];
   instance.keep_origins = false;  // the backward's ops are this action's, though traced in the first forward's
-  if (!c.part.head) instance.values.emplace(t.dout, c.dout[mb]);
-  ir::instantiate(b, t.g, t.forward_end, t.g.nodes.size(), instance);
+  if (a.step == parallel::Step::backward) {
+    if (!c.part.head) instance.values.emplace(t.dout, c.dout[mb]);
+    ir::instantiate(b, t.g, t.forward_end, t.g.nodes.size(), instance, split ? &t.input_part : nullptr, true);
+    if (!c.part.embedding) c.din[mb] = instance.values.at(t.grads[0]);
+    if (split) return;
+  } else {
+    ir::instantiate(b, t.g, t.forward_end, t.g.nodes.size(), instance, &t.input_part, false);
+  }
   const size_t skip = c.part.embedding ? 0 : 1;
-  if (!c.part.embedding) c.din[mb] = instance.values.at(t.grads[0]);
   const std::string action_scope = b.current_scope();
   b.set_scope(fmt::format("pipeline/chunk{}/gradient_sums", a.chunk));  // they outlive the microbatch
   for (size_t i = 0; i < c.specs.size(); ++i) {
@@ -214,7 +223,8 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
         break;
       }
       case parallel::Step::backward:
-        backward_action(b, c, a, m);
+      case parallel::Step::weight:
+        backward_action(b, c, a, m, parallel::splits_backward(schedule.kind));
         break;
       case parallel::Step::send_activation:
         waits[received[k]].push_back(send(c.out[mb], "stage", p, a.peer, activation_tag));
@@ -259,7 +269,8 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
 }
 
 namespace {
-// The FLOPs of `part`'s layers (no embedding, no head): forward, and backward with its recomputes.
+// The FLOPs of `part`'s layers (no embedding, no head): forward, and backward with its recomputes, of which
+// `weight` in the part that only the weights' gradients need (a split backward's W).
 parallel::Costs layer_costs(const nn::ModelConfig& model, nn::StagePart part, int64_t batch, int64_t seq) {
   part.embedding = part.head = false;
   Graph g;
@@ -276,9 +287,14 @@ parallel::Costs layer_costs(const nn::ModelConfig& model, nn::StagePart part, in
   const std::pair<ValueId, ValueId> seed{y.id, dy.id};
   rematerialize::Decider decider(nn::remat_policies(model));
   std::vector<ValueId> weights(wrt.begin() + 1, wrt.end());
-  for (ValueId d : autodiff::vjp(g, std::span(&seed, 1), wrt, &decider, weights)) g.results.push_back(d);
-  parallel::Costs c{0, 0};
-  for (size_t i = 0; i < g.nodes.size(); ++i) (i < forward_nodes ? c.forward : c.backward) += ir::flops(g, g.nodes[i]);
+  const std::vector<ValueId> grads = autodiff::vjp(g, std::span(&seed, 1), wrt, &decider, weights);
+  const std::vector<bool> input_part = autodiff::input_gradient_part(g, forward_nodes, grads[0]);
+  parallel::Costs c{0, 0, 0};
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const double f = ir::flops(g, g.nodes[i]);
+    (i < forward_nodes ? c.forward : c.backward) += f;
+    if (i >= forward_nodes && !input_part[i]) c.weight += f;
+  }
   return c;
 }
 }  // namespace

@@ -13,6 +13,7 @@ std::string action_name(const parallel::Action& a, bool chunks) {
   switch (a.step) {
     case parallel::Step::forward: return "F" + mb;
     case parallel::Step::backward: return "B" + mb;
+    case parallel::Step::weight: return "W" + mb;
     default: return fmt::format("{} {} (rank {})", parallel::step_name(a.step), mb, a.peer);
   }
 }
@@ -32,16 +33,21 @@ RankTrace rank_trace(const exec::Profile& profile, const std::vector<train::Acti
   bool chunks = false;
   for (const train::ActionSpan& a : actions) chunks = chunks || a.action.chunk > 0;
   // The action of each kernel call: the span holding its op's origin (spans are in tracing order, so their
-  // origins increase); a recompute belongs to the backward of the same microbatch and chunk.
+  // origins increase); a recompute (its op's origin) belongs to the backward part of the same microbatch and
+  // chunk running then: the one of the call before it, else the backward.
+  int running = -1;
   auto index_of = [&](const ir::Node& n) -> int {
     const train::ActionSpan* span = train::action_of(actions, n.origin);
     if (!span) return -1;
     const parallel::Action& a = span->action;
-    if (!n.recomputed || a.step != parallel::Step::forward) return static_cast<int>(span - actions.data());
+    if (!n.recomputed || a.step != parallel::Step::forward) return running = static_cast<int>(span - actions.data());
+    auto serves = [&](size_t k, parallel::Step step) {
+      const parallel::Action& o = actions[k].action;
+      return o.step == step && o.microbatch == a.microbatch && o.chunk == a.chunk;
+    };
+    if (running >= 0 && serves(static_cast<size_t>(running), parallel::Step::weight)) return running;
     for (size_t k = 0; k < actions.size(); ++k)
-      if (actions[k].action.step == parallel::Step::backward && actions[k].action.microbatch == a.microbatch &&
-          actions[k].action.chunk == a.chunk)
-        return static_cast<int>(k);
+      if (serves(k, parallel::Step::backward)) return running = static_cast<int>(k);
     return -1;
   };
   std::map<int, std::pair<double, double>> spans;  // action -> first start, last end of its kernel calls
@@ -58,7 +64,8 @@ RankTrace rank_trace(const exec::Profile& profile, const std::vector<train::Acti
   }
   for (const auto& [a, span] : spans) {
     const parallel::Action& action = actions[static_cast<size_t>(a)].action;
-    const bool compute = action.step == parallel::Step::forward || action.step == parallel::Step::backward;
+    const bool compute = action.step == parallel::Step::forward || action.step == parallel::Step::backward ||
+                         action.step == parallel::Step::weight;
     if (compute) {
       t.busy += span.second - span.first;
       t.first = t.first == 0 ? span.first : std::min(t.first, span.first);

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 
 namespace remat::parallel {
 namespace {
@@ -27,6 +28,7 @@ std::vector<Case> cases() {
     for (int64_t m : {8, 16}) {
       c.push_back({ScheduleKind::gpipe, {p, m, 1}});
       c.push_back({ScheduleKind::one_f_one_b, {p, m, 1}});
+      c.push_back({ScheduleKind::zb_h1, {p, m, 1}});
       for (int64_t v : {2, 3}) c.push_back({ScheduleKind::interleaved_1f1b, {p, m, v}});
     }
   c.push_back({ScheduleKind::gpipe, {4, 3, 1}});  // fewer microbatches than stages
@@ -39,7 +41,8 @@ int64_t expected_in_flight(const Case& c, int64_t rank) {
   const int64_t p = c.shape.stages, m = c.shape.microbatches, v = c.shape.chunks;
   switch (c.kind) {
     case ScheduleKind::gpipe: return m * v;
-    case ScheduleKind::one_f_one_b: return std::min(p - rank, m);
+    case ScheduleKind::one_f_one_b:
+    case ScheduleKind::zb_h1: return std::min(p - rank, m);  // 1F1B's order of forwards and B's
     case ScheduleKind::interleaved_1f1b: return std::min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v);
   }
   return -1;
@@ -173,7 +176,7 @@ TEST(Schedules, BrokenSchedulesAreRefusedNamingTheRankAndTheAction) {
       << error_of([&] { simulate(swapped, Costs{}); });
   Schedule lost = s;  // a backward dropped
   lost.ranks[1].erase(std::find(lost.ranks[1].begin(), lost.ranks[1].end(), Action{Step::backward, 3, 0}));
-  EXPECT_NE(error_of([&] { simulate(lost, Costs{}); }).find("rank 1 chunk 0 runs 4 forwards and 3 backwards of 4 microbatches"),
+  EXPECT_NE(error_of([&] { simulate(lost, Costs{}); }).find("rank 1 chunk 0 runs 4 forwards, 3 backwards and 0 weight parts; 1f1b wants 4, 4 and 0"),
             std::string::npos);
 }
 
@@ -193,7 +196,63 @@ TEST(Schedules, InvalidCombinationsAreConfigErrorsSayingWhatWorks) {
             std::string::npos)
       << check(ScheduleKind::interleaved_1f1b, {4, 6, 2}, 8, 1);
   EXPECT_EQ(check(ScheduleKind::interleaved_1f1b, {4, 8, 2}, 16, 2), "");
-  EXPECT_NE(error_of([] { parse_schedule("zb-v"); }).find("unknown schedule 'zb-v'; choose gpipe, 1f1b or interleaved_1f1b"),
+  EXPECT_NE(error_of([] { parse_schedule("zb-v"); }).find("unknown schedule 'zb-v'; choose gpipe, 1f1b, interleaved_1f1b or zb_h1"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace remat::parallel
+
+namespace remat::parallel {
+namespace {
+
+// ZB-H1 (Qi et al., ICLR 2024): with each backward split into B (T_B) and W (T_W), every rank idles
+// (p-1)(T_F + T_B - T_W) per step where 1F1B, running B and W as one backward, idles (p-1)(T_F + T_B + T_W) —
+// the paper's closed forms, for T_W <= T_F — and every rank stashes as many microbatches as under 1F1B. Costs
+// (T_F, T_B, T_W) in any unit; Costs::backward is the whole backward, T_B + T_W.
+TEST(Schedules, ZeroBubbleH1IdlesTheClosedFormAndStashesAs1F1B) {
+  const std::vector<std::array<double, 3>> ratios = {{1, 1, 1}, {2, 2, 1}, {3, 2, 1}, {2, 3, 2}, {1, 2, 0.5}, {1.5, 1, 1}};
+  for (int64_t p : {2, 3, 4, 8})
+    for (int64_t m : {p, 2 * p, p + 5})
+      for (const auto& [f, b, w] : ratios) {
+        const Costs costs{f, b + w, w};
+        const std::string what = fmt::format("p={} m={} T_F={} T_B={} T_W={}", p, m, f, b, w);
+        const Simulation zb = simulate(make_schedule(ScheduleKind::zb_h1, {p, m, 1}), costs);
+        const Simulation one = simulate(make_schedule(ScheduleKind::one_f_one_b, {p, m, 1}), costs);
+        for (size_t r = 0; r < static_cast<size_t>(p); ++r) {
+          EXPECT_NEAR(zb.ranks[r].busy, static_cast<double>(m) * (f + b + w), 1e-9) << what;
+          EXPECT_NEAR(zb.makespan - zb.ranks[r].busy, static_cast<double>(p - 1) * (f + b - w), 1e-9) << what << " rank " << r;
+          EXPECT_NEAR(one.makespan - one.ranks[r].busy, static_cast<double>(p - 1) * (f + b + w), 1e-9) << what << " rank " << r;
+          EXPECT_EQ(zb.ranks[r].peak_in_flight, one.ranks[r].peak_in_flight) << what << " rank " << r;
+        }
+      }
+}
+
+// p = 2, m = 2, T_F = T_B = T_W = 1. Rank 1 (the last stage) runs B0 at once, then F1 and B1, deferring W0 (one
+// W per rank index): its B1 reaches rank 0 one slot sooner than under 1F1B. Rank 0 waits one slot for B0, fills
+// the wait for B1's gradient with W0. Makespan 7 = 2·3 + (p-1)(1 + 1 - 1).
+TEST(Schedules, GridOfASmallZeroBubbleScheduleIsTheOneWorkedOutByHand) {
+  const Schedule s = make_schedule(ScheduleKind::zb_h1, {2, 2, 1});
+  const Simulation t = simulate(s, Costs{1, 2, 1});
+  EXPECT_EQ(t.makespan, 7);
+  EXPECT_EQ(grid(s, t),
+            "zb_h1 schedule: 2 stages x 1 chunk(s), 2 microbatches; a column is one forward\n"
+            "rank  0 | F0 F1 .  B0 W0 B1 W1\n"
+            "rank  1 | .  F0 B0 F1 B1 W0 W1\n"
+            "rank  0: at most 2 microbatch-chunk(s) in flight, bubble 14.3%\n"
+            "rank  1: at most 1 microbatch-chunk(s) in flight, bubble 14.3%\n");
+  // A W before its B, and a W where the backward is not split, are refused.
+  Schedule early = s;
+  std::vector<Action>& rank0 = early.ranks[0];
+  const auto w0 = std::find(rank0.begin(), rank0.end(), Action{Step::weight, 0, 0});
+  ASSERT_NE(w0, rank0.end());
+  rank0.erase(w0);
+  rank0.insert(rank0.begin() + 1, Action{Step::weight, 0, 0});  // after F0
+  EXPECT_NE(error_of([&] { simulate(early, Costs{}); }).find("rank 0 runs weight of microbatch 0 (chunk 0) before its backward"),
+            std::string::npos);
+  Schedule unsplit = s;
+  unsplit.kind = ScheduleKind::one_f_one_b;
+  EXPECT_NE(error_of([&] { simulate(unsplit, Costs{}); }).find("runs 2 forwards, 2 backwards and 2 weight parts; 1f1b wants 2, 2 and 0"),
             std::string::npos);
 }
 

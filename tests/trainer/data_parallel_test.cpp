@@ -138,6 +138,11 @@ INSTANTIATE_TEST_SUITE_P(
                        "num_layers_per_pipeline_stage=2 pipeline_schedule=1f1b "
                        "pipeline_stage_remat_policies=minimal,full,none,save_qkv_proj",
                        "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
+        // Zero-bubble: each backward split into B and W, the W's deferred; weight gradients still summed in
+        // microbatch order.
+        PipelineLaunch{"zb_h14", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
+                                    "num_layers_per_pipeline_stage=2 pipeline_schedule=zb_h1",
+                       "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
         PipelineLaunch{"interleaved4", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
                                           "num_layers_per_pipeline_stage=1 pipeline_schedule=interleaved_1f1b",
                        "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
