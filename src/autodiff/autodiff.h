@@ -71,8 +71,10 @@ std::vector<ir::ValueId> vjp(ir::Graph& g, std::span<const std::pair<ir::ValueId
 
 // A backward split for zero-bubble pipelines (Qi et al.): of the nodes [first, end) of g (a backward appended
 // by vjp), those the cotangent `input_gradient` needs (B: what the previous stage waits for), true per node of
-// g; the others (W) compute what only the weights' gradients need, and read B's values and the forward's.
-std::vector<bool> input_gradient_part(const ir::Graph& g, size_t first, ir::ValueId input_gradient);
+// g; the others (W) compute what only the weights' gradients need, and read B's values and the forward's. A
+// scan that computes both (a scanned stack's backward) is first split in two: a B scan carrying the input's
+// cotangent, stacking per iteration what the W scan after it reads (ids of g's values are kept).
+std::vector<bool> split_backward(ir::Graph& g, size_t first, ir::ValueId input_gradient);
 // A new graph whose results are f's results followed by the gradient of f's first result (a scalar)
 // with respect to f's params at `wrt_params` (indices into f.params). `weight_params` as grad's weights.
 // Dead code is removed.

@@ -53,7 +53,7 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
   const parallel::Schedule& s = *planned.pipeline;
   const nn::ModelConfig model = trainer::device_model(run, planned);  // its shards, its part of the batch, its collectives
   const train::StepShape& shape = planned.shape;
-  const std::vector<parallel::Costs> costs = train::stage_costs(model, s.shape, shape.batch, shape.seq);
+  const std::vector<parallel::Costs> costs = train::stage_costs(model, s, shape.batch, shape.seq);
   const parallel::Simulation t = parallel::simulate(s, costs);
   if (!timeline.empty()) {
     train::write_text(timeline, parallel::svg(s, t));

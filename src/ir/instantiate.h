@@ -21,7 +21,7 @@ struct Instance {
 // `instance.values`, to which the copies' outputs are added; scopes under b's current scope; origins through
 // `instance.origins`, a new one for each not seen yet (its own unless keep_origins), so that a recompute copy
 // shares the origin of the op it recomputes, as in the template. With `only`, the nodes i of the range with
-// (*only)[i] == `taken` (a part of a split backward: autodiff::input_gradient_part).
+// (*only)[i] == `taken` (a part of a split backward: autodiff::split_backward).
 void instantiate(Builder& b, const Graph& from, size_t first, size_t last, Instance& instance,
                  const std::vector<bool>* only = nullptr, bool taken = true);
 

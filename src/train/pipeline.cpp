@@ -60,11 +60,11 @@ struct ChunkTemplate {
   ValueId x = -1, targets = -1, loss_scale = -1, dout = -1;
   ValueId y = -1;              // the stage's output, or its loss
   std::vector<ValueId> grads;  // the input's (unless the chunk embeds), then the parameters'
-  std::vector<bool> input_part;  // per node: in the backward's B part (autodiff::input_gradient_part)
+  std::vector<bool> input_part;  // per node: in the backward's B part (autodiff::split_backward)
 };
 
 ChunkTemplate trace_chunk(const nn::ModelConfig& model, const nn::StagePart& part, std::span<const Tensor> params,
-                          const Type& input, std::optional<Type> targets_type, bool scaled,
+                          const Type& input, std::optional<Type> targets_type, bool scaled, bool split,
                           rematerialize::Decider& decider) {
   ChunkTemplate t;
   Builder b(t.g);
@@ -85,8 +85,9 @@ ChunkTemplate trace_chunk(const nn::ModelConfig& model, const nn::StagePart& par
   for (Tensor p : ps) wrt.push_back(p.id), t.params.push_back(p.id);
   const std::vector<ValueId> weights(t.params);
   t.grads = autodiff::vjp(t.g, std::span(&seed, 1), wrt, &decider, weights);
-  t.input_part = part.embedding ? std::vector<bool>(t.g.nodes.size(), false)  // no input: all W
-                                : autodiff::input_gradient_part(t.g, t.forward_end, t.grads[0]);
+  if (split)
+    t.input_part = part.embedding ? std::vector<bool>(t.g.nodes.size(), false)  // no input: all W
+                                  : autodiff::split_backward(t.g, t.forward_end, t.grads[0]);
   t.x = x.id;
   t.targets = targets ? targets->id : -1;
   t.loss_scale = scale ? scale->id : -1;
@@ -98,6 +99,7 @@ ChunkTemplate trace_chunk(const nn::ModelConfig& model, const nn::StagePart& par
 // What one chunk of a pipeline rank holds while the step's actions are traced.
 struct Chunk {
   nn::StagePart part;
+  bool split;                                // its backward runs as B and W (parallel::splits_backward)
   std::vector<nn::ParamSpec> specs;
   size_t first_param = 0;                    // its parameters' place among the rank's
   std::optional<ChunkTemplate> traced;       // from its first forward on
@@ -116,7 +118,7 @@ void forward_action(Builder& b, const nn::ModelConfig& model, Chunk& c, size_t m
   if (!c.traced) {
     std::optional<Type> targets_type;
     if (targets) targets_type = targets->type();
-    c.traced = trace_chunk(model, c.part, params, x.type(), targets_type, loss_scale.has_value(), decider);
+    c.traced = trace_chunk(model, c.part, params, x.type(), targets_type, loss_scale.has_value(), c.split, decider);
     instance.keep_origins = true;  // traced in this action: its ops are this action's
   }
   const ChunkTemplate& t = *c.traced;
@@ -142,7 +144,8 @@ void forward_action(Builder& b, const nn::ModelConfig& model, Chunk& c, size_t m
 // the next stage sent; its input's gradient kept for sending, its parameters' added to the chunk's sums in
 // microbatch order (`m` microbatches). Under a schedule that splits backwards, the backward action runs B (up
 // to the input's gradient) and the weight action W (the rest, with the sums).
-void backward_action(Builder& b, Chunk& c, const parallel::Action& a, int64_t m, bool split) {
+void backward_action(Builder& b, Chunk& c, const parallel::Action& a, int64_t m) {
+  const bool split = c.split;
   const size_t mb = static_cast<size_t>(a.microbatch);
   const ChunkTemplate& t = *c.traced;
   ir::Instance& instance = c.instances[mb];
@@ -183,7 +186,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   std::vector<Chunk> chunks;
   std::vector<Declared> declared;
   for (const nn::StagePart& part : pipeline_parts(model, ps, rank)) {
-    Chunk c{part, nn::stage_param_specs(model, part), declared.size(), {}, {}, {}, {}, {}, {}, {}};
+    Chunk c{part, parallel::splits_backward(schedule.kind), nn::stage_param_specs(model, part), declared.size(), {}, {}, {}, {}, {}, {}, {}};
     for (const nn::ParamSpec& s : c.specs) declared.push_back({pipeline_arg_name(s, part), s.type});
     c.in.resize(static_cast<size_t>(m)), c.out = c.dout = c.din = c.in;
     c.instances.resize(static_cast<size_t>(m));
@@ -224,7 +227,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
       }
       case parallel::Step::backward:
       case parallel::Step::weight:
-        backward_action(b, c, a, m, parallel::splits_backward(schedule.kind));
+        backward_action(b, c, a, m);
         break;
       case parallel::Step::send_activation:
         waits[received[k]].push_back(send(c.out[mb], "stage", p, a.peer, activation_tag));
@@ -270,8 +273,8 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
 
 namespace {
 // The FLOPs of `part`'s layers (no embedding, no head): forward, and backward with its recomputes, of which
-// `weight` in the part that only the weights' gradients need (a split backward's W).
-parallel::Costs layer_costs(const nn::ModelConfig& model, nn::StagePart part, int64_t batch, int64_t seq) {
+// `weight` in W where the backward is `split` (autodiff::split_backward).
+parallel::Costs layer_costs(const nn::ModelConfig& model, nn::StagePart part, int64_t batch, int64_t seq, bool split) {
   part.embedding = part.head = false;
   Graph g;
   Builder b(g);
@@ -288,7 +291,8 @@ parallel::Costs layer_costs(const nn::ModelConfig& model, nn::StagePart part, in
   rematerialize::Decider decider(nn::remat_policies(model));
   std::vector<ValueId> weights(wrt.begin() + 1, wrt.end());
   const std::vector<ValueId> grads = autodiff::vjp(g, std::span(&seed, 1), wrt, &decider, weights);
-  const std::vector<bool> input_part = autodiff::input_gradient_part(g, forward_nodes, grads[0]);
+  const std::vector<bool> input_part =
+      split ? autodiff::split_backward(g, forward_nodes, grads[0]) : std::vector<bool>(g.nodes.size(), true);
   parallel::Costs c{0, 0, 0};
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const double f = ir::flops(g, g.nodes[i]);
@@ -299,15 +303,16 @@ parallel::Costs layer_costs(const nn::ModelConfig& model, nn::StagePart part, in
 }
 }  // namespace
 
-std::vector<parallel::Costs> stage_costs(const nn::ModelConfig& model, const parallel::PipelineShape& shape,
+std::vector<parallel::Costs> stage_costs(const nn::ModelConfig& model, const parallel::Schedule& schedule,
                                          int64_t batch, int64_t seq) {
+  const parallel::PipelineShape& shape = schedule.shape;
   std::vector<parallel::Costs> costs(static_cast<size_t>(shape.virtual_stages()));
   std::map<std::string, parallel::Costs> of_policy;  // stages differ only in their policy
   for (int64_t rank = 0; rank < shape.stages; ++rank) {
     const std::vector<nn::StagePart> parts = pipeline_parts(model, shape, rank);
     for (size_t j = 0; j < parts.size(); ++j) {
       const std::string& policy = nn::stage_remat_policy(model, parts[j]).written;
-      if (!of_policy.count(policy)) of_policy[policy] = layer_costs(model, parts[j], batch, seq);
+      if (!of_policy.count(policy)) of_policy[policy] = layer_costs(model, parts[j], batch, seq, parallel::splits_backward(schedule.kind));
       costs[j * static_cast<size_t>(shape.stages) + static_cast<size_t>(rank)] = of_policy[policy];
     }
   }

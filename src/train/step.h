@@ -97,8 +97,10 @@ enum class Forward { loss, logits };
 Program pipeline_forward_program(const nn::ModelConfig& model, int64_t batch, int64_t seq,
                                  const parallel::PipelineShape& shape, int64_t rank, Forward what);
 // FLOPs of each virtual stage's forward and backward (recomputes included) of one microbatch [batch, seq], for its
-// layers only (under its policy: nn::stage_remat_policy): the simulator's costs (parallel::simulate).
-std::vector<parallel::Costs> stage_costs(const nn::ModelConfig& model, const parallel::PipelineShape& shape,
+// layers only (under its policy: nn::stage_remat_policy): the simulator's costs (parallel::simulate). Where the
+// schedule splits backwards, the backward is split as the step splits it (W recomputes what it reads of B's
+// recomputes) and `weight` is W's share; else 0.
+std::vector<parallel::Costs> stage_costs(const nn::ModelConfig& model, const parallel::Schedule& schedule,
                                          int64_t batch, int64_t seq);
 // The model's parts on pipeline rank `rank`: chunk j is virtual stage j·p + rank (circular placement).
 std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank);

@@ -1,7 +1,8 @@
 // Pipeline steps (train::pipeline_step_program) against the whole-model step with gradient accumulation over
 // the same microbatches: every rank's loss, gradient norm and updated parameters bit-identical to one
-// process's, for GPipe, 1F1B and interleaved 1F1B; every rank's measured arena peak is its plan's. The multi-rank cases start this test binary under mpirun on
-// itself; each rank runs its own program and the one-process reference, and compares.
+// process's, for GPipe, 1F1B, interleaved 1F1B and ZB-H1; every rank's measured arena peak is its plan's. The
+// multi-rank cases start this test binary under mpirun on itself; each rank runs its own program and the
+// one-process reference, and compares.
 #include "compile/compile.h"
 #include "exec/executable.h"
 #include "exec/mesh.h"
@@ -135,7 +136,9 @@ std::vector<Case> cases() {
   return {{"gpipe", ScheduleKind::gpipe, {4, 8, 1}},
           {"one_f_one_b", ScheduleKind::one_f_one_b, {4, 8, 1}},
           {"interleaved", ScheduleKind::interleaved_1f1b, {4, 8, 2}},
-          {"one_f_one_b_minimal", ScheduleKind::one_f_one_b, {4, 8, 1}, "minimal"}};
+          {"one_f_one_b_minimal", ScheduleKind::one_f_one_b, {4, 8, 1}, "minimal"},
+          {"zb_h1", ScheduleKind::zb_h1, {4, 8, 1}},  // W recomputes what full recomputes
+          {"zb_h1_minimal", ScheduleKind::zb_h1, {4, 8, 1}, "minimal"}};
 }
 
 class PipelineRanks : public testing::TestWithParam<Case> {};
