@@ -97,6 +97,10 @@ void make_scan(Node& n, const Graph& of, std::string name, std::vector<Node> nod
   n.body = std::move(g);
 }
 
+// Marks B (what the values `needed` marks need, from node `first` on) and splits each scan of B that also
+// computes values B does not need (split_scan), until none is left: per node, in B; `needed` grows to what B reads.
+std::vector<bool> split_for(Graph& g, size_t first, std::vector<bool>& needed);
+
 // Splits the scan g.nodes[index] whose outputs `wanted` (per output) B needs into a B scan, in its place, and a
 // W scan after it: B carries what the wanted outputs need (a carry read by B is B's too), W the rest, reading
 // B's per-iteration values as stacked xs. The outputs keep their ids. False where W would compute nothing.
@@ -110,7 +114,7 @@ bool split_scan(Graph& g, size_t index, std::vector<bool> wanted) {
     needed.assign(static_cast<size_t>(body.num_values()), false);
     for (size_t k = 0; k < body.results.size(); ++k)
       if (wanted[k]) needed[static_cast<size_t>(body.results[k])] = true;
-    b_part = mark_needed(body, 0, needed);
+    b_part = split_for(body, 0, needed);  // a nested scan (layer groups) split too
     changed = false;
     for (size_t k = 0; k < nh; ++k)
       if (!wanted[k] && needed[static_cast<size_t>(body.params[nc + k])]) wanted[k] = changed = true;
@@ -171,25 +175,31 @@ bool split_scan(Graph& g, size_t index, std::vector<bool> wanted) {
   return true;
 }
 
-}  // namespace
-
-std::vector<bool> split_backward(Graph& g, size_t first, ValueId input_gradient) {
+std::vector<bool> split_for(Graph& g, size_t first, std::vector<bool>& needed) {
+  const std::vector<bool> wanted = needed;
   for (size_t i = first;; ++i) {
-    std::vector<bool> needed(static_cast<size_t>(g.num_values()), false);
-    needed[static_cast<size_t>(input_gradient)] = true;
+    needed = wanted;
+    needed.resize(static_cast<size_t>(g.num_values()), false);  // a split adds values
     std::vector<bool> part = mark_needed(g, first, needed);
     for (; i < g.nodes.size(); ++i) {
       const Node& n = g.nodes[i];
       if (n.op != Op::scan || !part[i]) continue;
-      std::vector<bool> wanted;
-      for (ValueId v : n.outputs) wanted.push_back(needed[static_cast<size_t>(v)]);
-      if (std::find(wanted.begin(), wanted.end(), false) != wanted.end() && split_scan(g, i, wanted)) break;
+      std::vector<bool> outputs;
+      for (ValueId v : n.outputs) outputs.push_back(needed[static_cast<size_t>(v)]);
+      if (std::find(outputs.begin(), outputs.end(), false) != outputs.end() && split_scan(g, i, outputs)) break;
     }
-    if (i < g.nodes.size()) continue;
-    std::vector<bool> split = part;
-    recompute_in_w(g, first, split);
-    return split;
+    if (i >= g.nodes.size()) return part;
   }
+}
+
+}  // namespace
+
+std::vector<bool> split_backward(Graph& g, size_t first, ValueId input_gradient) {
+  std::vector<bool> needed(static_cast<size_t>(g.num_values()), false);
+  needed[static_cast<size_t>(input_gradient)] = true;
+  std::vector<bool> part = split_for(g, first, needed);
+  recompute_in_w(g, first, part);
+  return part;
 }
 
 }  // namespace remat::autodiff

@@ -143,6 +143,10 @@ INSTANTIATE_TEST_SUITE_P(
         PipelineLaunch{"zb_h14", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
                                     "num_layers_per_pipeline_stage=2 pipeline_schedule=zb_h1",
                        "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
+        // Layer groups: the nested backward scans split too.
+        PipelineLaunch{"zb_h12_groups", 2, "per_device_batch_size=2 ici_pipeline_parallelism=2 num_pipeline_microbatches=4 "
+                                           "num_layers_per_pipeline_stage=4 pipeline_schedule=zb_h1 layers_per_group=2",
+                       "per_device_batch_size=1 gradient_accumulation_steps=4", 1},
         PipelineLaunch{"interleaved4", 4, "per_device_batch_size=2 ici_pipeline_parallelism=4 num_pipeline_microbatches=8 "
                                           "num_layers_per_pipeline_stage=1 pipeline_schedule=interleaved_1f1b",
                        "per_device_batch_size=1 gradient_accumulation_steps=8", 1},
