@@ -58,6 +58,19 @@ std::string plan_report(const Config& config, bool json, const std::string& time
 // collectives); `planned`: trainer::plan_run's for the config, not under a pipeline.
 compile::Compiled compile_step(const Config& config, const trainer::RunPlan& planned);
 
+// `remat plan --search-pipeline`: over every schedule (gpipe, 1f1b, interleaved_1f1b with every chunk count
+// that divides the layers, zb_h1), the stage counts and microbatch counts given (default: the config's) and a
+// policy per rank from `policies` (default: the config's remat_policy, full, minimal), the configuration of
+// least simulated step time (the layers' FLOPs, recompute included, through the schedule) whose every rank's
+// plan fits hbm_limit; printed as a config line with each rank's total and bubble, and the best of each other
+// schedule (JSON with `json`). Exact over that space (src/cli/search_pipeline.cpp says why); exit 3 when
+// nothing fits.
+struct PipelineSearchOptions {
+  std::vector<int64_t> stages, microbatches;
+  std::vector<std::string> policies;
+};
+int run_search_pipeline(const Config& config, const PipelineSearchOptions& options, bool json);
+
 // `remat plan --compare KEY=V1,V2,...` (one argument per key): plans every combination of the values, each the
 // config loaded again with its KEY=V overrides after the command line's (every key's checks apply), and prints one
 // row per combination: plan total, live peak and its schedule step, saved and offloaded bytes, recompute FLOPs and

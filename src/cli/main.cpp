@@ -3,6 +3,7 @@
 //   remat explain [CONFIG.yml] [key=value ...] [--json]   every residual of the step and its remat decision
 //   remat plan [CONFIG.yml] [key=value ...] [--json] [--timeline FILE.svg] [--frontier FILE.svg] [--layers-per-group]
 //   remat plan [CONFIG.yml] [key=value ...] [--json] --compare KEY=V1,V2,... [--compare ...]   one row per combination
+//   remat plan [CONFIG.yml] [key=value ...] [--json] --search-pipeline [--stages 2,4] [--microbatches 8,16] [--policies full,minimal]
 //   remat convert to=remat hf_path=DIR output_path=FILE | to=hf load_parameters_path=CHECKPOINT output_path=DIR
 //   remat plot RUN_DIR... [output_path=FILE.svg]   several runs' loss curves in one SVG
 //   remat generate load_parameters_path=CHECKPOINT_OR_HF_DIR prompt=... max_new_tokens=N [temperature top_k top_p seed]
@@ -59,7 +60,8 @@ struct Commands {
   std::string dump_ir;  // --dump-ir=PASS on train, explain and plan
   std::vector<std::string> train_args, explain_args, plan_args, convert_args, generate_args, plot_args,
       tokenizer_args, prepare_args;
-  bool search_layers_per_group = false, explain_json = false, plan_json = false;
+  bool search_layers_per_group = false, explain_json = false, plan_json = false, search_pipeline = false;
+  std::string pipeline_stages, pipeline_microbatches, pipeline_policies;  // --stages, --microbatches, --policies
   std::string timeline, frontier;
   std::vector<std::string> compare;
   remat::cli::DemoOptions demo;
@@ -94,6 +96,13 @@ void declare(CLI::App& app, Commands& c) {
   c.plan_cmd->add_flag("--json", c.plan_json, "machine-readable output");
   c.plan_cmd->add_flag("--layers-per-group", c.search_layers_per_group, group_size_help);
   add_dump_ir(c.plan_cmd);
+  c.plan_cmd->add_flag("--search-pipeline", c.search_pipeline,
+                       "the pipeline (schedule, stages, microbatches, chunks, a policy per rank) of least simulated "
+                       "step time whose every rank fits hbm_limit");
+  c.plan_cmd->add_option("--stages", c.pipeline_stages, "with --search-pipeline: stage counts to try, e.g. 2,4,8");
+  c.plan_cmd->add_option("--microbatches", c.pipeline_microbatches, "with --search-pipeline: microbatch counts, e.g. 8,16");
+  c.plan_cmd->add_option("--policies", c.pipeline_policies,
+                         "with --search-pipeline: each rank's candidate remat policies, e.g. full,minimal,none");
   c.plan_cmd->add_option("--timeline", c.timeline, "write an SVG of live bytes over the schedule to this file");
   c.plan_cmd->add_option("--frontier", c.frontier,
                        "write an SVG of the Pareto frontier of remat placements (peak vs recompute cost), MaxText presets marked");
@@ -129,6 +138,30 @@ void declare(CLI::App& app, Commands& c) {
   c.demo_cmd->add_option("--lr", c.demo.learning_rate, "learning rate")->check(CLI::PositiveNumber);
 }
 
+// --search-pipeline's lists: "2,4" -> {2, 4}; errors name the flag.
+remat::cli::PipelineSearchOptions search_options(const Commands& c) {
+  remat::cli::PipelineSearchOptions o;
+  auto counts = [](const std::string& text, const char* flag) {
+    std::vector<int64_t> out;
+    if (text.empty()) return out;
+    for (const std::string& v : remat::cli::split_values(text)) {
+      size_t used = 0;
+      int64_t n = 0;
+      try {
+        n = std::stoll(v, &used);
+      } catch (const std::exception&) {
+      }
+      CHECK(used == v.size() && n >= 1, "{} '{}': '{}' is not a positive count; give a list like 2,4,8", flag, text, v);
+      out.push_back(n);
+    }
+    return out;
+  };
+  o.stages = counts(c.pipeline_stages, "--stages");
+  o.microbatches = counts(c.pipeline_microbatches, "--microbatches");
+  if (!c.pipeline_policies.empty()) o.policies = remat::cli::split_values(c.pipeline_policies);
+  return o;
+}
+
 // Runs the subcommand that was parsed.
 int run(const Commands& c) {
   if (c.train_cmd->parsed()) return train_command(c.train_args, c.dump_ir, c.search_layers_per_group);
@@ -137,6 +170,10 @@ int run(const Commands& c) {
           "--frontier: run `remat plan` with the row's overrides for those");
     return remat::cli::run_compare(config_from(c.plan_args, c.dump_ir), c.compare, c.plan_json);
   }
+  if (c.plan_cmd->parsed() && c.search_pipeline)
+    return remat::cli::run_search_pipeline(config_from(c.plan_args, c.dump_ir), search_options(c), c.plan_json);
+  CHECK(c.pipeline_stages.empty() && c.pipeline_microbatches.empty() && c.pipeline_policies.empty(),
+        "--stages, --microbatches and --policies go with --search-pipeline: add it, or drop them");
   if (c.plan_cmd->parsed()) {
     remat::cli::Config config = config_from(c.plan_args, c.dump_ir);
     config.search_layers_per_group = c.search_layers_per_group;

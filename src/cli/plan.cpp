@@ -118,6 +118,7 @@ std::string pipeline_report(const Config& config, const trainer::RunPlan& planne
                             {"microbatches", s.shape.microbatches},
                             {"chunks", s.shape.chunks},
                             {"costs", stage_costs_json},
+                            {"makespan", t.makespan},
                             {"ranks", ranks}}}};
     return out.dump(2) + "\n";
   }

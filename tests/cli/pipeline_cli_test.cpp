@@ -3,6 +3,9 @@
 // stage k sends its activation to k + 1 (k < K - 1) and its input's gradient to k - 1 (k > 0), and receives the
 // same from them. So rank r sends m·(2v - [r = p-1] - [r = 0]) messages and receives as many, each one
 // microbatch's activation [B, T, D] in f32; the bubble of equal chunks is (p-1)/(v·m + p-1).
+#include "cli/commands.h"
+#include "cli/config.h"
+#include "exec/executable.h"
 #include "support/command.h"
 
 #include <fmt/format.h>
@@ -11,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -174,6 +178,71 @@ TEST(PipelineCli, AutoPlacesEachRanksNamesAndPrintsTheListThatReproducesIt) {
   for (const char* line : {"pipeline rank 0: remat_policy=auto under hbm_limit 50.00 MiB", "pipeline rank 3: ",
                            "\npipeline_stage_remat_policies: custom(", "every rank fits"})
     EXPECT_NE(text.text.find(line), std::string::npos) << line << "\n" << text.text;
+}
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+// --search-pipeline against brute force: every configuration of the space (2 and 4 stages, 4 and 8
+// microbatches, the four schedules with every chunk count, full / minimal / none per rank) planned by `remat
+// plan`'s own report with its pipeline_stage_remat_policies list, the least simulated step per sequence among
+// those whose every rank fits; the search's answer and each schedule's best are the same, with fewer rank plans.
+TEST(PipelineCli, SearchPipelineEqualsTheBruteForceOverItsSpace) {
+  if (exec::kAddressSanitizer) GTEST_SKIP() << "hundreds of plans; the release build runs it";
+  const std::vector<std::string> base = {"base_num_decoder_layers=4", "logits_via_embedding=false", "hbm_limit=44MiB"};
+  const std::vector<std::string> policies = {"full", "minimal", "none"};
+  const testing_support::Output o = testing_support::run_command(fmt::format(
+      "'{}' plan {} --search-pipeline --stages 2,4 --microbatches 4,8 --policies full,minimal,none --json 2>&1",
+      REMAT_BINARY, fmt::join(base, " ")));
+  ASSERT_EQ(o.status, 0) << o.text;
+  const nlohmann::json got = nlohmann::json::parse(o.text).at("search_pipeline");
+  std::map<std::string, double> best;  // per schedule: least per-sequence step
+  int plans = 0, fitting = 0, rank_plans = 0;
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"})
+    for (int64_t p : {2, 4})
+      for (int64_t m : {4, 8})
+        for (int64_t v = 1; p * v <= 4; ++v) {
+          if ((std::string(schedule) == "interleaved_1f1b") != (v > 1) || 4 % (p * v) != 0 || m < p) continue;
+          std::vector<size_t> pick(static_cast<size_t>(p), 0);
+          for (bool more = true; more;) {
+            std::vector<std::string> list;
+            for (size_t i : pick) list.push_back(policies[i]);
+            std::vector<std::string> keys = base;
+            for (const std::string& k :
+                 {fmt::format("pipeline_schedule={}", schedule), fmt::format("ici_pipeline_parallelism={}", p),
+                  fmt::format("num_pipeline_microbatches={}", m), fmt::format("num_pipeline_repeats={}", v),
+                  fmt::format("pipeline_stage_remat_policies={}", fmt::join(list, ","))})
+              keys.push_back(k);
+            bool fits = false;
+            const nlohmann::json plan =
+                nlohmann::json::parse(cli::plan_report(cli::load_config("", keys), true, "", &fits)).at("pipeline");
+            ++plans, rank_plans += static_cast<int>(p);
+            if (fits) {
+              ++fitting;
+              // base.yml: per_device_batch_size 16, so a replica's step is 16·p sequences.
+              const double per_sequence = plan.at("makespan").get<double>() / (16.0 * static_cast<double>(p));
+              auto [it, fresh] = best.try_emplace(schedule, per_sequence);
+              if (!fresh) it->second = std::min(it->second, per_sequence);
+            }
+            size_t r = 0;
+            while (r < pick.size() && ++pick[r] == policies.size()) pick[r++] = 0;
+            more = r < pick.size();
+          }
+        }
+  ASSERT_GT(fitting, 0);
+  ASSERT_LT(fitting, plans) << "the budget should leave some configurations out";
+  double least = INFINITY;
+  for (const auto& [schedule, per_sequence] : best) {
+    ASSERT_TRUE(got.at("schedules").contains(schedule)) << schedule;
+    EXPECT_DOUBLE_EQ(got.at("schedules").at(schedule).at("per_sequence").get<double>(), per_sequence) << schedule;
+    least = std::min(least, per_sequence);
+  }
+  EXPECT_EQ(got.at("schedules").size(), best.size());
+  EXPECT_DOUBLE_EQ(got.at("best").at("per_sequence").get<double>(), least);
+  EXPECT_LT(got.at("planned").get<int>(), rank_plans) << "the search's rank plans against the brute force's";
 }
 
 }  // namespace
