@@ -3,8 +3,6 @@
 // B scan (the carried input cotangent) and a W scan (the rest), the values W reads from B stacked per iteration.
 #include "autodiff/autodiff.h"
 
-#include "base/check.h"
-
 #include <algorithm>
 #include <functional>
 #include <unordered_map>
