@@ -175,6 +175,7 @@ std::vector<Key> run_keys() {
       bind_enum("tokenizer_algorithm", {"bpe", "unigram"}, [](Config& c) -> std::string& { return c.tokenizer_algorithm; }),
       bind_enum("dataset_type", {"text", "jsonl", "tokens"}, [](Config& c) -> std::string& { return c.run.data.corpus.type; }),
       bind<std::string>("dataset_path", [](Config& c) -> std::string& { return c.run.data.corpus.path; }),
+      bind<bool>("packing", [](Config& c) -> bool& { return c.run.data.packing; }),
       bind<std::string>("eval_dataset_path", [](Config& c) -> std::string& { return c.run.data.eval_path; }),
       bind<std::string>("train_data_columns", [](Config& c) -> std::string& { return c.run.data.corpus.column; }),
       bind<double>("validation_fraction", [](Config& c) -> double& { return c.run.data.validation_fraction; }, Bounds{.lo = 0, .hi = 1, .lo_open = true, .hi_open = true}),
@@ -391,6 +392,7 @@ Config load_config(const std::string& config_path, const std::vector<std::string
   }
   c.run.model.cast_upfront = c.mp_cast == "upfront";
   c.run.model.flash_attention = c.attention == "flash";
+  c.run.model.padded_targets = !c.run.data.packing;
   LossScaleConfig& ls = c.run.optimizer.loss_scale;
   ls.enabled = c.run.model.precision.compute == DType::f16;  // bf16 has f32's exponent range: no scaling
   CHECK(ls.initial >= 1 && ls.factor > 1 && ls.period >= 1 && ls.min_scale >= 1,

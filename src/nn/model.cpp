@@ -452,11 +452,28 @@ Tensor target_log_probs(Builder& b, const ModelConfig& c, Tensor logits, Tensor 
   return reduce_sum(select(hot, logp, zeros_like(logp)), {v});
 }
 
+// packing=false: the log-probabilities of padding targets (< 0) zeroed, so a sum counts only real targets.
+Tensor without_padding(const ModelConfig& c, Tensor picked, Tensor targets) {
+  if (!c.padded_targets) return picked;
+  return select(compare(targets, zeros_like(targets), "ge"), picked, zeros_like(picked));
+}
+
+// The mean of a sum of log-probabilities over `targets`: divided by their number, or under packing=false by
+// the number of real ones (at least 1: a microbatch of padding alone has loss 0), negated.
+Tensor mean_loss(Builder& b, const ModelConfig& c, Tensor sum, Tensor targets) {
+  if (!c.padded_targets) return neg(sum * (1.0 / static_cast<double>(num_elements(targets.shape()))));
+  IntList all(static_cast<size_t>(targets.rank()));
+  std::iota(all.begin(), all.end(), int64_t{0});
+  Tensor real = reduce_sum(convert(compare(targets, zeros_like(targets), "ge"), kF32), all);
+  return neg(sum / max(real, scalar(b, kF32, 1.0)));
+}
+
 // Mean cross-entropy over the batch's tokens.
 Tensor cross_entropy(Builder& b, const ModelConfig& c, Tensor logits, Tensor targets) {
   Tensor picked = target_log_probs(b, c, logits, targets);
   auto s = b.scope("loss");
-  return neg(mean(picked, {0, 1}));
+  if (!c.padded_targets) return neg(mean(picked, {0, 1}));
+  return mean_loss(b, c, reduce_sum(without_padding(c, picked, targets), {0, 1}), targets);
 }
 
 // num_vocab_tiling = k > 1 (MaxText's vocabulary tiling, which chunks the tokens): the normed hidden states
@@ -479,7 +496,7 @@ Tensor tiled_cross_entropy(Builder& b, const ModelConfig& c, Tensor x, Tensor ou
     auto chunk = [&](Builder& rb, std::span<const Tensor> in) {
       Tensor picked = target_log_probs(rb, c, logits_of(c, in[0], in[2]), in[1]);
       auto s = rb.scope("loss");
-      return std::vector<Tensor>{reduce_sum(picked, {0})};
+      return std::vector<Tensor>{reduce_sum(without_padding(c, picked, in[1]), {0})};
     };
     const std::array<Tensor, 3> in{xs[0], xs[1], consts[0]};
     const std::array<std::string, 3> names{"hidden", "targets", c.logits_via_embedding ? "embedding" : "kernel"};
@@ -494,7 +511,7 @@ Tensor tiled_cross_entropy(Builder& b, const ModelConfig& c, Tensor x, Tensor ou
     total = scan(b, k, std::array{out}, std::array{scalar(b, kF32, 0.0)}, xs, body, "vocab_tiles")[0];
   }
   auto s = b.scope("loss");
-  return neg(total * (1.0 / static_cast<double>(tokens)));
+  return mean_loss(b, c, total, targets);
 }
 
 // The head and the loss: untiled, the logits [B,T,V] and their mean cross-entropy; else tiled_cross_entropy.

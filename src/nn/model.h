@@ -69,6 +69,8 @@ struct ModelConfig {
   int64_t num_vocab_tiling = 1;      // > 1: the output projection and loss over this many chunks of the batch's
                                      // tokens (MaxText's key; it chunks tokens, not the vocabulary), [B,T,V]
                                      // logits never all live
+  bool padded_targets = false;       // packing=false: targets < 0 are padding, and the loss is the mean over the
+                                     // targets >= 0 (1 when there are none); else over every target
   // Distribution: the mesh one step runs on, and which logical parameter axis is sharded over which mesh
   // axis. With fsdp > 1 (FSDP, ZeRO-3) every parameter is a shard along its embed dimension; the model
   // all-gathers each where it is used (a layer's weights inside the layer, cast to the compute dtype

@@ -39,14 +39,15 @@ struct Loaded {
   }
   // One file of text documents, each tokenized and packed after the one before.
   void add_text(const std::vector<std::string_view>& docs, const Tokenizer& tokenizer, double fraction) {
-    auto ids = std::make_shared<std::vector<int32_t>>();
+    auto file = std::make_shared<FileTokens>();
     for (std::string_view doc : docs) {
       const std::vector<int32_t> d = tokenizer.encode_document(doc);
-      ids->insert(ids->end(), d.begin(), d.end());
+      file->starts.push_back(static_cast<int64_t>(file->ids.size()));
+      file->ids.insert(file->ids.end(), d.begin(), d.end());
       text_bytes += static_cast<int64_t>(doc.size());
     }
-    split(static_cast<int64_t>(ids->size()), fraction,
-          [&](Tokens& part, int64_t from, int64_t n) { part.add(ids, ids->data() + from, n); });
+    split(static_cast<int64_t>(file->ids.size()), fraction,
+          [&](Tokens& part, int64_t from, int64_t n) { part.add(file, from, n); });
   }
   double bytes_per_token() const { return tokens > 0 && text_bytes > 0 ? static_cast<double>(text_bytes) / static_cast<double>(tokens) : 0; }
 };
@@ -84,18 +85,74 @@ Loaded load_files(const Corpus& corpus, const char* key, const Tokenizer& tokeni
 }  // namespace
 
 Tokens::Tokens(const std::vector<uint8_t>& bytes) {
-  auto ids = std::make_shared<const std::vector<int32_t>>(bytes.begin(), bytes.end());
-  add(ids, ids->data(), static_cast<int64_t>(ids->size()));
+  auto file = std::make_shared<FileTokens>(FileTokens{.ids = {bytes.begin(), bytes.end()}, .starts = {0}});
+  add(file, 0, static_cast<int64_t>(file->ids.size()));
 }
 
-void Tokens::add(std::shared_ptr<const std::vector<int32_t>> owner, const int32_t* data, int64_t count) {
-  if (count > 0) parts_.push_back({.start = size_, .count = count, .memory = std::move(owner), .data = data, .shard = {}, .first = 0});
-  size_ += count;
+void Tokens::add(std::shared_ptr<const FileTokens> file, int64_t first, int64_t count) {
+  push({.start = size_, .count = count, .first = first, .memory = std::move(file), .shard = {}});
 }
 
 void Tokens::add(const Shard& shard, int64_t first, int64_t count) {
-  if (count > 0) parts_.push_back({.start = size_, .count = count, .memory = nullptr, .data = nullptr, .shard = shard, .first = first});
-  size_ += count;
+  push({.start = size_, .count = count, .first = first, .memory = nullptr, .shard = shard});
+}
+
+// Appends a part, finding its documents where its file says where they start (a binary search: a shard's index
+// is read entry by entry, never whole).
+void Tokens::push(Part part) {
+  if (part.count <= 0) return;
+  const int64_t file_documents = part.memory ? static_cast<int64_t>(part.memory->starts.size())
+                                 : part.shard.header.document_index ? part.shard.header.documents : -1;
+  if (file_documents >= 0) {
+    auto first_starting = [&](auto after) {  // the first document k whose start satisfies `after` (monotone)
+      int64_t lo = 0, hi = file_documents;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (after(file_document_start(part, mid))) hi = mid;
+        else lo = mid + 1;
+      }
+      return lo;
+    };
+    part.next = first_starting([&](int64_t s) { return s > part.first; });
+    part.documents = 1 + first_starting([&](int64_t s) { return s >= part.first + part.count; }) - part.next;
+  }
+  const int64_t before = parts_.empty() ? 0 : first_document_.back() + std::max<int64_t>(parts_.back().documents, 0);
+  first_document_.push_back(before);
+  size_ += part.count;
+  parts_.push_back(std::move(part));
+}
+
+int64_t Tokens::file_document_start(const Part& part, int64_t k) {
+  if (part.memory) return part.memory->starts[static_cast<size_t>(k)];
+  const ShardHeader& h = part.shard.header;
+  uint64_t start = 0;
+  const off_t at = static_cast<off_t>(kShardHeaderBytes + h.tokens * h.token_bytes + 8 * k);
+  CHECK(::pread(*part.shard.fd, &start, 8, at) == 8, "cannot read the document index of token shard '{}' at "
+        "document {}: the file is shorter than when it was opened", part.shard.path.string(), k);
+  CHECK(start <= static_cast<uint64_t>(h.tokens), "token shard '{}' says document {} starts at token {}, past its {} "
+        "tokens: the document index is corrupt", part.shard.path.string(), k, start, h.tokens);
+  return static_cast<int64_t>(start);
+}
+
+int64_t Tokens::documents() const {
+  for (const Part& p : parts_)
+    CHECK(p.documents >= 0, "token shard '{}' has format version 1, without the document index that packing=false "
+          "needs: prepare it again with `remat data prepare`, or train with packing=true", p.shard.path.string());
+  return parts_.empty() ? 0 : first_document_.back() + parts_.back().documents;
+}
+
+Tokens::Span Tokens::document(int64_t i) const {
+  ASSERT(i >= 0 && i < documents());
+  const auto p = static_cast<size_t>(std::upper_bound(first_document_.begin(), first_document_.end(), i) -
+                                     first_document_.begin() - 1);
+  const Part& part = parts_[p];
+  const int64_t j = i - first_document_[p];
+  const int64_t from = j == 0 ? part.first : file_document_start(part, part.next + j - 1);
+  const int64_t to = j + 1 < part.documents ? file_document_start(part, part.next + j) : part.first + part.count;
+  CHECK(part.first <= from && from <= to && to <= part.first + part.count,
+        "token shard '{}' has a document index out of order near document {}: the index is corrupt",
+        part.shard.path.string(), part.next + j);
+  return {.start = part.start + from - part.first, .count = to - from};
 }
 
 void Tokens::read(int64_t start, int64_t count, int32_t* out) const {
@@ -103,7 +160,8 @@ void Tokens::read(int64_t start, int64_t count, int32_t* out) const {
   auto part = std::upper_bound(parts_.begin(), parts_.end(), start, [](int64_t at, const Part& p) { return at < p.start; }) - 1;
   for (int64_t done = 0; done < count; ++part) {
     const int64_t from = start + done - part->start, n = std::min(count - done, part->count - from);
-    if (part->data != nullptr) std::copy(part->data + from, part->data + from + n, out + done);
+    const int32_t* ids = part->memory ? part->memory->ids.data() + part->first + from : nullptr;
+    if (ids != nullptr) std::copy(ids, ids + n, out + done);
     else read_shard(*part, part->first + from, n, out + done);
     done += n;
   }
@@ -171,8 +229,12 @@ Dataset load_dataset(const DataConfig& config, const Tokenizer& tokenizer, int64
   return d;
 }
 
-Batcher::Batcher(Tokens data, int64_t seq, uint64_t seed, const char* split)
-    : data_(std::move(data)), seq_(seq), rng_(seed), window_(static_cast<size_t>(seq + 1)) {
+Batcher::Batcher(Tokens data, int64_t seq, uint64_t seed, const char* split, bool packing)
+    : data_(std::move(data)), seq_(seq), packing_(packing), rng_(seed), window_(static_cast<size_t>(seq + 1)) {
+  if (!packing) {
+    CHECK(data_.documents() > 0, "the {} split of the dataset holds no documents (packing=false)", split);
+    return;
+  }
   CHECK(data_.size() > seq,
         "max_target_length {} is too long for the {} split of the dataset ({} tokens): it needs at least {} tokens; "
         "use a shorter max_target_length or more data",
@@ -192,6 +254,7 @@ void Batcher::restore(const std::string& state) {
 }
 
 void Batcher::next(int64_t count, int32_t* inputs, int32_t* targets, int64_t part, int64_t parts) {
+  if (!packing_) return next_documents(count, inputs, targets, part, parts);
   std::uniform_int_distribution<int64_t> start(0, data_.size() - seq_ - 1);
   for (int64_t drawn = 0; drawn < parts * count; ++drawn) {
     const int64_t s = start(rng_), i = drawn - part * count;
@@ -199,6 +262,22 @@ void Batcher::next(int64_t count, int32_t* inputs, int32_t* targets, int64_t par
     data_.read(s, seq_ + 1, window_.data());
     std::copy(window_.begin(), window_.end() - 1, inputs + i * seq_);
     std::copy(window_.begin() + 1, window_.end(), targets + i * seq_);
+  }
+}
+
+// packing=false: documents drawn uniformly, each from its start; past its end, inputs 0 and targets -1.
+void Batcher::next_documents(int64_t count, int32_t* inputs, int32_t* targets, int64_t part, int64_t parts) {
+  std::uniform_int_distribution<int64_t> document(0, data_.documents() - 1);
+  for (int64_t drawn = 0; drawn < parts * count; ++drawn) {
+    const int64_t k = document(rng_), i = drawn - part * count;
+    if (i < 0 || i >= count) continue;  // another rank's sequence: not read
+    const Tokens::Span d = data_.document(k);
+    const int64_t n = std::min(d.count, seq_ + 1);
+    data_.read(d.start, n, window_.data());
+    for (int64_t t = 0; t < seq_; ++t) {
+      inputs[i * seq_ + t] = t < n ? window_[static_cast<size_t>(t)] : 0;
+      targets[i * seq_ + t] = t + 1 < n ? window_[static_cast<size_t>(t + 1)] : -1;
+    }
   }
 }
 

@@ -16,32 +16,53 @@
 
 namespace remat::train {
 
-// Files laid end to end as one stream of token ids. A part is in memory (a tokenized text) or a shard's tokens,
-// read from its file as a batch asks for them and CHECKed against the vocabulary.
+// A file's tokens in memory (a tokenized text), and where its documents start (ascending, the first at 0).
+struct FileTokens {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> starts;
+};
+
+// Files laid end to end as one stream of token ids, and the documents in it. A part is one file's tokens
+// [first, first + count): in memory, or a shard's, read from its file as a batch asks for them and CHECKed
+// against the vocabulary. A part's documents are its tokens cut where a document of its file starts; the
+// first may be the tail of a document that starts before the part (the train/validation split cuts files by
+// tokens).
 class Tokens {
  public:
   Tokens() = default;
-  // Bytes as tokens (the byte-level tokenizer's ids).
+  // Bytes as tokens (the byte-level tokenizer's ids), one document.
   Tokens(const std::vector<uint8_t>& bytes);  // NOLINT(google-explicit-constructor): a byte string is a token stream
-  // Appends `count` ids in memory, kept alive by `owner`.
-  void add(std::shared_ptr<const std::vector<int32_t>> owner, const int32_t* data, int64_t count);
-  // Appends `count` tokens of `shard` from its token `first` on.
+  // Appends tokens [first, first + count) of a file in memory.
+  void add(std::shared_ptr<const FileTokens> file, int64_t first, int64_t count);
+  // Appends tokens [first, first + count) of `shard`.
   void add(const Shard& shard, int64_t first, int64_t count);
   int64_t size() const { return size_; }
   // Copies tokens [start, start + count) to `out`. A shard's id >= its vocabulary is an error naming the file
   // and the token's position in it.
   void read(int64_t start, int64_t count, int32_t* out) const;
+  // The documents in the stream. A shard without a document index (format version 1) is an error naming it.
+  int64_t documents() const;
+  // Document i: where it starts in the stream, and its tokens.
+  struct Span {
+    int64_t start, count;
+  };
+  Span document(int64_t i) const;
 
  private:
   struct Part {
     int64_t start, count;  // in the stream
-    std::shared_ptr<const std::vector<int32_t>> memory;
-    const int32_t* data;   // in memory (else null)
+    int64_t first;         // the file's token where the part starts
+    std::shared_ptr<const FileTokens> memory;  // the file in memory (else null)
     Shard shard;           // else
-    int64_t first;         // the shard's token where the part starts
+    // Documents: 1 + the file's documents starting inside the part, the first of which is `next`; -1: unknown.
+    int64_t documents = -1, next = 0;
   };
+  void push(Part part);
+  // Where the file's document k starts (memory, or the shard's index read with pread).
+  static int64_t file_document_start(const Part& part, int64_t k);
   void read_shard(const Part& part, int64_t from, int64_t n, int32_t* out) const;
   std::vector<Part> parts_;
+  std::vector<int64_t> first_document_;  // per part: the documents of the parts before it
   int64_t size_ = 0;
 };
 
@@ -49,6 +70,7 @@ struct DataConfig {
   Corpus corpus;                     // dataset_type, dataset_path, train_data_columns
   std::string eval_path;             // eval_dataset_path: validation files (same type); "" = the split
   double validation_fraction = 0.1;  // without eval_path, each file's tail held out
+  bool packing = true;               // false: a sequence is one document from its start (Batcher)
 };
 
 struct Dataset {
@@ -64,10 +86,12 @@ struct Dataset {
 // the key.
 Dataset load_dataset(const DataConfig& config, const Tokenizer& tokenizer, int64_t vocab_size);
 
-// Random windows of seq+1 tokens: inputs are the first seq, targets the last seq.
+// Sequences drawn at random: packed, windows of seq+1 tokens starting anywhere (inputs are the first seq, targets
+// the last seq); unpacked (packing=false), whole documents from their start, the first seq+1 tokens of each,
+// inputs padded with 0 and targets with -1 (the loss skips them: nn::ModelConfig::padded_targets).
 class Batcher {
  public:
-  Batcher(Tokens data, int64_t seq, uint64_t seed, const char* split);
+  Batcher(Tokens data, int64_t seq, uint64_t seed, const char* split, bool packing = true);
   // Draws a global batch of `parts` x `count` sequences and fills part `part`'s `count` into inputs/targets
   // (count * seq int32 each). Every data-parallel rank draws the same windows, so the sampler's state is the
   // same on all of them, and rank r's part is what one process's sequences r*count.. of the batch hold; a rank
@@ -79,8 +103,10 @@ class Batcher {
   void restore(const std::string& state);
 
  private:
+  void next_documents(int64_t count, int32_t* inputs, int32_t* targets, int64_t part, int64_t parts);
   Tokens data_;
   int64_t seq_;
+  bool packing_;
   std::mt19937_64 rng_;
   std::vector<int32_t> window_;  // seq+1 tokens
 };

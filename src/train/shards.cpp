@@ -22,7 +22,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "shards are little-endian: this host reads them as such");
 
 constexpr char kMagic[8] = {'R', 'M', 'T', 'O', 'K', 'E', 'N', 'S'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 1: no document index
 
 std::vector<char> header_bytes(const ShardHeader& h) {
   std::vector<char> bytes(static_cast<size_t>(kShardHeaderBytes), 0);
@@ -77,12 +77,14 @@ void ShardWriter::add(const std::vector<int32_t>& document, int64_t text_bytes) 
     out_.write(header_.token_bytes == 2 ? reinterpret_cast<const char*>(&narrow) : reinterpret_cast<const char*>(&wide),
                header_.token_bytes);
   }
+  starts_.push_back(static_cast<uint64_t>(header_.tokens));
   header_.tokens += static_cast<int64_t>(document.size());
   header_.documents += 1;
   header_.text_bytes += text_bytes;
 }
 
 void ShardWriter::close() {
+  out_.write(reinterpret_cast<const char*>(starts_.data()), static_cast<std::streamsize>(8 * starts_.size()));
   const std::vector<char> header = header_bytes(header_);
   out_.seekp(0);
   out_.write(header.data(), static_cast<std::streamsize>(header.size()));
@@ -110,15 +112,17 @@ Shard open_shard(const fs::path& path, int64_t vocab_size) {
   std::memcpy(fields, bytes + 16, sizeof fields);
   CHECK(std::memcmp(bytes, kMagic, 8) == 0, "'{}' is not a token shard (no RMTOKENS header): dataset_type=tokens "
         "reads the shards of `remat data prepare`", path.string());
-  CHECK(version == kVersion, "token shard '{}' has format version {}; this remat reads version {}", path.string(),
-        version, kVersion);
+  CHECK(version == 1 || version == kVersion, "token shard '{}' has format version {}; this remat reads versions 1 "
+        "and {}", path.string(), version, kVersion);
   CHECK(width == 2 || width == 4, "token shard '{}' says {} bytes per token; a shard has 2 or 4", path.string(), width);
   const ShardHeader h{.token_bytes = width, .vocab_size = static_cast<int64_t>(fields[0]),
                       .tokens = static_cast<int64_t>(fields[1]), .documents = static_cast<int64_t>(fields[2]),
-                      .text_bytes = static_cast<int64_t>(fields[3])};
-  CHECK(h.tokens >= 0 && size - kShardHeaderBytes == h.tokens * h.token_bytes,
-        "token shard '{}' is truncated or padded: its header says {} tokens of {} bytes, the file holds {} bytes after "
-        "the header", path.string(), h.tokens, h.token_bytes, size - kShardHeaderBytes);
+                      .text_bytes = static_cast<int64_t>(fields[3]), .document_index = version >= 2};
+  const int64_t index_bytes = h.document_index ? 8 * h.documents : 0;
+  CHECK(h.tokens >= 0 && h.documents >= 0 && size - kShardHeaderBytes == h.tokens * h.token_bytes + index_bytes,
+        "token shard '{}' is truncated or padded: its header says {} tokens of {} bytes{}, the file holds {} bytes after "
+        "the header", path.string(), h.tokens, h.token_bytes,
+        h.document_index ? fmt::format(" and {} documents of 8 index bytes", h.documents) : "", size - kShardHeaderBytes);
   CHECK(h.vocab_size == vocab_size, "token shard '{}' was prepared with a {}-token vocabulary, but vocab_size is {}: "
         "train with the tokenizer that prepared it (vocab_size={})", path.string(), h.vocab_size, vocab_size,
         h.vocab_size);

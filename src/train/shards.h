@@ -4,7 +4,7 @@
 //
 // The format (little-endian), after llm.c's .bin shards:
 //   bytes  0..7   magic "RMTOKENS"
-//   bytes  8..11  uint32 format version (1)
+//   bytes  8..11  uint32 format version (2; version 1, without the document index, is read too)
 //   bytes 12..15  uint32 bytes per token: 2 (uint16, vocabularies up to 65536) or 4 (uint32)
 //   bytes 16..23  uint64 vocabulary size of the tokenizer that wrote it
 //   bytes 24..31  uint64 tokens in the shard
@@ -12,6 +12,7 @@
 //   bytes 40..47  uint64 bytes of text the tokens encode (for loss per byte)
 //   bytes 48..63  zero
 //   bytes 64..    the tokens: each document as BOS, its tokens, EOS (where the tokenizer has them), packed
+//   then          the document index (version 2): uint64 per document, the token where it starts (ascending)
 #pragma once
 
 #include "train/corpus.h"
@@ -29,6 +30,7 @@ inline constexpr int64_t kShardHeaderBytes = 64;
 
 struct ShardHeader {
   int64_t token_bytes = 2, vocab_size = 0, tokens = 0, documents = 0, text_bytes = 0;
+  bool document_index = true;  // version 2: the index follows the tokens
 };
 
 // Writes one shard: documents appended one after another, the header completed by close().
@@ -42,6 +44,7 @@ class ShardWriter {
   std::filesystem::path path_;
   std::ofstream out_;
   ShardHeader header_;
+  std::vector<uint64_t> starts_;  // the document index
 };
 
 // A shard open for reading: its header, and its file descriptor (closed when the last copy goes).
@@ -51,7 +54,8 @@ struct Shard {
   std::shared_ptr<const int> fd;
 };
 
-// Opens `path`, CHECKing the header (magic, version, width, the file's length against its token count) and that
+// Opens `path`, CHECKing the header (magic, version, width, the file's length against its token and document
+// counts) and that
 // the shard's vocabulary is `vocab_size` (the model's): errors name the file and what is wrong.
 Shard open_shard(const std::filesystem::path& path, int64_t vocab_size);
 

@@ -19,7 +19,7 @@ exec::Array* arg_if(const ir::Signature& sig, std::vector<exec::Array>& args, st
 Evaluator::Evaluator(const RunConfig& c, const train::Dataset& d, const Runner& step, compile::Compiled loss,
                      int64_t batch)
     : program_(std::move(loss), &step) {
-  train::Batcher batcher(d.validation, c.shape.seq, c.data_seed + 1, "validation");
+  train::Batcher batcher(d.validation, c.shape.seq, c.data_seed + 1, "validation", c.data.packing);
   tokens_ = static_cast<size_t>(batch * c.shape.seq);
   batches_.assign(static_cast<size_t>(c.eval_steps), std::vector<int32_t>(2 * tokens_));
   for (std::vector<int32_t>& b : batches_) batcher.next(batch, b.data(), b.data() + tokens_);

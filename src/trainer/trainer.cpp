@@ -186,7 +186,7 @@ Session::Session(const RunConfig& config)
       tokenizer(c.tokenizer),
       data(load_data(c, tokenizer)),
       baseline_rss(resident_bytes("VmRSS")),
-      batcher(data.train, c.shape.seq, c.data_seed, "train"),
+      batcher(data.train, c.shape.seq, c.data_seed, "train", c.data.packing),
       step(compile_step(), nullptr, &mesh),
       evaluator(c, data, step, compile({.shape = {c.shape.batch, c.shape.seq, 1}, .kind = compile::Kind::loss}),
                 c.shape.batch),  // evaluation runs microbatches
@@ -316,7 +316,7 @@ nlohmann::json Session::row(const Update& u, const train::Progress& at) {
 void Session::report_divergence(int64_t done, double loss, double norm) {
   const std::string what = fmt::format("training diverged at step {}: loss {}, gradient norm {}", done, loss, norm);
   fmt::print("{}; running it again with a finite check after every op\n", what);
-  Batcher replay(data.train, c.shape.seq, c.data_seed, "train");
+  Batcher replay(data.train, c.shape.seq, c.data_seed, "train", c.data.packing);
   const train::Progress from = start_state(replay);
   for (int64_t s = from.step; s + 1 < done; ++s) {
     prepare_step(replay, s);

@@ -223,6 +223,7 @@ const Bound kBounds[] = {
     {"tokenizer_algorithm", "wordpiece", "one of bpe, unigram", "unigram"},
     {"dataset_type", "parquet", "one of text, jsonl, tokens", "jsonl"},
     {"dataset_path", "", "", "any/path"},
+    {"packing", "no", "true or false", "false"},
     {"eval_dataset_path", "", "", "any/*.jsonl"},
     {"train_data_columns", "", "", "content"},
     {"validation_fraction", "0", "a number in (0, 1)", "0.5"},

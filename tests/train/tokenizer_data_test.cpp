@@ -146,14 +146,15 @@ TEST(Shards, APreparedShardIsItsHeaderThenTheDocumentsTokensAndReadsAsTheTextDoe
   std::memcpy(&width, bytes.data() + 12, 4);
   std::memcpy(fields, bytes.data() + 16, sizeof fields);
   EXPECT_EQ(bytes.substr(0, 8), "RMTOKENS");
-  EXPECT_EQ(version, 1u);
+  EXPECT_EQ(version, 2u);
   EXPECT_EQ(width, 2u);
   const std::vector<int32_t> want = t.encode_document(corpus_text().substr(0, 3000));
   EXPECT_EQ(fields[0], 64u);                // vocabulary
   EXPECT_EQ(fields[1], want.size());        // tokens
   EXPECT_EQ(fields[2], 1u);                 // documents
   EXPECT_EQ(fields[3], 3000u);              // bytes of text
-  ASSERT_EQ(bytes.size(), 64 + 2 * want.size());
+  ASSERT_EQ(bytes.size(), 64 + 2 * want.size() + 8);  // the tokens, then the document index: document 0 at 0
+  EXPECT_EQ(bytes.substr(64 + 2 * want.size()), std::string(8, '\0'));
   for (size_t i = 0; i < want.size(); ++i) {
     uint16_t id = 0;
     std::memcpy(&id, bytes.data() + 64 + 2 * i, 2);

@@ -3,7 +3,8 @@
 // row-parallel matmul adds the ranks' partial products in another association than one device's dot; the
 // vocabulary-parallel loss sums its exponentials per block), bit-identically between two launches, and with
 // data parallelism beside them bit-identically to the same tensor degree accumulating the data ranks'
-// microbatches. Each rank's measured arena peak is its plan's.
+// microbatches; with packing=false over documents shorter than a sequence, whose padding targets the
+// vocabulary-parallel loss must skip on every rank. Each rank's measured arena peak is its plan's.
 #include "support/command.h"
 #include "support/mpirun.h"
 #include "support/run_metrics.h"
@@ -15,6 +16,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 namespace remat {
@@ -56,14 +58,19 @@ TEST_P(TensorParallel, MatchesOneProcessAndIsBitIdenticalToItself) {
   ASSERT_TRUE(testing_support::mpirun_installed()) << "mpirun is not installed (scripts/setup.sh installs it)";
   const Launch& l = GetParam();
   std::string shared;  // the keys the one process takes too: those that are not parallelism keys
-  for (const std::string key : {"dtype=bfloat16", "attention=flash"})
+  for (const std::string key : {"dtype=bfloat16", "attention=flash", "packing=false"})
     if (std::string(l.args).find(key) != std::string::npos) shared += " " + key;
   testing_support::TempDir dir;
+  if (shared.find("packing=false") != std::string::npos) {  // documents shorter than a sequence: padded targets
+    std::ofstream docs(dir.path / "docs.jsonl");
+    for (int i = 0; i < 300; ++i) docs << fmt::format(R"({{"text": "document {} is {}"}})", i, std::string(static_cast<size_t>(i % 23), 'x')) << "\n";
+    shared += fmt::format(" dataset_type=jsonl dataset_path={}", (dir.path / "docs.jsonl").string());
+  }
   const testing_support::Output one = train(dir.path, testing_support::one_process(), "run_name=one" + shared);
   ASSERT_EQ(one.status, 0) << one.text;
-  const testing_support::Output a = train(dir.path, testing_support::mpirun(l.ranks), fmt::format("run_name=a {}", l.args));
+  const testing_support::Output a = train(dir.path, testing_support::mpirun(l.ranks), fmt::format("run_name=a {}{}", l.args, shared));
   ASSERT_EQ(a.status, 0) << a.text;
-  const testing_support::Output b = train(dir.path, testing_support::mpirun(l.ranks), fmt::format("run_name=b {}", l.args));
+  const testing_support::Output b = train(dir.path, testing_support::mpirun(l.ranks), fmt::format("run_name=b {}{}", l.args, shared));
   ASSERT_EQ(b.status, 0) << b.text;
   const std::vector<MetricsRow> want = run_metrics(dir.path / "runs" / "one"), got = run_metrics(dir.path / "runs" / "a");
   ASSERT_EQ(want.size(), 20u);
@@ -87,6 +94,7 @@ INSTANTIATE_TEST_SUITE_P(
             Launch{"tensor2", 2, "ici_tensor_parallelism=2", 1e-5},
             Launch{"tensor2_sequence", 2, "ici_tensor_sequence_parallelism=2", 1e-5},
             Launch{"tensor2_flash", 2, "ici_tensor_parallelism=2 attention=flash", 1e-5},
+            Launch{"tensor2_unpacked", 2, "ici_tensor_parallelism=2 packing=false", 1e-5},
             Launch{"tensor2_sequence_flash", 2, "ici_tensor_sequence_parallelism=2 attention=flash", 1e-5},
             Launch{"tensor2_bf16", 2, "ici_tensor_parallelism=2 dtype=bfloat16", 2e-2},
             Launch{"tensor2_sequence_bf16", 2, "ici_tensor_sequence_parallelism=2 dtype=bfloat16", 2e-2},
