@@ -28,7 +28,7 @@ enum class Residency { save, offload, recompute };
 
 // One residual of a remat region, as the policy sees it.
 struct ResidualQuery {
-  const std::string& policy;    // the region's policy attribute
+  const ir::AttrValue& policy;  // the region's policy attribute: the value it was traced with, or text
   const ir::Graph& graph;       // the graph holding `producer`
   const ir::Node& producer;     // the op whose output is the residual (inside a scan body for stacked ones)
   size_t output;                // which output of `producer`
@@ -45,7 +45,7 @@ class RematDecider {
   virtual ~RematDecider() = default;
   virtual Residency decide(const ResidualQuery& q) = 0;
   // A region input the backward reads: always available (saved by whoever produced it). For reports.
-  virtual void note_input(const std::string& policy, uint64_t region, int index, const std::string& param_name,
+  virtual void note_input(const ir::AttrValue& policy, uint64_t region, int index, const std::string& param_name,
                           const ir::Type& type, bool parameter_derived, int64_t trip_count) = 0;
   // The producer at `position` of `region` runs again in the backward whatever was decided for its outputs
   // (a group's forward, rerun for the values the group's policy does not keep): all of them come from that

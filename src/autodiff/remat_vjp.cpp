@@ -16,6 +16,7 @@
 // A recomputed scan node is cloned whole, with the residual outputs its own VJP gave it, so the inner
 // backward reads what the recompute produced and nothing runs a third time.
 #include "autodiff/partial_eval.h"
+#include "ir/text.h"
 
 #include "base/check.h"
 
@@ -82,7 +83,7 @@ ResidualRule policy_rule(const Node& n, const Joint& joint, const Context& ctx, 
     const bool alias = made_by.op == Op::name &&
                        std::find(joint.params.begin(), joint.params.end(), made_by.inputs[0]) != joint.params.end();
     const Residency residency = ctx.decider->decide(ResidualQuery{
-        .policy = n.attrs.str("policy"),
+        .policy = n.attrs.get("policy"),
         .graph = *graph,
         .producer = *node,
         .output = output,
@@ -115,8 +116,8 @@ void emit_mapped(Builder& b, const Node& m, std::unordered_map<ValueId, Tensor>&
 
 std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<const Cot> out_cots, Context& ctx) {
   CHECK(ctx.decider != nullptr,
-        "{}: differentiating a remat region (policy '{}') needs a remat decider; pass one to autodiff::grad",
-        describe_node(b.graph(), index), n.attrs.str("policy"));
+        "{}: differentiating a remat region (policy {}) needs a remat decider; pass one to autodiff::grad",
+        describe_node(b.graph(), index), print_attr(n.attrs.get("policy")));
   const Graph& body = *n.body;
   const size_t np = body.params.size();
 
@@ -156,7 +157,7 @@ std::vector<Cot> vjp_remat(Builder& b, size_t index, const Node& n, std::span<co
   }
   for (size_t p = 0; p < np; ++p)
     if (const ValueId v = joint.params[p]; input_read[p])
-      ctx.decider->note_input(n.attrs.str("policy"), n.origin, static_cast<int>(p), n.body->param_names[p],
+      ctx.decider->note_input(n.attrs.get("policy"), n.origin, static_cast<int>(p), n.body->param_names[p],
                               joint.graph.type(v), joint.parameter_derived[static_cast<size_t>(v)], ctx.trip_count);
 
   // 3a. The region's forward: F, returning the saved residuals and host copies of the offloaded ones.

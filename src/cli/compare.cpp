@@ -110,12 +110,12 @@ struct Setting {
 // offload_dot_with_no_batch_dims); other offloading policies (regex, combinators) are not checked.
 std::optional<rematerialize::Policy> on_device(const rematerialize::Policy& p) {
   using Kind = rematerialize::Policy::Kind;
-  if (p.kind == Kind::offload_dot_with_no_batch_dims) return rematerialize::parse_policy("dots_with_no_batch_dims_saveable");
+  if (p.kind == Kind::offload_dot_with_no_batch_dims) return rematerialize::policy_of(Kind::dots_with_no_batch_dims_saveable);
   if ((p.kind != Kind::custom && p.kind != Kind::save_and_offload_only_these_names) || p.offload_names.empty())
     return std::nullopt;
   std::vector<std::string> saved = p.save_names;  // spelled as the layer spells them: parsed as written
   saved.insert(saved.end(), p.offload_names.begin(), p.offload_names.end());
-  return rematerialize::parse_policy(fmt::format("save_and_offload_only_these_names(save=[{}], offload=[])", fmt::join(saved, ", ")));
+  return rematerialize::policy_of(Kind::save_and_offload_only_these_names, std::move(saved));
 }
 
 std::vector<Setting> remat_settings(const Config& c) {

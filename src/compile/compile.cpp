@@ -14,14 +14,14 @@ Compiled compile(const Request& r) {
     if (r.model.layers_per_group > 0)  // the group's policy sees the same names (its layers')
       for (std::string& w : rematerialize::lint(forward, r.model.group_remat_policy, {.allow_unmatched = r.allow_unmatched}))
         c.warnings.push_back(std::move(w));
-    std::vector<std::string> linted{r.model.remat_policy.written};
+    std::vector<rematerialize::Policy> linted{r.model.remat_policy};
     for (const rematerialize::Policy& p : r.model.stage_remat_policies) {  // each stage's layers carry the same names
-      if (std::find(linted.begin(), linted.end(), p.written) != linted.end()) continue;
-      linted.push_back(p.written);
+      if (std::any_of(linted.begin(), linted.end(), [&](const auto& l) { return rematerialize::same_policy(l, p); })) continue;
+      linted.push_back(p);
       for (std::string& w : rematerialize::lint(forward, p, {.allow_unmatched = r.allow_unmatched}))
         c.warnings.push_back(std::move(w));
     }
-    rematerialize::Decider own(nn::remat_policies(r.model));
+    rematerialize::Decider own;
     rematerialize::Decider& decider = r.decider != nullptr ? *r.decider : own;
     CHECK(r.pipeline == nullptr || r.kind == Kind::train_step, "compile: under a pipeline, gradients come with the train step");
     traced = r.pipeline ? train::pipeline_step_program(r.model, r.shape, r.optimizer, *r.pipeline, r.stage, &decider)

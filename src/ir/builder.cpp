@@ -245,7 +245,7 @@ std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> con
 }
 
 std::vector<Tensor> checkpoint(Builder& b, std::span<const Tensor> inputs, const RematBody& body,
-                               const std::string& policy, const std::string& name,
+                               AttrValue policy, const std::string& name,
                                std::span<const std::string> param_names) {
   CHECK(param_names.empty() || param_names.size() == inputs.size(), "checkpoint '{}': {} param names for {} inputs",
         name, param_names.size(), inputs.size());
@@ -256,7 +256,7 @@ std::vector<Tensor> checkpoint(Builder& b, std::span<const Tensor> inputs, const
   for (size_t i = 0; i < inputs.size(); ++i)
     params.push_back(bb.param(param_names.empty() ? fmt::format("a{}", i) : param_names[i], inputs[i].type()));
   for (Tensor r : body(bb, params)) bb.result(r);
-  return b.emit(Op::remat, inputs, Attrs().set("policy", policy), std::move(g));
+  return b.emit(Op::remat, inputs, Attrs().set("policy", std::move(policy)), std::move(g));
 }
 
 // ---- composites ----

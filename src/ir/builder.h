@@ -168,11 +168,12 @@ std::vector<Tensor> scan(Builder& b, int64_t length, std::span<const Tensor> con
                          bool reverse = false);
 
 // jax.checkpoint: traces `body(b, inputs)` into a remat region whose residuals `policy` decides when the
-// graph is differentiated (see remat/ for the policy language). Returns the body's results.
+// graph is differentiated: the policy value (rematerialize::policy_attr) or its text (see remat/ for the
+// policy language). Returns the body's results.
 using RematBody = std::function<std::vector<Tensor>(Builder& b, std::span<const Tensor> inputs)>;
 // `param_names` name the body's params (for reports); default a0, a1, ...
 std::vector<Tensor> checkpoint(Builder& b, std::span<const Tensor> inputs, const RematBody& body,
-                               const std::string& policy, const std::string& name = "checkpointed",
+                               AttrValue policy, const std::string& name = "checkpointed",
                                std::span<const std::string> param_names = {});
 
 // ---- composites built from primitives ----

@@ -54,7 +54,8 @@ const AttrValue& Attrs::get(std::string_view key) const {
 
 void Attrs::kind_error(std::string_view key, const AttrValue& got, const AttrValue& wanted) {
   static constexpr const char* kinds[] = {"a boolean", "an integer", "a number", "a string",
-                                          "a dtype",   "a list of integers", "a list of integer lists"};
+                                          "a dtype",   "a list of integers", "a list of integer lists",
+                                          "an object of a later stage"};
   static_assert(std::size(kinds) == std::variant_size_v<AttrValue>);
   CHECK(false, "attribute '{}' is {}, expected {}", key, kinds[got.index()], kinds[wanted.index()]);
   __builtin_unreachable();

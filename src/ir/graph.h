@@ -40,7 +40,21 @@ std::string type_str(const Type& t);  // "f32[8,64]"
 
 using IntList = std::vector<int64_t>;
 using IntLists = std::vector<IntList>;
-using AttrValue = std::variant<bool, int64_t, double, std::string, DType, IntList, IntLists>;
+// A value a later stage defines and the IR carries without knowing it (a remat region's policy: remat/policy.h,
+// as a jaxpr's remat equation holds its policy). Printed as its text, a quoted string (parsed back, it is that
+// string); equal by the defining stage's rule.
+struct AttrObject {
+  virtual ~AttrObject() = default;
+  virtual std::string text() const = 0;
+  virtual bool equals(const AttrObject& other) const = 0;
+};
+struct ObjectAttr {
+  std::shared_ptr<const AttrObject> object;
+  bool operator==(const ObjectAttr& o) const {
+    return object == o.object || (object && o.object && object->equals(*o.object));
+  }
+};
+using AttrValue = std::variant<bool, int64_t, double, std::string, DType, IntList, IntLists, ObjectAttr>;
 
 // Named attributes in insertion order (printed in that order).
 class Attrs {
@@ -57,6 +71,7 @@ class Attrs {
   DType dtype(std::string_view key) const { return typed<DType>(key); }
   const IntList& ints(std::string_view key) const { return typed<IntList>(key); }
   const IntLists& int_lists(std::string_view key) const { return typed<IntLists>(key); }
+  const ObjectAttr& object(std::string_view key) const { return typed<ObjectAttr>(key); }
   const std::vector<std::pair<std::string, AttrValue>>& items() const { return items_; }
   bool operator==(const Attrs&) const = default;
 

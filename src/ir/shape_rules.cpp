@@ -450,7 +450,9 @@ std::vector<Type> call_types(const Ctx& c, std::string_view op) {
 
 std::vector<Type> rule_remat(const Ctx& c) {
   std::vector<Type> out = call_types(c, "remat");
-  CHECK(!c.attrs.str("policy").empty(), "{}: remat needs a policy", c.where);
+  const AttrValue& policy = c.attrs.get("policy");  // a string (parsed from text) or the policy value (traced)
+  CHECK(std::holds_alternative<ObjectAttr>(policy) || !c.attrs.str("policy").empty(), "{}: remat needs a policy",
+        c.where);
   return out;
 }
 

@@ -42,6 +42,7 @@ std::string attr_str(const AttrValue& v) {
       for (const IntList& l : ls) parts.push_back(shape_str(l));
       return fmt::format("[{}]", fmt::join(parts, ","));
     }
+    std::string operator()(const ObjectAttr& o) const { return quote(o.object ? o.object->text() : ""); }
   };
   return std::visit(Visitor{}, v);
 }
@@ -379,5 +380,7 @@ Graph parse(std::string_view text, std::string_view file) {
   verify(g);
   return g;
 }
+
+std::string print_attr(const AttrValue& v) { return attr_str(v); }
 
 }  // namespace remat::ir

@@ -9,6 +9,8 @@
 namespace remat::ir {
 
 std::string print(const Graph& g);
+// An attribute value as the text form writes it (a string quoted).
+std::string print_attr(const AttrValue& v);
 // Parses and verifies one graph. Errors are CHECKs naming `file` and the line.
 Graph parse(std::string_view text, std::string_view file = "<ir>");
 

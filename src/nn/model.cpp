@@ -315,7 +315,7 @@ Tensor checkpointed_layer(Builder& b, const ModelConfig& c, Tensor x, std::span<
     return std::vector<Tensor>{decoder_layer(rb, c, a[0], layer_weights(c, a.subspan(1, nw)), kb)};
   };
   const std::vector<std::string> names = region_inputs(c);
-  return checkpoint(b, in, body, c.remat_policy.written, "decoder_layer", names)[0];
+  return checkpoint(b, in, body, rematerialize::policy_attr(c.remat_policy), "decoder_layer", names)[0];
 }
 
 // A scan over stacked layers [n, ...]: carry x, consts the tables.
@@ -352,7 +352,7 @@ Tensor scan_groups(Builder& b, const ModelConfig& c, Tensor x, std::span<const T
     };
     if (!remat_regions(c)) return group(gb, in);
     const std::vector<std::string> names = region_inputs(c);
-    return checkpoint(gb, in, group, c.group_remat_policy.written, "layer_group", names);
+    return checkpoint(gb, in, group, rematerialize::policy_attr(c.group_remat_policy), "layer_group", names);
   };
   return scan(b, groups, std::array{k.cos, k.sin, k.mask}, std::array{x}, grouped, body, "layer_group")[0];
 }
@@ -500,7 +500,8 @@ Tensor tiled_cross_entropy(Builder& b, const ModelConfig& c, Tensor x, Tensor ou
     };
     const std::array<Tensor, 3> in{xs[0], xs[1], consts[0]};
     const std::array<std::string, 3> names{"hidden", "targets", c.logits_via_embedding ? "embedding" : "kernel"};
-    Tensor sum = checkpoint(sb, in, chunk, "full", "vocab_tile", names)[0];
+    Tensor sum = checkpoint(sb, in, chunk, rematerialize::policy_attr(rematerialize::parse_policy("full")), "vocab_tile",
+                            names)[0];
     auto s = sb.scope("loss");
     return std::vector<Tensor>{carry[0] + sum};
   };

@@ -104,13 +104,6 @@ inline rematerialize::Policy parse_remat_policy(const std::string& text, const M
   return rematerialize::parse_policy(text, policy_spelling(c), keys);
 }
 
-// The policies the model's remat regions are traced with (a rematerialize::Decider is handed these).
-inline std::vector<rematerialize::Policy> remat_policies(const ModelConfig& c) {
-  std::vector<rematerialize::Policy> all{c.remat_policy, c.group_remat_policy};
-  all.insert(all.end(), c.stage_remat_policies.begin(), c.stage_remat_policies.end());
-  return all;
-}
-
 enum class Init { normal, ones };
 
 struct ParamSpec {

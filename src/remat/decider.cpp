@@ -6,15 +6,9 @@
 
 namespace remat::rematerialize {
 
-const Policy& Decider::policy(const std::string& written) const {
-  auto it = std::find_if(policies_.begin(), policies_.end(), [&](const Policy& p) { return p.written == written; });
-  CHECK(it != policies_.end(), "a remat region traced with policy '{}' reached a decider that was not handed it "
-        "(it applies {} policies); hand the policy value to rematerialize::Decider", written, policies_.size());
-  return *it;
-}
-
 Residency Decider::decide(const autodiff::ResidualQuery& q) {
-  const Policy& p = policy(q.policy);
+  const std::shared_ptr<const Policy> policy = region_policy(q.policy);
+  const Policy& p = *policy;
   Verdict v = q.parameter_derived ? Verdict{Residency::recompute, "parameter-derived: always recomputed"}
                                   : evaluate(p, q.graph, q.producer, q.output);
   ResidualRecord r;
@@ -35,9 +29,10 @@ Residency Decider::decide(const autodiff::ResidualQuery& q) {
   return v.residency;
 }
 
-void Decider::note_input(const std::string& policy_text, uint64_t region, int index, const std::string& param_name,
+void Decider::note_input(const ir::AttrValue& policy, uint64_t region, int index, const std::string& param_name,
                          const ir::Type& type, bool parameter_derived, int64_t trip_count) {
-  const Policy& p = policy(policy_text);
+  const std::shared_ptr<const Policy> held = region_policy(policy);
+  const Policy& p = *held;
   ResidualRecord r;
   r.policy = p.described();
   r.what = "input %" + param_name;

@@ -457,6 +457,19 @@ Policy custom_policy(const std::vector<std::pair<std::string, Residency>>& place
   return p;
 }
 
+Policy policy_of(Kind kind, std::vector<std::string> save, std::vector<std::string> offload) {
+  ASSERT(kind != Kind::none && kind != Kind::automatic && kind != Kind::custom && kind != Kind::save_and_offload_regex &&
+         kind != Kind::save_from_both_policies && kind != Kind::combine);
+  ASSERT(offload.empty() || kind == Kind::save_and_offload_only_these_names);
+  Policy p;
+  p.kind = kind;
+  p.save_names = std::move(save);
+  p.offload_names = std::move(offload);
+  p.text = canonical(p);
+  p.written = p.text;
+  return p;
+}
+
 const char* custom_word(Residency r) {
   return r == Residency::save ? "device" : r == Residency::offload ? "offload" : "remat";
 }

@@ -97,11 +97,26 @@ Policy parse_policy(const std::string& text, const Spelling& spelling = {}, cons
 // but decoder_layer_input (kept); `written` is its custom(name=remat|device|offload, ...) text, in this order.
 Policy custom_policy(const std::vector<std::pair<std::string, Residency>>& placement, const Spelling& spelling = {});
 
+// A policy of a kind that takes at most name lists (not the regex kind, the combinators, custom, none or auto),
+// built as a value: `written` is its canonical text. The search's and --compare's candidates.
+Policy policy_of(Policy::Kind kind, std::vector<std::string> save = {}, std::vector<std::string> offload = {});
+
 // The word a custom(...) placement uses for `r`: remat, device or offload.
 const char* custom_word(Residency r);
 
 // MaxText's preset names (for errors and docs).
 std::vector<std::string> preset_names();
+
+// The same policy: as written (what logs and the IR print) and as parsed (its rule and the preset it came from).
+bool same_policy(const Policy& a, const Policy& b);
+
+// A remat region's `policy` attribute holding `p` itself (ir::checkpoint's argument): the IR prints it as
+// p.written; two are equal when they are the same policy, as the parser made it.
+ir::AttrValue policy_attr(const Policy& p);
+
+// The policy of a remat region's attribute: the value it was traced with or, in IR parsed from text, its text
+// parsed (with the default spelling).
+std::shared_ptr<const Policy> region_policy(const ir::AttrValue& attr);
 
 struct Verdict {
   Residency residency;

@@ -1,7 +1,7 @@
 // Public header of the remat stage (docs/policies.md): policies (policy.h), the decider that applies them while
 // autodiff splits remat regions, lint of policies against a traced model, and `remat explain`.
 //
-//   rematerialize::Decider decider({policy});
+//   rematerialize::Decider decider;   // each remat region carries its policy (policy_attr)
 //   ir::Graph step = autodiff::grad_graph(forward, wrt, &decider);
 //   for (auto& w : rematerialize::lint(forward, policy, {})) fmt::print("warning: {}\n", w);   // errors throw
 //   fmt::print("{}", rematerialize::explain(decider.records(), step).text());
@@ -34,22 +34,17 @@ struct ResidualRecord {
   int position = 0;             // report order within the region: inputs (negative) first, then forward order
 };
 
-// Applies the policies it is handed to the remat regions of a graph; keeps a record of every decision. A
-// region names its policy by the text it was traced with (its `policy` attribute, Policy::written), which
-// picks one of the handed values: nothing is parsed here.
+// Applies each remat region's policy, the value the region carries (region_policy), to its residuals; keeps a
+// record of every decision.
 class Decider : public autodiff::RematDecider {
  public:
-  explicit Decider(std::vector<Policy> policies = {}) : policies_(std::move(policies)) {}
   Residency decide(const autodiff::ResidualQuery& q) override;
-  void note_input(const std::string& policy, uint64_t region, int index, const std::string& param_name,
+  void note_input(const ir::AttrValue& policy, uint64_t region, int index, const std::string& param_name,
                   const ir::Type& type, bool parameter_derived, int64_t trip_count) override;
   void rerun(uint64_t region, int position) override;
   const std::vector<ResidualRecord>& records() const { return records_; }
 
  private:
-  const Policy& policy(const std::string& written) const;  // the handed value a region traced with `written` names
-
-  std::vector<Policy> policies_;
   std::vector<ResidualRecord> records_;
 };
 

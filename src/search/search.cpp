@@ -326,12 +326,13 @@ std::vector<std::string> searched_names(const compile::Request& request, std::ve
 
 rematerialize::Policy group_placed(const nn::ModelConfig& model, const std::vector<std::string>& names,
                                    const std::vector<Residency>& placement, bool keeps) {
-  if (!keeps) return nn::parse_remat_policy("nothing_saveable", model);
+  using Kind = rematerialize::Policy::Kind;
+  if (!keeps) return rematerialize::policy_of(Kind::nothing_saveable);
   const nn::names::Naming naming = nn::vocabulary(model).naming;
   std::vector<std::string> kept{std::string(nn::names::from_maxtext("decoder_layer_input", naming))};
   for (size_t i = 0; i < names.size(); ++i)
     if (placement[i] != Residency::recompute) kept.emplace_back(nn::names::from_maxtext(names[i], naming));
-  return nn::parse_remat_policy(fmt::format("save_only_these_names({})", fmt::join(kept, ", ")), model);
+  return rematerialize::policy_of(Kind::save_only_these_names, std::move(kept));
 }
 
 std::vector<bool> group_choices(const compile::Request& request) {

@@ -33,10 +33,13 @@ std::vector<nn::StagePart> pipeline_parts(const nn::ModelConfig& model, const pa
 }
 
 std::string rank_remat_policy(const nn::ModelConfig& model, const parallel::PipelineShape& shape, int64_t rank) {
+  std::vector<rematerialize::Policy> distinct;
   std::vector<std::string> written;
   for (const nn::StagePart& part : pipeline_parts(model, shape, rank)) {
-    const std::string& w = nn::stage_remat_policy(model, part).written;
-    if (std::find(written.begin(), written.end(), w) == written.end()) written.push_back(w);
+    const rematerialize::Policy& p = nn::stage_remat_policy(model, part);
+    if (std::any_of(distinct.begin(), distinct.end(), [&](const auto& d) { return rematerialize::same_policy(d, p); })) continue;
+    distinct.push_back(p);
+    written.push_back(p.written);
   }
   return fmt::format("{}", fmt::join(written, " | "));
 }
@@ -178,7 +181,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   const int64_t p = ps.stages, m = ps.microbatches;
   CHECK(shape.accumulation == m, "pipeline step: {} microbatches in the batch for a schedule of {}", shape.accumulation, m);
   ASSERT(rank >= 0 && rank < p);
-  rematerialize::Decider local(nn::remat_policies(model));
+  rematerialize::Decider local;
   Program prog;
   Graph& g = prog.graph;
   g.name = fmt::format("pipeline_step_stage{}", rank);
@@ -288,7 +291,7 @@ parallel::Costs layer_costs(const nn::ModelConfig& model, nn::StagePart part, in
   const size_t forward_nodes = g.nodes.size();
   Tensor dy = b.param("dy", y.type());
   const std::pair<ValueId, ValueId> seed{y.id, dy.id};
-  rematerialize::Decider decider(nn::remat_policies(model));
+  rematerialize::Decider decider;
   std::vector<ValueId> weights(wrt.begin() + 1, wrt.end());
   const std::vector<ValueId> grads = autodiff::vjp(g, std::span(&seed, 1), wrt, &decider, weights);
   const std::vector<bool> input_part =

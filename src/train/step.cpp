@@ -151,7 +151,7 @@ Tensor learning_rate(Builder& b, const OptimizerConfig& o, Tensor step) {
 }
 
 Program grads_program(const nn::ModelConfig& model, const StepShape& shape, rematerialize::Decider* decider) {
-  rematerialize::Decider local(nn::remat_policies(model));
+  rematerialize::Decider local;
   Program prog;
   Graph& g = prog.graph;
   g.name = "grads";
@@ -237,7 +237,7 @@ void update(Builder& b, ir::Signature& sig, const nn::ModelConfig& model, const 
 
 Program step_program(const nn::ModelConfig& model, const StepShape& shape, const OptimizerConfig& o,
                      rematerialize::Decider* decider) {
-  rematerialize::Decider local(nn::remat_policies(model));
+  rematerialize::Decider local;
   Program prog;
   Graph& g = prog.graph;
   g.name = "train_step";

@@ -85,7 +85,7 @@ TEST(Compile, EvaluationAndSamplingProgramsHaveTheirOwnSignatures) {
 // The decider is handed to compile: the one given records every decision, and they are the explanation.
 TEST(Compile, UsesTheDeciderItIsHanded) {
   cli::Config c = cli::load_config("", {"remat_policy=minimal"});
-  rematerialize::Decider decider(nn::remat_policies(c.run.model));
+  rematerialize::Decider decider;
   compile::Compiled s = compile::compile({.model = c.run.model, .shape = c.run.shape, .kind = compile::Kind::grads,
                                           .decider = &decider});
   ASSERT_FALSE(decider.records().empty());

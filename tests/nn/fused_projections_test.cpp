@@ -144,7 +144,7 @@ TEST(FusedProjections, MinimalSavesTheFusedTensorsAndTheSameBytes) {
   auto saved = [](bool fused) {
     nn::ModelConfig c = model(fused, fused, false);
     c.remat_policy = nn::parse_remat_policy("minimal", c);
-    rematerialize::Decider d(nn::remat_policies(c));
+    rematerialize::Decider d;
     train::grads_program(c, {2, 16, 1}, &d);
     std::map<std::string, std::string> out;  // name -> type
     int64_t bytes = 0;

@@ -28,7 +28,7 @@ std::vector<exec::Array> loss_and_grads(const nn::ModelConfig& c) {
   ir::Graph f = nn::loss_graph(c, 2, 16);
   std::vector<int> wrt;
   for (size_t i = 0; i < nn::param_specs(c).size(); ++i) wrt.push_back(static_cast<int>(i));
-  rematerialize::Decider decider(nn::remat_policies(c));
+  rematerialize::Decider decider;
   ir::Graph g = autodiff::grad_graph(f, wrt, &decider, wrt);
   std::vector<exec::Array> args = nn::init_params(c, 1);
   for (auto& a : batch(2, 16, 5)) args.push_back(a);

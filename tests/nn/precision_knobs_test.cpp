@@ -64,7 +64,7 @@ TEST(PrecisionKnobs, EachKnobMovesItsOwnComputation) {
 std::vector<double> loss_and_grads(const nn::ModelConfig& c) {
   std::vector<int> wrt;
   for (size_t i = 0; i < nn::param_specs(c).size(); ++i) wrt.push_back(static_cast<int>(i));
-  rematerialize::Decider decider(nn::remat_policies(c));
+  rematerialize::Decider decider;
   ir::Graph f = autodiff::grad_graph(nn::loss_graph(c, 2, 16), wrt, &decider, wrt);
   std::vector<exec::Array> args = nn::init_params(c, 3);
   std::vector<int32_t> tokens(32);

@@ -175,7 +175,7 @@ Step training_step(const std::string& policy, int64_t k = 1) {
   nn::ModelConfig c = testing_support::small_model(2, true, policy);
   train::OptimizerConfig o;
   Step s;
-  rematerialize::Decider decider(nn::remat_policies(c));
+  rematerialize::Decider decider;
   train::Program program = train::step_program(c, {2, 16, k}, o, &decider);
   s.graph = std::move(program.graph);
   s.donate = program.signature.updates();

@@ -144,7 +144,7 @@ std::vector<exec::Array> args_for(const nn::ModelConfig& c) {
 TEST(SeedPolicy, SavesExactlyWhatItsRegexMatchesAndTrainsExactly) {
   nn::ModelConfig c = model(kSeedPolicy, Naming::axlearn);
   EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), c.remat_policy, {}).empty());
-  rematerialize::Decider d(nn::remat_policies(c));
+  rematerialize::Decider d;
   ir::Graph g = train::grads_program(c, {2, 16, 1}, &d).graph;
   // Which residuals are saved, derived here with re.fullmatch semantics over the recorded names.
   const std::regex seed(kSeedRegex);
@@ -189,7 +189,7 @@ TEST(SeedPolicy, MaxTextPresetsMeanTheSameUnderAxlearnNames) {
     std::vector<std::pair<Residency, int64_t>> decisions[2];
     for (Naming naming : {Naming::maxtext, Naming::axlearn}) {
       nn::ModelConfig c = model(preset == "custom" ? "custom(query_proj=offload, mlpwo=device)" : preset, naming);
-      rematerialize::Decider d(nn::remat_policies(c));
+      rematerialize::Decider d;
       EXPECT_TRUE(rematerialize::lint(nn::loss_graph(c, 2, 16), c.remat_policy, {}).empty()) << preset;
       train::grads_program(c, {2, 16, 1}, &d);
       for (const rematerialize::ResidualRecord& r : d.records())
@@ -208,7 +208,7 @@ TEST(SeedPolicy, AxlearnDotCountHoldsUnderAxlearnNames) {
     nn::ModelConfig c = testing_support::micro_model(1, false, "full");
     c.checkpoint_naming = Naming::axlearn;
     c.remat_policy = nn::parse_remat_policy(policy, c);
-    rematerialize::Decider d(nn::remat_policies(c));
+    rematerialize::Decider d;
     int n = 0;
     for (const ir::Node& node : train::grads_program(c, {1, 4, 1}, &d).graph.nodes) n += node.recomputed && node.op == ir::Op::dot_general;
     return n;

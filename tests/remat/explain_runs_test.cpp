@@ -20,7 +20,7 @@ TEST_P(ExplainRuns, RunsPerStepAreTheExecutedKernelCalls) {
   auto [policy, group] = GetParam();
   nn::ModelConfig c = testing_support::micro_model(4, true, policy);
   c.layers_per_group = group;
-  rematerialize::Decider decider(nn::remat_policies(c));
+  rematerialize::Decider decider;
   ir::Graph step = train::grads_program(c, {2, 8, 1}, &decider).graph;
   rematerialize::Explanation e = rematerialize::explain(decider.records(), nn::loss_graph(c, 2, 8), step);
   std::vector<exec::Array> args = nn::init_params(c, 1);

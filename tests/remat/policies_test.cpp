@@ -104,7 +104,7 @@ void expect_exact_gradients(Layout layout, bool bf16, const std::string& policy,
                   c = model(layout, policy, bf16, fusion, group_policy);
   std::vector<exec::Array> args = args_for(c);
   std::vector<exec::Array> want = exec::run(train::grads_program(base, {2, 16, 1}).graph, args);
-  rematerialize::Decider decider(nn::remat_policies(c));
+  rematerialize::Decider decider;
   ir::Graph g = train::grads_program(c, {2, 16, 1}, &decider).graph;
   ir::verify(g);
   // Run as compile runs it: regions inlined, then fused (the invariants hold with fusion on).

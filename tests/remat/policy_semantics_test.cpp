@@ -27,7 +27,7 @@ bool has_batch_dims(const ResidualRecord& r) { return is_dot(r) && r.scope == "d
 // Checks every free residual's decision against `expected`; returns how many of each residency were seen.
 std::map<Residency, int> check(const std::string& policy, const std::function<Residency(const ResidualRecord&)>& expected) {
   const nn::ModelConfig c = testing_support::micro_model(1, false, policy);
-  rematerialize::Decider d(nn::remat_policies(c));
+  rematerialize::Decider d;
   train::grads_program(c, {1, 4, 1}, &d);
   std::map<Residency, int> seen;
   for (const ResidualRecord& r : d.records()) {

@@ -1,7 +1,8 @@
 // The policy is a value, parsed once: a bare `custom` and the search's placements are built as values and
-// print as the custom(...) text a user would paste; `auto` is a kind the model refuses to trace; the decider
-// applies only the values it is handed; the layer's checkpoint names reach the parser from above (remat/
+// print as the custom(...) text a user would paste; `auto` is a kind the model refuses to trace; a remat region
+// carries its policy value, which decides its residuals (no lookup by text); the layer's checkpoint names reach the parser from above (remat/
 // includes nothing of nn/).
+#include "ir/text.h"
 #include "nn/nn.h"
 #include "remat/remat.h"
 #include "support/models.h"
@@ -11,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace remat {
@@ -50,17 +52,36 @@ TEST(PolicyValue, AutoIsAKindTheModelRefusesToTrace) {
   }
 }
 
-TEST(PolicyValue, TheDeciderAppliesOnlyThePoliciesItIsHanded) {
+// What a region's decisions come from: the value it carries. A minimal policy labelled "full" (its written
+// text, what the IR prints) decides as minimal does; a lookup by text would decide as full.
+std::vector<std::pair<std::string, Residency>> decisions(const nn::ModelConfig& c) {
+  rematerialize::Decider d;
+  train::grads_program(c, {1, 4, 1}, &d);
+  std::vector<std::pair<std::string, Residency>> out;
+  for (const rematerialize::ResidualRecord& r : d.records()) out.emplace_back(r.what, r.residency);
+  return out;
+}
+
+TEST(PolicyValue, ARegionDecidesByThePolicyValueItCarriesNotByItsText) {
   const nn::ModelConfig full = testing_support::micro_model(1, false, "full");
   const nn::ModelConfig minimal = testing_support::micro_model(1, false, "minimal");
-  rematerialize::Decider handed_minimal({minimal.remat_policy});
-  try {
-    train::grads_program(full, {1, 4, 1}, &handed_minimal);
-    FAIL() << "a decider handed 'minimal' decided a region traced with 'full'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("policy 'full' reached a decider that was not handed it"), std::string::npos)
-        << e.what();
-  }
+  nn::ModelConfig labelled = minimal;
+  labelled.remat_policy.written = "full";
+  const ir::Graph g = nn::loss_graph(labelled, 1, 4);
+  EXPECT_NE(ir::print(g).find("policy=\"full\""), std::string::npos) << "the IR prints the written text";
+  EXPECT_EQ(decisions(labelled), decisions(minimal));
+  EXPECT_NE(decisions(labelled), decisions(full));
+}
+
+// num_vocab_tiling's chunks are remat regions of policy full whatever remat_policy is: each carries its own.
+TEST(PolicyValue, VocabularyTilesCarryTheirOwnPolicyUnderAnyLayerPolicy) {
+  nn::ModelConfig c = testing_support::micro_model(1, false, "minimal");
+  c.num_vocab_tiling = 2;
+  rematerialize::Decider d;
+  train::grads_program(c, {1, 4, 1}, &d);
+  std::set<std::string> policies;
+  for (const rematerialize::ResidualRecord& r : d.records()) policies.insert(r.policy.substr(0, r.policy.find(' ')));
+  EXPECT_EQ(policies, (std::set<std::string>{"full", "minimal"}));
 }
 
 // The spelling nn hands the parser: presets list the layer's own names (the table in nn/checkpoint_names.h).

@@ -66,7 +66,7 @@ TEST(RematGolden, SavingAttentionProjectionsRemovesFiveRecomputedDots) {
 // never saw fails the test instead of reading as a default.
 TEST(RematGolden, DotsWithNoBatchDimsSavesProjectionsNotAttentionDots) {
   const nn::ModelConfig c = one_layer("dots_with_no_batch_dims_saveable");
-  rematerialize::Decider d(nn::remat_policies(c));
+  rematerialize::Decider d;
   train::grads_program(c, {1, 4, 1}, &d);
   std::map<std::string, std::vector<rematerialize::Residency>> dots;  // by scope, in record order
   for (const rematerialize::ResidualRecord& r : d.records())
