@@ -11,7 +11,8 @@ set(REMAT_FUZZ_SANITIZERS -g -O1 -mf16c -fno-omit-frame-pointer -fno-sanitize-re
 # config validation and precision grammar, arrays and the checkpoint reader, and the config loader.
 file(GLOB REMAT_FUZZED_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/base/*.cpp ${CMAKE_SOURCE_DIR}/src/ir/*.cpp
      ${CMAKE_SOURCE_DIR}/src/nn/*.cpp)
-list(APPEND REMAT_FUZZED_SOURCES ${CMAKE_SOURCE_DIR}/src/remat/policy.cpp ${CMAKE_SOURCE_DIR}/src/exec/array.cpp
+list(APPEND REMAT_FUZZED_SOURCES ${CMAKE_SOURCE_DIR}/src/remat/policy.cpp ${CMAKE_SOURCE_DIR}/src/remat/region.cpp
+     ${CMAKE_SOURCE_DIR}/src/exec/array.cpp
      ${CMAKE_SOURCE_DIR}/src/train/checkpoint.cpp ${CMAKE_SOURCE_DIR}/src/cli/config.cpp ${REMAT_EMBEDDED_CONFIGS})
 add_library(remat_fuzzed STATIC ${REMAT_FUZZED_SOURCES})
 target_include_directories(remat_fuzzed PUBLIC ${CMAKE_SOURCE_DIR}/src)
