@@ -10,6 +10,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace remat::exec {
@@ -47,10 +48,19 @@ A dot(const T* x, const T* y, int64_t n) {
 template <class A>
 struct Tiles {
   A q[kRows][kMaxDh], dout[kRows][kMaxDh], acc[kRows][kMaxDh];  // acc: the context, or dq
-  A kt[kMaxDh][kBlock], vt[kMaxDh][kBlock], kb[kBlock][kMaxDh], vb[kBlock][kMaxDh];
   A s[kRows][kBlock], ds[kRows][kBlock];
   A m[kRows], l[kRows], delta[kRows];
 };
+
+// One kv head's keys and values in A, laid out for the products, filled once per (batch, kv head) and read by
+// every query tile of every head of its group: transposed (kt, vt: D rows of `stride` keys, the keys past S zero)
+// and as rows (kb, vb: S rows of D). The forward uses kt and vb.
+template <class A>
+struct Keys {
+  A *kt, *vt, *kb, *vb;
+  int64_t stride;  // S rounded up to whole blocks
+};
+int64_t padded_keys(int64_t S) { return (S + kBlock - 1) / kBlock * kBlock; }
 
 // Rows [i0, i0 + rows) of query head h, keys [s0, s0 + cols) of kv head g: copied into the tiles (q scaled).
 template <class A, class T>
@@ -59,45 +69,179 @@ void load_rows(const T* x, A (*to)[kMaxDh], const Problem& z, int64_t b, int64_t
     for (int64_t d = 0; d < z.D; ++d) to[r][d] = factor * static_cast<A>(load(x[((b * z.T + i0 + r) * z.H + h) * z.D + d]));
 }
 
-// The workspace of one thread: its tiles, then (backward) the dk and dv accumulators of a whole kv head.
+// The workspace of one thread: its tiles, its kv head's keys (kt and vb; backward all four), then (backward) the
+// dk and dv accumulators of a whole kv head.
 int64_t tiles_bytes(DType d) { return aligned64(d == DType::f64 ? sizeof(Tiles<double>) : sizeof(Tiles<float>)); }
+int64_t keys_bytes(const ir::Node& n, DType d, int64_t S, int64_t D) {
+  return aligned64((n.op == ir::Op::attention_grad ? 4 : 2) * padded_keys(S) * D * (d == DType::f64 ? 8 : 4));
+}
 int64_t per_thread(const ir::Node& n, DType d, int64_t S, int64_t D) {
-  return tiles_bytes(d) + (n.op == ir::Op::attention_grad ? aligned64(2 * S * D * (d == DType::f64 ? 8 : 4)) : 0);
+  return tiles_bytes(d) + keys_bytes(n, d, S, D) +
+         (n.op == ir::Op::attention_grad ? aligned64(2 * S * D * (d == DType::f64 ? 8 : 4)) : 0);
 }
 template <class A>
 Tiles<A>& tiles_of(std::span<std::byte> workspace, int64_t bytes_per_thread) {
   const int64_t thread = omp_in_parallel() ? omp_get_thread_num() : 0;
   return *reinterpret_cast<Tiles<A>*>(workspace.data() + thread * bytes_per_thread);
 }
+// The thread's key arrays, after its tiles.
+template <class A>
+Keys<A> keys_of(Tiles<A>& t, const ir::Node& n, const Problem& z) {
+  A* at = reinterpret_cast<A*>(reinterpret_cast<std::byte*>(&t) + tiles_bytes(sizeof(A) == 8 ? DType::f64 : DType::f32));
+  const int64_t stride = padded_keys(z.S), size = stride * z.D;
+  const bool grad = n.op == ir::Op::attention_grad;
+  return {.kt = at, .vt = grad ? at + 2 * size : nullptr, .kb = grad ? at + 3 * size : nullptr, .vb = at + size,
+          .stride = stride};
+}
+// Fills `keys` with kv head g of batch b.
 template <class A, class T>
-void load_keys(Tiles<A>& t, const T* k, const T* v, const Problem& z, int64_t b, int64_t g, int64_t s0, int64_t cols) {
-  for (int64_t j = 0; j < cols; ++j)
+void load_keys(const Keys<A>& keys, const T* k, const T* v, const Problem& z, int64_t b, int64_t g) {
+  for (int64_t d = 0; d < z.D; ++d) {
+    std::fill(keys.kt + d * keys.stride + z.S, keys.kt + (d + 1) * keys.stride, A(0));
+    if (keys.vt) std::fill(keys.vt + d * keys.stride + z.S, keys.vt + (d + 1) * keys.stride, A(0));
+  }
+  for (int64_t j = 0; j < z.S; ++j)
     for (int64_t d = 0; d < z.D; ++d) {
-      const int64_t at = ((b * z.S + s0 + j) * z.KV + g) * z.D + d;
-      t.kb[j][d] = t.kt[d][j] = static_cast<A>(load(k[at]));
-      t.vb[j][d] = t.vt[d][j] = static_cast<A>(load(v[at]));
+      const int64_t at = ((b * z.S + j) * z.KV + g) * z.D + d;
+      const A kx = static_cast<A>(load(k[at])), vx = static_cast<A>(load(v[at]));
+      keys.kt[d * keys.stride + j] = kx;
+      keys.vb[j * z.D + d] = vx;
+      if (keys.vt) keys.vt[d * keys.stride + j] = vx, keys.kb[j * z.D + d] = kx;
     }
 }
-// out[j] = x · column j of a transposed block (D rows of kBlock), for the block's `cols` keys.
+// Register blocking. Vectors of 64 bytes (GCC's vector extension): each target clone lowers them to its widest
+// registers. A block of R rows (or keys) shares every load of the other operand. Each element is still summed
+// in the order one row at a time summed it, with separate multiplies and adds (-ffp-contract=off): the same bits.
 template <class A>
-void times_block(const A* x, const A (*block)[kBlock], A* out, int64_t D, int64_t cols) {
-  std::fill(out, out + cols, A(0));
+struct Vec {
+  typedef A type __attribute__((vector_size(64)));
+  static constexpr int64_t lanes = 64 / static_cast<int64_t>(sizeof(A));
+};
+template <class A>
+using V = typename Vec<A>::type;
+// (Vectors pass by reference: a 64-byte vector by value has an ABI of its own per target.)
+template <class A>
+void load_v(V<A>& v, const A* p) {
+  std::memcpy(&v, p, sizeof v);
+}
+template <class A>
+void store_v(A* p, const V<A>& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <class A>
+void splat(V<A>& v, A x) {
+  for (int64_t i = 0; i < Vec<A>::lanes; ++i) v[i] = x;
+}
+
+// out[r][j] = Σ_d x[r][d]·block[d·ld + j], d in order, for R rows and the kBlock columns of a transposed block
+// (columns past the keys are zero; the callers ignore them).
+template <int64_t R, class A>
+void rows_times_block(const A (*x)[kMaxDh], const A* block, int64_t ld, A (*out)[kBlock], int64_t D) {
+  constexpr int64_t L = Vec<A>::lanes, C = kBlock / L;
+  V<A> acc[R][C] = {};
   for (int64_t d = 0; d < D; ++d) {
-    const A xd = x[d];
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) out[j] += xd * block[d][j];
+    V<A> column[C];
+    for (int64_t c = 0; c < C; ++c) load_v(column[c], block + d * ld + c * L);
+    for (int64_t r = 0; r < R; ++r) {
+      V<A> xd;
+      splat(xd, x[r][d]);
+      for (int64_t c = 0; c < C; ++c) acc[r][c] += xd * column[c];
+    }
   }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) store_v(&out[r][c * L], acc[r][c]);
+}
+template <class A>
+void times_block(const A (*x)[kMaxDh], const A* block, int64_t ld, A (*out)[kBlock], int64_t rows, int64_t D) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) rows_times_block<4>(x + r, block, ld, out + r, D);
+  for (; r < rows; ++r) rows_times_block<1>(x + r, block, ld, out + r, D);
+}
+
+// acc[r][d] += Σ_j coef[r][j]·block[j·ld + d], j in [0, cols) in order, for R rows, d in [d0, d0 + C vectors).
+template <int64_t R, int64_t C, class A>
+void rows_accumulate_chunk(const A (*coef)[kBlock], const A* block, int64_t ld, A (*acc)[kMaxDh], int64_t cols, int64_t d0) {
+  constexpr int64_t L = Vec<A>::lanes;
+  V<A> a[R][C];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) load_v(a[r][c], &acc[r][d0 + c * L]);
+  for (int64_t j = 0; j < cols; ++j) {
+    V<A> row[C];
+    for (int64_t c = 0; c < C; ++c) load_v(row[c], block + j * ld + d0 + c * L);
+    for (int64_t r = 0; r < R; ++r) {
+      V<A> p;
+      splat(p, coef[r][j]);
+      for (int64_t c = 0; c < C; ++c) a[r][c] += p * row[c];
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) store_v(&acc[r][d0 + c * L], a[r][c]);
+}
+template <int64_t R, class A>
+void rows_accumulate(const A (*coef)[kBlock], const A* block, int64_t ld, A (*acc)[kMaxDh], int64_t cols, int64_t D) {
+  constexpr int64_t L = Vec<A>::lanes;
+  int64_t d0 = 0;
+  for (; d0 + 4 * L <= D; d0 += 4 * L) rows_accumulate_chunk<R, 4>(coef, block, ld, acc, cols, d0);
+  for (; d0 + L <= D; d0 += L) rows_accumulate_chunk<R, 1>(coef, block, ld, acc, cols, d0);
+  for (; d0 < D; ++d0)  // the tail, element by element
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < cols; ++j) acc[r][d0] += coef[r][j] * block[j * ld + d0];
+}
+// The tile's context rows (or dq): acc[r] += coef[r] · block, for its `rows` rows over the block's `cols` keys.
+template <class A>
+void accumulate(const A (*coef)[kBlock], const A* block, int64_t ld, A (*acc)[kMaxDh], int64_t rows, int64_t cols,
+                int64_t D) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) rows_accumulate<4>(coef + r, block, ld, acc + r, cols, D);
+  for (; r < rows; ++r) rows_accumulate<1>(coef + r, block, ld, acc + r, cols, D);
+}
+
+// out[j][d] += Σ_r (coef[r][j] / divisor)·x[r][d], r in [0, rows) in order, for J keys from j0 (out's row j at
+// out + j·D), d in [d0, d0 + C vectors).
+template <int64_t J, int64_t C, class A>
+void keys_accumulate_chunk(const A (*coef)[kBlock], A divisor, const A (*x)[kMaxDh], A* out, int64_t j0, int64_t rows,
+                           int64_t D, int64_t d0) {
+  constexpr int64_t L = Vec<A>::lanes;
+  V<A> a[J][C];
+  for (int64_t j = 0; j < J; ++j)
+    for (int64_t c = 0; c < C; ++c) load_v(a[j][c], out + (j0 + j) * D + d0 + c * L);
+  for (int64_t r = 0; r < rows; ++r) {
+    V<A> row[C];
+    for (int64_t c = 0; c < C; ++c) load_v(row[c], &x[r][d0 + c * L]);
+    for (int64_t j = 0; j < J; ++j) {
+      V<A> p;
+      splat(p, coef[r][j0 + j] / divisor);
+      for (int64_t c = 0; c < C; ++c) a[j][c] += p * row[c];
+    }
+  }
+  for (int64_t j = 0; j < J; ++j)
+    for (int64_t c = 0; c < C; ++c) store_v(out + (j0 + j) * D + d0 + c * L, a[j][c]);
+}
+template <int64_t J, class A>
+void keys_accumulate(const A (*coef)[kBlock], A divisor, const A (*x)[kMaxDh], A* out, int64_t j0, int64_t rows, int64_t D) {
+  constexpr int64_t L = Vec<A>::lanes;
+  int64_t d0 = 0;
+  for (; d0 + 2 * L <= D; d0 += 2 * L) keys_accumulate_chunk<J, 2>(coef, divisor, x, out, j0, rows, D, d0);
+  for (; d0 + L <= D; d0 += L) keys_accumulate_chunk<J, 1>(coef, divisor, x, out, j0, rows, D, d0);
+  for (; d0 < D; ++d0)  // the tail, element by element
+    for (int64_t j = j0; j < j0 + J; ++j)
+      for (int64_t r = 0; r < rows; ++r) out[j * D + d0] += coef[r][j] / divisor * x[r][d0];
+}
+// dv or dk of the block's `cols` keys (out: the key's row at out + j·D): += (coefᵀ / divisor) · x over the rows.
+template <class A>
+void accumulate_keys(const A (*coef)[kBlock], A divisor, const A (*x)[kMaxDh], A* out, int64_t rows, int64_t cols, int64_t D) {
+  int64_t j = 0;
+  for (; j + 4 <= cols; j += 4) keys_accumulate<4>(coef, divisor, x, out, j, rows, D);
+  for (; j < cols; ++j) keys_accumulate<1>(coef, divisor, x, out, j, rows, D);
 }
 
 // s = q kᵀ for the tile, with keys after a causal row's query at -inf.
 template <class A>
-void scores(Tiles<A>& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    A* sr = t.s[r];
-    times_block(t.q[r], t.kt, sr, z.D, cols);
-    if (z.causal)
-      for (int64_t j = std::max<int64_t>(0, i0 + r + 1 - s0); j < cols; ++j) sr[j] = -std::numeric_limits<A>::infinity();
-  }
+void scores(Tiles<A>& t, const Keys<A>& keys, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
+  times_block(t.q, keys.kt + s0, keys.stride, t.s, rows, z.D);
+  if (z.causal)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = std::max<int64_t>(0, i0 + r + 1 - s0); j < cols; ++j) t.s[r][j] = -std::numeric_limits<A>::infinity();
 }
 
 // Heads [lo, hi) of the (batch, head) pairs of attention, in the calling thread's tiles.
@@ -112,8 +256,10 @@ void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::spa
     A* lse = out[1].data<A>();
     const int64_t rep = z.H / z.KV;
     Tiles<A>& t = tiles_of<A>(workspace, bytes_per_thread);
+    const Keys<A> kv = keys_of(t, n, z);
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int64_t b = bh / z.H, h = bh % z.H, g = h / rep;
+      if (bh == lo || h % rep == 0) load_keys(kv, k, v, z, b, g);  // a new kv head
       for (int64_t i0 = 0; i0 < z.T; i0 += kRows) {
         const int64_t rows = std::min(kRows, z.T - i0), keys = z.causal ? i0 + rows : z.S;
         load_rows(q, t.q, z, b, h, i0, rows, static_cast<A>(z.scale));
@@ -123,25 +269,23 @@ void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::spa
         }
         for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
           const int64_t cols = std::min(kBlock, keys - s0);
-          load_keys(t, k, v, z, b, g, s0, cols);
-          scores(t, z, i0, rows, s0, cols);
+          scores(t, kv, z, i0, rows, s0, cols);
           for (int64_t r = 0; r < rows; ++r) {
             A* sr = t.s[r];
-            const A m_new = std::max(t.m[r], *std::max_element(sr, sr + cols));
+            A m_new = t.m[r];  // a maximum is exact in any order
+#pragma omp simd reduction(max : m_new)
+            for (int64_t j = 0; j < cols; ++j) m_new = std::max(m_new, sr[j]);
             const A correction = exp_of(t.m[r] - m_new);  // 0 at the first block (exp(-inf))
             t.l[r] *= correction;
 #pragma omp simd
             for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] *= correction;
 #pragma omp simd
             for (int64_t j = 0; j < cols; ++j) sr[j] = exp_of(sr[j] - m_new);
-            for (int64_t j = 0; j < cols; ++j) t.l[r] += sr[j];  // in key order, as one loop summed them
             t.m[r] = m_new;
-            for (int64_t j = 0; j < cols; ++j) {
-              const A p = sr[j];
-#pragma omp simd
-              for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] += p * t.vb[j][d];
-            }
           }
+          for (int64_t j = 0; j < cols; ++j)  // each row's sum in key order; the rows' chains side by side
+            for (int64_t r = 0; r < rows; ++r) t.l[r] += t.s[r][j];
+          accumulate(t.s, kv.vb + s0 * z.D, z.D, t.acc, rows, cols, z.D);  // acc += p v
         }
         for (int64_t r = 0; r < rows; ++r) {
           T* orow = o + ((b * z.T + i0 + r) * z.H + h) * z.D;
@@ -168,10 +312,13 @@ void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std
     T *dq = out[0].data<T>(), *dk = out[1].data<T>(), *dv = out[2].data<T>();
     const int64_t rep = z.H / z.KV, bytes_per_thread = per_thread(n, in[0].type().dtype, z.S, z.D);
     Tiles<A>& t = tiles_of<A>(workspace, bytes_per_thread);
-    A* dk_acc = reinterpret_cast<A*>(reinterpret_cast<std::byte*>(&t) + tiles_bytes(in[0].type().dtype));
+    const Keys<A> kv = keys_of(t, n, z);
+    A* dk_acc = reinterpret_cast<A*>(reinterpret_cast<std::byte*>(&t) + tiles_bytes(in[0].type().dtype) +
+                                     keys_bytes(n, in[0].type().dtype, z.S, z.D));
     A* dv_acc = dk_acc + z.S * z.D;
     for (int64_t bg = lo; bg < hi; ++bg) {
       const int64_t b = bg / z.KV, g = bg % z.KV;
+      load_keys(kv, k, v, z, b, g);
       std::fill(dk_acc, dk_acc + 2 * z.S * z.D, A(0));
       for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
         for (int64_t i0 = 0; i0 < z.T; i0 += kRows) {
@@ -186,35 +333,20 @@ void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std
           }
           for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {
             const int64_t cols = std::min(kBlock, keys - s0);
-            load_keys(t, k, v, z, b, g, s0, cols);
-            scores(t, z, i0, rows, s0, cols);
+            scores(t, kv, z, i0, rows, s0, cols);
+            times_block(t.dout, kv.vt + s0, kv.stride, t.ds, rows, z.D);
             for (int64_t r = 0; r < rows; ++r) {  // p = exp(s - lse); ds = p (dout . v - delta) · scale
               A* dsr = t.ds[r];
-              times_block(t.dout[r], t.vt, dsr, z.D, cols);
 #pragma omp simd
               for (int64_t j = 0; j < cols; ++j) {
                 t.s[r][j] = exp_of(t.s[r][j] - t.l[r]);
                 dsr[j] = t.s[r][j] * (dsr[j] - t.delta[r]) * scale;
               }
             }
-            for (int64_t j = 0; j < cols; ++j) {  // dv += pᵀ dout, dk += dsᵀ q (the tile's q is scaled: ds / scale)
-              A* dvj = dv_acc + (s0 + j) * z.D;
-              A* dkj = dk_acc + (s0 + j) * z.D;
-              for (int64_t r = 0; r < rows; ++r) {
-                const A p = t.s[r][j], ds = t.ds[r][j] / scale;
-#pragma omp simd
-                for (int64_t d = 0; d < z.D; ++d) {
-                  dvj[d] += p * t.dout[r][d];
-                  dkj[d] += ds * t.q[r][d];
-                }
-              }
-            }
-            for (int64_t r = 0; r < rows; ++r)  // dq += ds k
-              for (int64_t j = 0; j < cols; ++j) {
-                const A ds = t.ds[r][j];
-#pragma omp simd
-                for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] += ds * t.kb[j][d];
-              }
+            // dv += pᵀ dout, dk += dsᵀ q (the tile's q is scaled: ds / scale), dq += ds k
+            accumulate_keys(t.s, A(1), t.dout, dv_acc + s0 * z.D, rows, cols, z.D);
+            accumulate_keys(t.ds, scale, t.q, dk_acc + s0 * z.D, rows, cols, z.D);
+            accumulate(t.ds, kv.kb + s0 * z.D, z.D, t.acc, rows, cols, z.D);
           }
           for (int64_t r = 0; r < rows; ++r) {
             T* dqr = dq + ((b * z.T + i0 + r) * z.H + h) * z.D;

@@ -1,0 +1,55 @@
+// Flash attention's kernels through the executor, as GFLOP/s of their products: forward 4·B·H·T·S·D (q kᵀ and
+// p v); "backward" runs the forward and attention_grad, 4 + 10·B·H·T·S·D (q kᵀ again, dout vᵀ, dv, dk, dq);
+// halved, causal. The medium config's shape (12 heads of 64, 4 x 512 tokens) and a long sequence (4096).
+// Run: build/remat_bench --benchmark_filter=Attention
+#include "exec/exec.h"
+
+#include <benchmark/benchmark.h>
+
+#include <random>
+
+namespace remat {
+namespace {
+
+using namespace ir;
+
+void Attention(benchmark::State& state, DType dtype, bool backward) {
+  const int64_t B = state.range(0), T = state.range(1), H = state.range(2), D = state.range(3);
+  Graph g;
+  Builder b(g);
+  const Type t{dtype, {B, T, H, D}};
+  Tensor q = b.param("q", t), k = b.param("k", t), v = b.param("v", t);
+  const double scale = 1.0 / 8.0;
+  auto [context, lse] = attention(q, k, v, true, scale);
+  if (backward) {
+    for (Tensor r : attention_grad(q, k, v, context, lse, b.param("dcontext", t), true, scale)) b.result(r);
+  } else {
+    b.result(context);
+  }
+  std::mt19937 rng(0);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<exec::Array> args;
+  for (ValueId p : g.params) {
+    args.push_back(exec::Array::zeros(g.type(p)));
+    for (int64_t i = 0; i < args.back().size(); ++i) args.back().set(i, dist(rng));
+  }
+  exec::run(g, args);  // warm up
+  for (auto _ : state) benchmark::DoNotOptimize(exec::run(g, args));
+  const double flops = (backward ? 14.0 : 4.0) * static_cast<double>(B * H * T * T * D) / 2;  // causal: half
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+void AttentionForwardF32(benchmark::State& s) { Attention(s, DType::f32, false); }
+void AttentionBackwardF32(benchmark::State& s) { Attention(s, DType::f32, true); }
+void AttentionForwardBf16(benchmark::State& s) { Attention(s, DType::bf16, false); }
+void AttentionBackwardBf16(benchmark::State& s) { Attention(s, DType::bf16, true); }
+
+#define ATTENTION_SHAPES Args({4, 512, 12, 64})->Args({1, 4096, 12, 64})->Unit(benchmark::kMillisecond)->UseRealTime()
+BENCHMARK(AttentionForwardF32)->ATTENTION_SHAPES;
+BENCHMARK(AttentionBackwardF32)->ATTENTION_SHAPES;
+BENCHMARK(AttentionForwardBf16)->ATTENTION_SHAPES;
+BENCHMARK(AttentionBackwardBf16)->ATTENTION_SHAPES;
+
+}  // namespace
+}  // namespace remat
