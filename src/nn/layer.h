@@ -50,6 +50,13 @@ ir::Tensor embed(ir::Builder& b, const ModelConfig& c, ir::Tensor table, const P
 // The final norm and the logits [B,T,V] in f32.
 ir::Tensor head(ir::Builder& b, const ModelConfig& c, ir::Tensor x, ir::Tensor norm, const ParamSpec& norm_spec,
                 ir::Tensor out, const ParamSpec& out_spec);
+// Logits [..., V] in f32 from hidden states [..., D] and the output kernel [D,V] (the embedding [V,D] when tied).
+ir::Tensor logits_of(const ModelConfig& c, ir::Tensor x, ir::Tensor out);
+// The loss (loss.cpp): the mean cross-entropy of logits [B,T,V] against targets i32[B,T]; and the same over
+// num_vocab_tiling chunks of the normed hidden states x [B,T,D] and the output kernel `out`, projected chunk by
+// chunk. Under packing=false (padded_targets) the mean is over the targets >= 0.
+ir::Tensor cross_entropy(ir::Builder& b, const ModelConfig& c, ir::Tensor logits, ir::Tensor targets);
+ir::Tensor tiled_cross_entropy(ir::Builder& b, const ModelConfig& c, ir::Tensor x, ir::Tensor out, ir::Tensor targets);
 // The model's parameters as graph params, in param_specs order.
 std::vector<ir::Tensor> declare_params(ir::Builder& b, const ModelConfig& c);
 

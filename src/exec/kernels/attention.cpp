@@ -1,7 +1,8 @@
 // Flash attention on the CPU (ir/ops.h): an online softmax over blocks of keys, forward, and the backward that
 // recomputes each block's probabilities from the saved log-sum-exp. Arithmetic in A = f32 (f64 for f64
-// operands, the log-sum-exp too); no score-sized array: each thread's tiles (a block of
-// queries against a block of keys) live in the plan's workspace for the node. Each (batch, head)
+// operands, the log-sum-exp too); no score-sized array: each thread's tiles (a block of queries against a block
+// of keys) and its kv head's keys and values, laid out once for every tile, live in the plan's workspace for the
+// node. Each (batch, head)
 // — backward: each (batch, kv head) with its group of query heads — is one thread's, in a fixed order, so the
 // results do not depend on the thread count.
 #include "exec/kernels/exp.h"
@@ -62,7 +63,7 @@ struct Keys {
 };
 int64_t padded_keys(int64_t S) { return (S + kBlock - 1) / kBlock * kBlock; }
 
-// Rows [i0, i0 + rows) of query head h, keys [s0, s0 + cols) of kv head g: copied into the tiles (q scaled).
+// Rows [i0, i0 + rows) of query head h (of q, or dout): copied into a tile, times `factor`.
 template <class A, class T>
 void load_rows(const T* x, A (*to)[kMaxDh], const Problem& z, int64_t b, int64_t h, int64_t i0, int64_t rows, A factor) {
   for (int64_t r = 0; r < rows; ++r)
@@ -72,12 +73,13 @@ void load_rows(const T* x, A (*to)[kMaxDh], const Problem& z, int64_t b, int64_t
 // The workspace of one thread: its tiles, its kv head's keys (kt and vb; backward all four), then (backward) the
 // dk and dv accumulators of a whole kv head.
 int64_t tiles_bytes(DType d) { return aligned64(d == DType::f64 ? sizeof(Tiles<double>) : sizeof(Tiles<float>)); }
+int64_t arithmetic_bytes(DType d) { return d == DType::f64 ? 8 : 4; }  // of A
 int64_t keys_bytes(const ir::Node& n, DType d, int64_t S, int64_t D) {
-  return aligned64((n.op == ir::Op::attention_grad ? 4 : 2) * padded_keys(S) * D * (d == DType::f64 ? 8 : 4));
+  return aligned64((n.op == ir::Op::attention_grad ? 4 : 2) * padded_keys(S) * D * arithmetic_bytes(d));
 }
 int64_t per_thread(const ir::Node& n, DType d, int64_t S, int64_t D) {
   return tiles_bytes(d) + keys_bytes(n, d, S, D) +
-         (n.op == ir::Op::attention_grad ? aligned64(2 * S * D * (d == DType::f64 ? 8 : 4)) : 0);
+         (n.op == ir::Op::attention_grad ? aligned64(2 * S * D * arithmetic_bytes(d)) : 0);
 }
 template <class A>
 Tiles<A>& tiles_of(std::span<std::byte> workspace, int64_t bytes_per_thread) {
