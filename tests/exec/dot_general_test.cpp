@@ -67,6 +67,24 @@ TEST(DotGeneral, OneDnnMatchesReferenceOnAllLayouts) {
   }
 }
 
+// A contraction longer than both output sides runs as fixed output tiles (128 x 128, one oneDNN call each,
+// thread-count invariant): whole tiles and a last row and column of tiles, in every layout, with and without
+// batch dims.
+TEST(DotGeneral, TiledMatmulsMatchReferenceOnAllLayouts) {
+  std::mt19937 rng(11);
+  for (int64_t batch : {0, 2}) {
+    IntList lp(batch ? 3 : 2), rp(batch ? 3 : 2);
+    std::iota(lp.begin(), lp.end(), 0);
+    do {
+      std::iota(rp.begin(), rp.end(), 0);
+      do {
+        const Layout l = batch ? Layout{batch, 129, 160, 150, lp, rp} : Layout{0, 300, 400, 131, lp, rp};
+        check_layout(l, rng);
+      } while (std::next_permutation(rp.begin(), rp.end()));
+    } while (std::next_permutation(lp.begin(), lp.end()));
+  }
+}
+
 TEST(DotGeneral, MultiDimFreeAndBatchGroups) {
   // x [B, T, H, D] . w [D, H, F]? Use a projection with two free dims and a two-dim batch.
   Graph g;

@@ -2,16 +2,27 @@
 // when an operand's dims are stored as [batch, free, contract] or [batch, contract, free] the view is just
 // strides (a transpose folded into the descriptor), otherwise the operand is first copied into that order.
 // The output [batch, lhs free, rhs free] is (B, M, N) row-major. The copies and oneDNN's scratchpad live
-// in the node's planned workspace: [lhs copy][rhs copy][scratchpad], each 64-byte aligned.
+// in the node's planned workspace: [lhs copy][rhs copy][scratchpad, or one per thread], each 64-byte aligned.
 // Everything that depends only on the shapes (the layout analysis, the primitive, its memory objects) is
 // made once per node and reused, so a steady-state call allocates nothing. oneDNN has no f64 or i32
 // matmul on CPU: those dtypes use the reference kernel.
+//
+// The thread count never changes a result's bits. oneDNN picks a matmul's thread decomposition from the thread
+// count, and where the outputs are few for the threads and the contraction long it splits the contraction
+// across threads, which changes the order of the sums (an f32 [32768,16]^T x [32768,24] product at 2 threads, a
+// [65536,1024]^T x [65536,512] one at 16). So a matmul whose contraction is longer than both output sides (a
+// weight gradient: the tokens summed) runs as fixed output tiles of at most kTile x kTile per batch entry,
+// whatever the thread count, each tile one single-threaded oneDNN call, the tiles shared by our threads: each
+// output is then computed by the same call, in the same order, at any thread count. The other matmuls (the
+// contraction no longer than an output side: outputs enough for many threads) keep oneDNN's decomposition,
+// which tests/exec/thread_count_test.cpp checks on the shapes of a step.
 #include "exec/kernels/kernels.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -67,7 +78,6 @@ dnnl::memory::data_type dnnl_type(DType d) {
 
 struct Engine {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
 };
 
 Engine& engine() {
@@ -75,11 +85,55 @@ Engine& engine() {
   return e;
 }
 
-// What the shapes decide: how each operand is fed, and the matmul's primitive descriptor.
-struct Analysis {
-  Layout a_layout, b_layout;
+// The matmul's sizes: B batch entries of (M, K) x (K, N).
+struct Sizes {
+  int64_t B = 1, M = 1, K = 1, N = 1;
+};
+
+constexpr int64_t kTile = 128;  // the most rows and columns of a fixed output tile
+
+bool fixed_tiles(const Sizes& z) { return z.K > z.M && z.K > z.N; }
+
+// One output tile shape of a tiled matmul: whole tiles, and the last row and last column of tiles when kTile
+// does not divide M or N. Indexed by (last row) * 2 + (last column).
+struct TileKind {
+  int64_t rows = 0, cols = 0;
   dnnl::matmul::primitive_desc pd;
 };
+
+// What the shapes decide: how each operand is fed, and the matmul's primitive descriptor (one for the whole
+// matmul, or one per tile kind, made for one thread).
+struct Analysis {
+  Sizes sizes;
+  Layout a_layout, b_layout;
+  dnnl::matmul::primitive_desc pd;
+  std::vector<TileKind> tiles;  // empty: oneDNN's own decomposition
+  int64_t pad_bytes = 0;        // scratchpad of the whole matmul, or of one thread's tile
+};
+
+// The kinds' primitives read operands and write outputs in place through their strides.
+std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& b, dnnl::memory::data_type dt,
+                                 const dnnl::primitive_attr& attr) {
+  using dims = dnnl::memory::dims;
+  std::vector<TileKind> kinds(4);
+  struct OneThread {  // oneDNN fixes a primitive's decomposition for the thread count it is made under
+    const int saved = omp_get_max_threads();
+    OneThread() { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(saved); }
+  } one_thread;
+  for (int last_row : {0, 1})
+    for (int last_col : {0, 1}) {
+      const int64_t rows = last_row ? z.M % kTile : std::min(z.M, kTile);
+      const int64_t cols = last_col ? z.N % kTile : std::min(z.N, kTile);
+      if (rows == 0 || cols == 0 || (last_row && z.M < kTile) || (last_col && z.N < kTile)) continue;
+      dnnl::memory::desc src(dims{rows, z.K}, dt, a.swapped ? dims{1, z.M} : dims{z.K, 1});
+      dnnl::memory::desc weights(dims{z.K, cols}, dt, b.swapped ? dims{1, z.K} : dims{z.N, 1});
+      dnnl::memory::desc dst(dims{rows, cols}, dt, dims{z.N, 1});
+      kinds[static_cast<size_t>(last_row * 2 + last_col)] = {
+          rows, cols, dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), attr, engine().engine)};
+    }
+  return kinds;
+}
 
 Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   const ir::IntLists& ct = n.attrs.int_lists("contract");
@@ -87,31 +141,71 @@ Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   const ir::Shape& ls = lhs.shape;
   const ir::Shape& rs = rhs.shape;
   Dims lf = free_dims(lhs.rank(), ct[0], bt[0]), rf = free_dims(rhs.rank(), ct[1], bt[1]);
-  const int64_t B = product(ls, bt[0]), M = product(ls, lf), K = product(ls, ct[0]), N = product(rs, rf);
   Analysis a;
+  Sizes& z = a.sizes;
+  z = {product(ls, bt[0]), product(ls, lf), product(ls, ct[0]), product(rs, rf)};
   a.a_layout = analyze(ls, bt[0], lf, ct[0]);  // (B, M, K), or (B, K, M) in memory when swapped
   Dims contract_rhs(ct[1]);
   ir::IntList rf_list(rf.begin(), rf.end());
   a.b_layout = analyze(rs, bt[1], contract_rhs, rf_list);  // (B, K, N), or (B, N, K) in memory when swapped
   using dims = dnnl::memory::dims;
   auto dt = dnnl_type(lhs.dtype);
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // in the planned workspace
+  if (fixed_tiles(z)) {
+    a.tiles = tile_kinds(z, a.a_layout, a.b_layout, dt, attr);
+    for (const TileKind& k : a.tiles)
+      if (k.rows > 0) a.pad_bytes = std::max(a.pad_bytes, static_cast<int64_t>(k.pd.scratchpad_desc().get_size()));
+    return a;
+  }
   // Without batch dims the descriptors are 2-D: oneDNN picks faster kernels for plain matrices.
   auto md = [&](int64_t rows, int64_t cols, bool swapped) {
     dims strides = swapped ? dims{1, rows} : dims{cols, 1};
-    if (B == 1) return dnnl::memory::desc(dims{rows, cols}, dt, strides);
-    return dnnl::memory::desc(dims{B, rows, cols}, dt, dims{rows * cols, strides[0], strides[1]});
+    if (z.B == 1) return dnnl::memory::desc(dims{rows, cols}, dt, strides);
+    return dnnl::memory::desc(dims{z.B, rows, cols}, dt, dims{rows * cols, strides[0], strides[1]});
   };
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // in the planned workspace
-  a.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(md(M, K, a.a_layout.swapped), md(K, N, a.b_layout.swapped),
-                                                         md(M, N, false)),
+  a.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(md(z.M, z.K, a.a_layout.swapped),
+                                                         md(z.K, z.N, a.b_layout.swapped), md(z.M, z.N, false)),
                                       attr, engine().engine);
+  a.pad_bytes = static_cast<int64_t>(a.pd.scratchpad_desc().get_size());
   return a;
+}
+
+// The scratchpads a call takes: one for the whole matmul, or one per thread of tiles.
+int64_t scratchpad_bytes(const Analysis& a, int threads) {
+  return a.tiles.empty() ? a.pad_bytes : threads * aligned64(a.pad_bytes);
 }
 
 bool uses_onednn(DType dt, const Options& options) {
   return !options.reference_kernels && (dt == DType::f32 || dt == DType::bf16);
 }
+
+// A primitive with the memory objects and argument list it executes with; the memories' data handles are set
+// per call.
+struct Call {
+  dnnl_primitive_t primitive = nullptr;  // owned by the Entry's matmuls
+  dnnl::memory a, b, c, pad;
+  std::vector<dnnl_exec_arg_t> args;  // for the C API: the C++ execute() builds this vector on every call
+
+  Call() = default;  // a tile kind the shapes do not have
+
+  Call(const dnnl::matmul& m, const dnnl::matmul::primitive_desc& pd) : primitive(m.get()) {
+    a = dnnl::memory(pd.src_desc(), engine().engine, DNNL_MEMORY_NONE);
+    b = dnnl::memory(pd.weights_desc(), engine().engine, DNNL_MEMORY_NONE);
+    c = dnnl::memory(pd.dst_desc(), engine().engine, DNNL_MEMORY_NONE);
+    pad = dnnl::memory(pd.scratchpad_desc(), engine().engine, DNNL_MEMORY_NONE);
+    args = {{DNNL_ARG_SRC, a.get()}, {DNNL_ARG_WEIGHTS, b.get()}, {DNNL_ARG_DST, c.get()},
+            {DNNL_ARG_SCRATCHPAD, pad.get()}};
+  }
+  dnnl_status_t run(const dnnl::stream& stream, void* lhs, void* rhs, void* out, void* scratchpad) {
+    a.set_data_handle(lhs);
+    b.set_data_handle(rhs);
+    c.set_data_handle(out);
+    pad.set_data_handle(scratchpad);
+    const dnnl_status_t s = dnnl_primitive_execute(primitive, stream.get(), static_cast<int>(args.size()), args.data());
+    return s == dnnl_success ? dnnl_stream_wait(stream.get()) : s;
+  }
+};
 
 // Everything a node's matmul needs, made on its first call.
 struct Entry {
@@ -119,33 +213,59 @@ struct Entry {
   ir::IntLists contract, batch;  // reused by another graph, or new shapes, remake it
   // oneDNN fixes a primitive's thread decomposition, and so its scratchpad size, when it is made: a primitive
   // made under another OpenMP thread count would run with that count and need another workspace than planned.
+  // A tiled matmul's primitives are made for one thread, but its calls and scratchpads are per thread.
   int threads = 0;
-  Layout a_layout, b_layout;
-  dnnl::matmul matmul;
-  dnnl::memory a, b, c, pad;
-  std::vector<dnnl_exec_arg_t> args;  // for the C API: the C++ execute() builds this vector on every call
-  int64_t pad_bytes = 0;
+  Analysis x;
+  std::vector<dnnl::matmul> matmuls;   // the whole matmul, or one per tile kind (empty where none)
+  std::vector<dnnl::stream> streams;   // one per thread
+  std::vector<std::vector<Call>> calls;  // [thread][tile kind], or [0][0] for the whole matmul
 };
 
 Entry make_entry(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
-  Analysis x = analyze(n, lhs, rhs);
   Entry e;
   e.lhs = lhs;
   e.rhs = rhs;
   e.contract = n.attrs.int_lists("contract");
   e.batch = n.attrs.int_lists("batch");
   e.threads = omp_get_max_threads();
-  e.a_layout = x.a_layout;
-  e.b_layout = x.b_layout;
-  e.matmul = dnnl::matmul(x.pd);
-  e.a = dnnl::memory(x.pd.src_desc(), engine().engine, DNNL_MEMORY_NONE);
-  e.b = dnnl::memory(x.pd.weights_desc(), engine().engine, DNNL_MEMORY_NONE);
-  e.c = dnnl::memory(x.pd.dst_desc(), engine().engine, DNNL_MEMORY_NONE);
-  e.pad = dnnl::memory(x.pd.scratchpad_desc(), engine().engine, DNNL_MEMORY_NONE);
-  e.pad_bytes = static_cast<int64_t>(x.pd.scratchpad_desc().get_size());
-  e.args = {{DNNL_ARG_SRC, e.a.get()}, {DNNL_ARG_WEIGHTS, e.b.get()}, {DNNL_ARG_DST, e.c.get()},
-            {DNNL_ARG_SCRATCHPAD, e.pad.get()}};
+  e.x = analyze(n, lhs, rhs);
+  std::vector<const dnnl::matmul::primitive_desc*> pds;
+  if (e.x.tiles.empty()) pds.push_back(&e.x.pd);
+  for (const TileKind& k : e.x.tiles) pds.push_back(k.rows > 0 ? &k.pd : nullptr);
+  for (const auto* pd : pds) e.matmuls.push_back(pd ? dnnl::matmul(*pd) : dnnl::matmul());
+  const int callers = e.x.tiles.empty() ? 1 : e.threads;
+  for (int t = 0; t < callers; ++t) {
+    e.streams.emplace_back(engine().engine);
+    e.calls.emplace_back();
+    for (size_t k = 0; k < pds.size(); ++k)
+      if (pds[k]) e.calls.back().emplace_back(e.matmuls[k], *pds[k]);
+      else e.calls.back().emplace_back();
+  }
   return e;
+}
+
+// Runs a tiled matmul: every (batch entry, tile) is one single-threaded call, on whichever thread takes it.
+void run_tiles(Entry& e, std::byte* lhs, std::byte* rhs, std::byte* out, std::byte* pads, int64_t element_size) {
+  const Sizes& z = e.x.sizes;
+  const int64_t row_tiles = (z.M + kTile - 1) / kTile, col_tiles = (z.N + kTile - 1) / kTile;
+  const int64_t tiles = z.B * row_tiles * col_tiles;
+  const int64_t a_row = e.x.a_layout.swapped ? 1 : z.K, b_col = e.x.b_layout.swapped ? z.K : 1;
+  const int64_t pad_stride = aligned64(e.x.pad_bytes);
+  std::atomic<int> failed{dnnl_success};
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t b = t / (row_tiles * col_tiles), i = t / col_tiles % row_tiles, j = t % col_tiles;
+    const int64_t kind = (i == row_tiles - 1 && z.M % kTile != 0 && z.M > kTile) * 2 +
+                         (j == col_tiles - 1 && z.N % kTile != 0 && z.N > kTile);
+    const int thread = omp_get_thread_num();
+    const int64_t r0 = i * kTile, c0 = j * kTile;
+    const dnnl_status_t s = e.calls[static_cast<size_t>(thread)][static_cast<size_t>(kind)].run(
+        e.streams[static_cast<size_t>(thread)], lhs + (b * z.M * z.K + r0 * a_row) * element_size,
+        rhs + (b * z.K * z.N + c0 * b_col) * element_size, out + (b * z.M * z.N + r0 * z.N + c0) * element_size,
+        pad_stride > 0 ? pads + thread * pad_stride : nullptr);
+    if (s != dnnl_success) failed = s;
+  }
+  dnnl::error::wrap_c_api(static_cast<dnnl_status_t>(failed.load()), "could not execute a matmul tile");
 }
 
 // The operand's bytes in the layout the matmul reads: in place, or copied into the workspace.
@@ -173,7 +293,7 @@ int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in) {
   // The pieces in the order the kernel takes them, each but the last rounded up to the next piece's alignment.
   int64_t bytes = 0;
   for (int64_t piece : {x.a_layout.copy ? in[0].bytes() : 0, x.b_layout.copy ? in[1].bytes() : 0,
-                        static_cast<int64_t>(x.pd.scratchpad_desc().get_size())})
+                        scratchpad_bytes(x, omp_get_max_threads())})
     if (piece > 0) bytes = aligned64(bytes) + piece;
   known.emplace(std::move(key), bytes);
   return bytes;
@@ -193,14 +313,12 @@ void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<
     it = cache.insert_or_assign(&n, make_entry(n, in[0].type(), in[1].type())).first;
   Entry& e = it->second;
   std::span<std::byte> workspace = ctx.workspace;
-  e.a.set_data_handle(feed(in[0], e.a_layout, workspace));
-  e.b.set_data_handle(feed(in[1], e.b_layout, workspace));
-  e.c.set_data_handle(out[0].bytes());
-  e.pad.set_data_handle(e.pad_bytes > 0 ? take(workspace, e.pad_bytes) : nullptr);
-  dnnl::error::wrap_c_api(dnnl_primitive_execute(e.matmul.get(), engine().stream.get(), static_cast<int>(e.args.size()),
-                                                 e.args.data()),
-                          "could not execute a matmul");
-  engine().stream.wait();
+  auto* lhs = static_cast<std::byte*>(feed(in[0], e.x.a_layout, workspace));
+  auto* rhs = static_cast<std::byte*>(feed(in[1], e.x.b_layout, workspace));
+  const int64_t pad = scratchpad_bytes(e.x, e.threads);
+  std::byte* pads = pad > 0 ? take(workspace, pad) : nullptr;
+  if (!e.x.tiles.empty()) return run_tiles(e, lhs, rhs, out[0].bytes(), pads, dtype_size(in[0].type().dtype));
+  dnnl::error::wrap_c_api(e.calls[0][0].run(e.streams[0], lhs, rhs, out[0].bytes(), pads), "could not execute a matmul");
 }
 
 }  // namespace remat::exec
