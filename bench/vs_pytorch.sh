@@ -1,43 +1,115 @@
 #!/usr/bin/env bash
-# The medium config (d 768, 12 layers, 12 heads of 64, MLP 3072, 4 x 512 tokens, vocab 32000; 162M parameters)
-# trained a few steps by remat (remat_policy full and none, attention dot_product and flash) and, when PyTorch is
-# installed (python3-torch with libopenblas0-openmp, 2 threads), by bench/torch_peer.py (checkpoint per layer or
-# none), in the same run, f32 and bf16: step time (the median of the steps after the first), peak RSS, and each
-# remat row's time over PyTorch's without checkpointing. PyTorch's CPU allocator hands large blocks back to the
-# OS every step, and page faults are slow on these machines: with Debian's libjemalloc2 installed the peer runs
-# under jemalloc (retaining its pages, as production PyTorch CPU jobs do), which makes it faster and fairer.
-#   bench/vs_pytorch.sh [build/remat] [steps]
+# The speed bars of a remat step, in one run (docs/performance.md, "Profile, and remat against PyTorch").
+# The medium config (d 768, 12 layers, 12 heads of 64, MLP 3072, 4 x 512 tokens, vocab 32000; 162M parameters),
+# f32 and bf16:
+#  - remat full, minimal and none, attention dot_product and flash: the step (the median of the steps between
+#    the first and the profiled last), peak RSS, its matmul floor (exec::matmul_floor: its matmuls' and
+#    attention's FLOPs at the rate oneDNN reaches on the same shapes run alone, in the same process) and the step
+#    as a multiple of it, and the step over PyTorch's without checkpointing;
+#  - PyTorch (bench/torch_peer.py: the same architecture, 2 threads) with a checkpoint per layer and without;
+#  - remat_policy=auto with hbm_limit at PyTorch's checkpointed peak RSS, over PyTorch's checkpointed step.
+# With --long, the same width at 4096 and 8192 tokens (batch 1): PyTorch checkpointed and not (under a 24 GiB
+# address-space limit: where it runs out of memory), remat flash with auto under PyTorch's checkpointed peak.
+# PyTorch's CPU allocator hands large blocks back to the OS every step, and page faults are slow on these
+# machines: with Debian's libjemalloc2 installed the peer runs under jemalloc (retaining its pages, as production
+# PyTorch CPU jobs do), with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset; it prints the OpenBLAS core it runs.
+#   bench/vs_pytorch.sh [build/remat] [steps] [--long]
 set -euo pipefail
 remat=$(realpath "${1:-build/remat}")
-steps=${2:-3}
+steps=${2:-4}
+long=${3:-}
 here=$(dirname "$(realpath "$0")")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-model="base_emb_dim=768 base_num_decoder_layers=12 base_num_query_heads=12 base_num_kv_heads=12 head_dim=64 \
-base_mlp_dim=3072 max_target_length=512 per_device_batch_size=4 vocab_size=32000 steps=$steps eval_interval=1000 \
-sample_length=0 log_period=1"
-ms_of() { grep -o '[0-9.]* ms/step' <<<"$1" | tail -n +2 | awk '{print $1}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+width="base_emb_dim=768 base_num_decoder_layers=12 base_num_query_heads=12 base_num_kv_heads=12 head_dim=64 \
+base_mlp_dim=3072 vocab_size=32000"
+run_keys="steps=$steps eval_interval=100000 sample_length=0 log_period=1 enable_profiler=true \
+skip_first_n_steps_for_profiler=$((steps - 1))"
 jemalloc=""
 [ -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ] && jemalloc=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+have_torch=0
+/usr/bin/python3 -c 'import torch' 2>/dev/null && have_torch=1
+
+# The median of the steps after the first and before the profiled last (which also times the floor).
+ms_of() { grep -o '[0-9.]* ms/step' <<<"$1" | sed '1d;$d' | awk '{print $1}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+gib_of() { grep -o 'peak RSS [0-9.]* [GMK]iB' <<<"$1" | head -1 | awk '{v=$3; if ($4=="MiB") v/=1024; if ($4=="KiB") v/=1048576; print v}'; }
+floor_of() { grep -o 'matmul floor of step [0-9]*: [0-9.]* ms' <<<"$1" | awk '{print $6}'; }
+
+# torch DTYPE SEQ BATCH [--checkpoint] [LIMIT_KIB]: the peer's line (ms/step, peak RSS), or why it failed.
+torch() {
+  local dtype=$1 seq=$2 batch=$3 ckpt=${4:-} limit=${5:-unlimited} line
+  line=$( (ulimit -v "$limit"; env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE LD_PRELOAD="$jemalloc" \
+    MALLOC_CONF="retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1" /usr/bin/python3 "$here/torch_peer.py" \
+    --dtype "$dtype" --steps 3 --seq "$seq" --batch "$batch" $ckpt) 2>&1 | tail -1) || true
+  echo "$line"
+}
+torch_ms() { grep -o '[0-9]* ms/step' <<<"$1" | awk '{print $1}'; }
+torch_gib() { grep -o 'peak RSS [0-9.]* GiB' <<<"$1" | awk '{print $3}'; }
+
+# remat LABEL KEYS...: one row; sets ms, gib.
+remat_row() {
+  local label=$1 out floor ratio=""
+  shift
+  out=$(cd "$work" && "$remat" train $width $run_keys "$@" 2>&1) || { echo "| $label | failed: $(tail -1 <<<"$out") |"; ms=""; return; }
+  ms=$(ms_of "$out")
+  gib=$(gib_of "$out")
+  floor=$(floor_of "$out")
+  [ -n "$base_ms" ] && ratio=$(awk -v a="$ms" -v b="$base_ms" 'BEGIN {printf "%.2fx", a / b}')
+  awk -v l="$label" -v ms="$ms" -v g="$gib" -v f="$floor" -v r="$ratio" \
+    'BEGIN {printf "| %s | %.2f s | %.2f GiB | %.2f s | %.2fx | %s |\n", l, ms / 1e3, g, f / 1e3, ms / f, r}'
+}
+
+if [ $have_torch = 1 ]; then
+  /usr/bin/python3 -c 'import ctypes, torch
+try:
+    lib = ctypes.CDLL("libopenblas.so.0")
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    core = lib.openblas_get_corename().decode()
+except OSError:
+    core = "none found"
+print(f"PyTorch {torch.__version__}, OpenBLAS core {core}", end="")'
+  echo ", jemalloc: ${jemalloc:-no}"
+fi
+echo "remat: $("$remat" --version 2>/dev/null || echo "$remat"), $(nproc) cores, $steps steps per row"
 for dtype in float32 bfloat16; do
-  torch_ms=""
-  if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-    for ckpt in "" "--checkpoint"; do
-      line=$(LD_PRELOAD="$jemalloc" MALLOC_CONF="retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1" \
-        /usr/bin/python3 "$here/torch_peer.py" --dtype "$dtype" --steps "$steps" $ckpt)
-      [ -n "$jemalloc" ] && line="$line (jemalloc)"
-      echo "$line"
-      [ -z "$ckpt" ] && torch_ms=$(grep -o '[0-9]* ms/step' <<<"$line" | awk '{print $1}')
-    done
+  echo
+  base_ms="" ckpt_ms="" ckpt_gib=""
+  if [ $have_torch = 1 ]; then
+    none=$(torch "$dtype" 512 4) ckpt=$(torch "$dtype" 512 4 --checkpoint)
+    echo "$none"
+    echo "$ckpt"
+    base_ms=$(torch_ms "$none") ckpt_ms=$(torch_ms "$ckpt") ckpt_gib=$(torch_gib "$ckpt")
   fi
-  for policy in full none; do
+  echo "| $dtype, 4 x 512 | step | peak RSS | matmul floor | step / floor | step / PyTorch without checkpointing |"
+  echo "|---|---|---|---|---|---|"
+  for policy in full minimal none; do
     for attention in dot_product flash; do
-      out=$(cd "$work" && "$remat" train $model dtype="$dtype" remat_policy="$policy" attention="$attention" 2>&1)
-      ms=$(ms_of "$out")
-      rss=$(grep -o 'peak RSS [0-9.]* [GMK]iB' <<<"$out" | head -1)
-      ratio=""
-      [ -n "$torch_ms" ] && ratio=$(awk -v a="$ms" -v b="$torch_ms" 'BEGIN {printf ", %.2fx PyTorch without checkpointing", a / b}')
-      echo "remat $dtype remat_policy=$policy attention=$attention: $ms ms/step, $rss$ratio"
+      remat_row "remat $policy, $attention" max_target_length=512 per_device_batch_size=4 dtype="$dtype" \
+        remat_policy="$policy" attention="$attention"
     done
   done
+  if [ -n "$ckpt_gib" ]; then
+    base_ms=$ckpt_ms
+    echo "| auto under PyTorch's checkpointed peak ($ckpt_gib GiB) | | | | | step / PyTorch checkpointed |"
+    for attention in dot_product flash; do
+      remat_row "remat auto, $attention" max_target_length=512 per_device_batch_size=4 dtype="$dtype" \
+        remat_policy=auto hbm_limit="${ckpt_gib}GiB" attention="$attention"
+    done
+  fi
+done
+[ "$long" = "--long" ] || exit 0
+for seq in 4096 8192; do
+  echo
+  base_ms="" ckpt_gib=""
+  if [ $have_torch = 1 ]; then
+    ckpt=$(torch bfloat16 "$seq" 1 --checkpoint)
+    echo "$ckpt"
+    echo "no checkpoint, under 24 GiB: $(torch bfloat16 "$seq" 1 "" $((24 << 20)))"
+    base_ms=$(torch_ms "$ckpt") ckpt_gib=$(torch_gib "$ckpt")
+  fi
+  echo "| bf16, 1 x $seq | step | peak RSS | matmul floor | step / floor | step / PyTorch checkpointed |"
+  echo "|---|---|---|---|---|---|"
+  limit=${ckpt_gib:+remat_policy=auto hbm_limit=${ckpt_gib}GiB}
+  remat_row "remat flash, ${limit:-remat_policy=full}" max_target_length="$seq" per_device_batch_size=1 \
+    dtype=bfloat16 attention=flash ${limit:-remat_policy=full}
 done

@@ -29,6 +29,7 @@ struct Profile {
     double start, end;
     double bytes = 0;  // its operands' and results' bytes (what it reads and writes, each once)
     double flops = 0;  // ir::flops of the node
+    std::vector<ir::Type> operands;  // of matmuls and attention only (what matmul_floor times)
   };
   bool record = false;
   std::vector<Call> timeline;
@@ -63,6 +64,17 @@ struct Options {
 // Plans g (a copy, remat regions inlined, with the backend's workspace) and runs it once on `args` (one per
 // param, types must match). Errors name the node that failed. The results keep the run's arena alive.
 std::vector<Array> run(const ir::Graph& g, std::span<const Array> args, const Options& options = {});
+
+// The matmul floor of a recorded profile: the time its matmuls and attention would take at the rate oneDNN
+// reaches on their shapes run alone, in this process (its thread count), now. Each dot_general shape is timed
+// alone (the best of a few runs in its own planned arena); an attention call (forward or backward) counts its
+// FLOPs at the rate of the batched score and context matmuls of its heads (q·kᵀ and p·v, over at most 1024
+// positions: the rate, not the memory, of the products it tiles). What a step at its matmuls' speed would take.
+struct MatmulFloor {
+  double seconds = 0, flops = 0;
+  int64_t shapes = 0;  // distinct shapes timed
+};
+MatmulFloor matmul_floor(const Profile& profile);
 
 // The planner's workspace question, answered by `backend` (plan::Options::workspace).
 std::function<int64_t(const ir::Node&, std::span<const ir::Type>)> workspace_of(const Backend& backend);

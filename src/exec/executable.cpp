@@ -299,7 +299,9 @@ void Executable::call_kernel(const Graph& g, const Node& n, std::span<const Arra
     double bytes = 0;  // a view moves nothing
     for (const Array& a : in) bytes += ir::is_view(n.op) ? 0 : static_cast<double>(a.type().bytes());
     for (const Array& a : out) bytes += ir::is_view(n.op) ? 0 : static_cast<double>(a.type().bytes());
-    options_.profile->timeline.push_back({&n, since(t0), since(t1), bytes, ir::flops(g, n)});
+    Profile::Call& c = options_.profile->timeline.emplace_back(Profile::Call{&n, since(t0), since(t1), bytes, ir::flops(g, n), {}});
+    if (n.op == ir::Op::dot_general || n.op == ir::Op::attention || n.op == ir::Op::attention_grad)
+      for (const Array& a : in) c.operands.push_back(a.type());
   }
   ir::for_each_op_run(g, n, [&](const Graph&, const Node& m, int64_t runs) { options_.profile->runs_by_origin[m.origin] += runs; });
 }

@@ -289,8 +289,16 @@ const std::vector<exec::Array>& Session::traced_step(int64_t s, Profiler& profil
   step.executable.set_profile(&profiler.profile);
   const std::vector<exec::Array>& out = step.executable.run();
   step.executable.set_profile(nullptr);
-  write_trace(rank_trace(profiler.profile, actions, mesh.rank(), from, wall_seconds()), s + 1);
-  if (mesh.rank() == 0) fmt::print("profile of step {} (rank 0): {}", s + 1, profiler.profile.breakdown());
+  const double seconds = wall_seconds() - from;
+  write_trace(rank_trace(profiler.profile, actions, mesh.rank(), from, from + seconds), s + 1);
+  if (mesh.rank() == 0) {
+    fmt::print("profile of step {} (rank 0): {}", s + 1, profiler.profile.breakdown());
+    const exec::MatmulFloor floor = exec::matmul_floor(profiler.profile);
+    if (floor.seconds > 0)
+      fmt::print("matmul floor of step {}: {:.1f} ms ({:.6g} GFLOP of matmuls and attention at oneDNN's rate on their {} "
+               "shapes run alone); the step took {:.1f} ms, {:.2f}x its floor\n",
+               s + 1, 1e3 * floor.seconds, floor.flops / 1e9, floor.shapes, 1e3 * seconds, seconds / floor.seconds);
+  }
   return out;
 }
 
