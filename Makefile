@@ -29,9 +29,10 @@ $(ASAN_BUILD)/build.ninja:
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREMAT_SANITIZE=ON
 
 # The sanitizer build runs every test but these, which the release build runs (test-fast): brute-force searches
-# of hundreds of plans (their searches run under the sanitizers in Models/AutoPolicy and PipelineCli), and a
+# of hundreds or thousands of plans (their searches run under the sanitizers in Models/AutoPolicy and PipelineCli), and a
 # failed operator new, which ASan's runtime turns into an abort instead of std::bad_alloc.
 RELEASE_ONLY = AutoPolicy.TheGroupSizeSearchedTooEqualsTheBruteForceOverEverySize:$\
+	AutoPolicy.TheMemoryBoundSparesThePlannerTheCandidatesItRejects:$\
 	AutoPolicy.UnderAPipelineEachRanksAnswerEqualsTheBruteForceOverItsPlacements:$\
 	PipelineCli.SearchPipelineEqualsTheBruteForceOverItsSpace:$\
 	CliErrors.AnAllocationThatFailsIsOneLine

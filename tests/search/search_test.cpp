@@ -371,7 +371,8 @@ TEST(AutoPolicy, UnderTensorParallelismRecomputedCollectivesCostTheirBytesAtIciB
 // 4·N·H·Dh bytes each and mlpwi_0, mlpwi_1 4·N·F; the bound rejects, unplanned, every placement whose device bytes
 // exceed the budget less the all-device plan's other bytes: here whatever keeps both MLP inputs on device, or one
 // of them and 4 of the 5 others. The search plans exactly the all-device placement, each placement no dearer than
-// its answer that the bound admits, and the cheaper one-name changes of the answer it prints.
+// its answer that the bound admits, and the cheaper one-name changes of the answer it prints. The brute force
+// plans all 3^7 placements: the release build only (Makefile RELEASE_ONLY).
 TEST(AutoPolicy, TheMemoryBoundSparesThePlannerTheCandidatesItRejects) {
   const compile::Request r = request_of({"model=tiny"});
   const search::Rates& rates = kRates;
