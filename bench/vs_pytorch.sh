@@ -2,8 +2,8 @@
 # The speed bars of a remat step, in one run (docs/performance.md, "Profile, and remat against PyTorch").
 # The medium config (d 768, 12 layers, 12 heads of 64, MLP 3072, 4 x 512 tokens, vocab 32000; 162M parameters),
 # f32 and bf16:
-#  - remat full, minimal and none, attention dot_product and flash: the step (the median of the steps between
-#    the first and the profiled last), peak RSS, its matmul floor (exec::matmul_floor: its matmuls' and
+#  - remat full, minimal and none, attention dot_product and flash: the step (the median of the steps after the
+#    first), peak RSS, its matmul floor (exec::matmul_floor: its matmuls' and
 #    attention's FLOPs at the rate oneDNN reaches on the same shapes run alone, in the same process) and the step
 #    as a multiple of it, and the step over PyTorch's without checkpointing;
 #  - PyTorch (bench/torch_peer.py: the same architecture, 2 threads) with a checkpoint per layer and without;
@@ -23,17 +23,15 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 width="base_emb_dim=768 base_num_decoder_layers=12 base_num_query_heads=12 base_num_kv_heads=12 head_dim=64 \
 base_mlp_dim=3072 vocab_size=32000"
-run_keys="steps=$steps eval_interval=100000 sample_length=0 log_period=1 enable_profiler=true \
-skip_first_n_steps_for_profiler=$((steps - 1))"
+run_keys="eval_interval=100000 sample_length=0 log_period=1"
 jemalloc=""
 [ -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ] && jemalloc=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 have_torch=0
 /usr/bin/python3 -c 'import torch' 2>/dev/null && have_torch=1
 
-# The median of the steps after the first and before the profiled last (which also times the floor).
-ms_of() { grep -o '[0-9.]* ms/step' <<<"$1" | sed '1d;$d' | awk '{print $1}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# The median of the steps after the first.
+ms_of() { grep -o '[0-9.]* ms/step' <<<"$1" | sed '1d' | awk '{print $1}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 gib_of() { grep -o 'peak RSS [0-9.]* [GMK]iB' <<<"$1" | head -1 | awk '{v=$3; if ($4=="MiB") v/=1024; if ($4=="KiB") v/=1048576; print v}'; }
-floor_of() { grep -o 'matmul floor of step [0-9]*: [0-9.]* ms' <<<"$1" | awk '{print $6}'; }
 
 # torch DTYPE SEQ BATCH [--checkpoint] [LIMIT_KIB]: the peer's line (ms/step, peak RSS), or why it failed.
 torch() {
@@ -46,14 +44,18 @@ torch() {
 torch_ms() { grep -o '[0-9]* ms/step' <<<"$1" | awk '{print $1}'; }
 torch_gib() { grep -o 'peak RSS [0-9.]* GiB' <<<"$1" | awk '{print $3}'; }
 
-# remat LABEL KEYS...: one row; sets ms, gib.
+# remat LABEL KEYS...: one row. The step and peak RSS come from a run of `steps` steps; the floor from a second
+# run of 2 steps that profiles its second (the floor's own matmuls, timed alone in the process, would add to the
+# first run's peak RSS).
 remat_row() {
   local label=$1 out floor ratio=""
   shift
-  out=$(cd "$work" && "$remat" train $width $run_keys "$@" 2>&1) || { echo "| $label | failed: $(tail -1 <<<"$out") |"; ms=""; return; }
+  out=$(cd "$work" && "$remat" train $width $run_keys steps="$steps" "$@" 2>&1) ||
+    { echo "| $label | failed: $(tail -1 <<<"$out") |"; return; }
   ms=$(ms_of "$out")
   gib=$(gib_of "$out")
-  floor=$(floor_of "$out")
+  floor=$(cd "$work" && "$remat" train $width $run_keys steps=2 enable_profiler=true skip_first_n_steps_for_profiler=1 \
+    "$@" 2>&1 | grep -o 'matmul floor of step [0-9]*: [0-9.]* ms' | awk '{print $6}')
   [ -n "$base_ms" ] && ratio=$(awk -v a="$ms" -v b="$base_ms" 'BEGIN {printf "%.2fx", a / b}')
   awk -v l="$label" -v ms="$ms" -v g="$gib" -v f="$floor" -v r="$ratio" \
     'BEGIN {printf "| %s | %.2f s | %.2f GiB | %.2f s | %.2fx | %s |\n", l, ms / 1e3, g, f / 1e3, ms / f, r}'

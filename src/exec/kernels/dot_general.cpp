@@ -25,6 +25,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 namespace remat::exec {
@@ -94,6 +95,17 @@ constexpr int64_t kTile = 128;  // the most rows and columns of a fixed output t
 
 bool fixed_tiles(const Sizes& z) { return z.K > z.M && z.K > z.N; }
 
+// oneDNN fixes a primitive's decomposition for the thread count its descriptor is made under, and keys its
+// primitive cache by the thread count the primitive is made under: a tile's descriptor and primitive are both
+// made in the scope of one of these.
+struct OneThread {
+  const int saved = omp_get_max_threads();
+  OneThread() { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(saved); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+};
+
 // One output tile shape of a tiled matmul: whole tiles, and the last row and last column of tiles when kTile
 // does not divide M or N. Indexed by (last row) * 2 + (last column).
 struct TileKind {
@@ -116,11 +128,7 @@ std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& 
                                  const dnnl::primitive_attr& attr) {
   using dims = dnnl::memory::dims;
   std::vector<TileKind> kinds(4);
-  struct OneThread {  // oneDNN fixes a primitive's decomposition for the thread count it is made under
-    const int saved = omp_get_max_threads();
-    OneThread() { omp_set_num_threads(1); }
-    ~OneThread() { omp_set_num_threads(saved); }
-  } one_thread;
+  const OneThread one_thread;
   for (int last_row : {0, 1})
     for (int last_col : {0, 1}) {
       const int64_t rows = last_row ? z.M % kTile : std::min(z.M, kTile);
@@ -232,7 +240,11 @@ Entry make_entry(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   std::vector<const dnnl::matmul::primitive_desc*> pds;
   if (e.x.tiles.empty()) pds.push_back(&e.x.pd);
   for (const TileKind& k : e.x.tiles) pds.push_back(k.rows > 0 ? &k.pd : nullptr);
-  for (const auto* pd : pds) e.matmuls.push_back(pd ? dnnl::matmul(*pd) : dnnl::matmul());
+  {
+    std::optional<OneThread> one_thread;
+    if (!e.x.tiles.empty()) one_thread.emplace();
+    for (const auto* pd : pds) e.matmuls.push_back(pd ? dnnl::matmul(*pd) : dnnl::matmul());
+  }
   const int callers = e.x.tiles.empty() ? 1 : e.threads;
   for (int t = 0; t < callers; ++t) {
     e.streams.emplace_back(engine().engine);
