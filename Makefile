@@ -29,12 +29,14 @@ $(ASAN_BUILD)/build.ninja:
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREMAT_SANITIZE=ON
 
 # The sanitizer build runs every test but these, which the release build runs (test-fast): brute-force searches
-# of hundreds or thousands of plans (their searches run under the sanitizers in Models/AutoPolicy and PipelineCli), and a
-# failed operator new, which ASan's runtime turns into an abort instead of std::bad_alloc.
+# of hundreds or thousands of plans (their searches run under the sanitizers in Models/AutoPolicy and
+# PipelineCli), an auto search trained twice through the CLI (31 s under ASan), and a failed operator new, which
+# ASan's runtime turns into an abort instead of std::bad_alloc.
 RELEASE_ONLY = AutoPolicy.TheGroupSizeSearchedTooEqualsTheBruteForceOverEverySize:$\
 	AutoPolicy.TheMemoryBoundSparesThePlannerTheCandidatesItRejects:$\
 	AutoPolicy.UnderAPipelineEachRanksAnswerEqualsTheBruteForceOverItsPlacements:$\
 	PipelineCli.SearchPipelineEqualsTheBruteForceOverItsSpace:$\
+	Cli.AutoPolicyTrainsAsThePrintedPolicyGivenByHand:$\
 	CliErrors.AnAllocationThatFailsIsOneLine
 
 test-asan: setup $(ASAN_BUILD)/build.ninja

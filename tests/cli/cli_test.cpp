@@ -392,7 +392,7 @@ std::vector<std::pair<double, double>> losses(const fs::path& run) {
 
 // remat_policy=auto trains with the placement it prints, bit for bit as when that placement is given by hand;
 // it is not the all-device one (the budget binds: some name is recomputed or offloaded, as the measured rates
-// make cheaper), and it fits.
+// make cheaper), and it fits. Two searches and two runs: the release build only (Makefile RELEASE_ONLY).
 TEST(Cli, AutoPolicyTrainsAsThePrintedPolicyGivenByHand) {
   TempDir dir;
   const std::string model = "base_emb_dim=32 base_num_decoder_layers=2 base_num_query_heads=2 base_num_kv_heads=2 "

@@ -63,9 +63,16 @@ TEST(Resume, KilledAtRandomInstantsAndResumedIsBitIdentical) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto ms_since_start = [&] { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); };
   const pid_t whole = start(dir, "whole");
-  // When the first checkpoint appears (compiling comes before it): half the instants fall after it.
-  while (!fs::exists(dir / "runs" / "whole" / "checkpoints" / "1" / "state.safetensors") && running(whole))
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // When the first checkpoint appears (compiling comes before it): half the instants fall after it. Any step's
+  // checkpoint counts: the run prunes old ones, and on a loaded machine this loop can sleep past step 1's life.
+  const auto a_checkpoint = [&] {
+    std::error_code error;  // the run creates and prunes folders while this reads
+    for (fs::directory_iterator it(dir / "runs" / "whole" / "checkpoints", error), end; !error && it != end;
+         it.increment(error))
+      if (fs::exists(it->path() / "state.safetensors", error)) return true;
+    return false;
+  };
+  while (!a_checkpoint() && running(whole)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const double first_ms = ms_since_start();
   ASSERT_EQ(finish(whole), 0);
   const double whole_ms = ms_since_start();
