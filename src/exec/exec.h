@@ -29,7 +29,7 @@ struct Profile {
     double start, end;
     double bytes = 0;  // its operands' and results' bytes (what it reads and writes, each once)
     double flops = 0;  // ir::flops of the node
-    std::vector<ir::Type> operands;  // of matmuls and attention only (what matmul_floor times)
+    std::vector<ir::Type> operands;  // of contractions only (matmuls and attention: what matmul_floor times)
   };
   bool record = false;
   std::vector<Call> timeline;

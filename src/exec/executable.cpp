@@ -300,7 +300,7 @@ void Executable::call_kernel(const Graph& g, const Node& n, std::span<const Arra
     for (const Array& a : in) bytes += ir::is_view(n.op) ? 0 : static_cast<double>(a.type().bytes());
     for (const Array& a : out) bytes += ir::is_view(n.op) ? 0 : static_cast<double>(a.type().bytes());
     Profile::Call& c = options_.profile->timeline.emplace_back(Profile::Call{&n, since(t0), since(t1), bytes, ir::flops(g, n), {}});
-    if (n.op == ir::Op::dot_general || n.op == ir::Op::attention || n.op == ir::Op::attention_grad)
+    if (ir::op_traits(n.op).cls == ir::OpClass::contraction)  // what matmul_floor times
       for (const Array& a : in) c.operands.push_back(a.type());
   }
   ir::for_each_op_run(g, n, [&](const Graph&, const Node& m, int64_t runs) { options_.profile->runs_by_origin[m.origin] += runs; });
