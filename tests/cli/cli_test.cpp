@@ -420,6 +420,29 @@ TEST(Cli, AutoPolicyTrainsAsThePrintedPolicyGivenByHand) {
   EXPECT_EQ(plan.status, 3) << plan.text;
 }
 
+// oneDNN limited to AVX2 (DNNL_MAX_CPU_ISA; the ISA of CPUs without AVX-512) has no bf16 matmul, and its f32
+// GEMMs give an output other bits in another thread decomposition: a bf16 run still trains, its matmuls widened
+// to f32 tiles, bit-identically at 1 and 3 threads, and close to the run on every ISA this CPU has.
+TEST(Cli, Bf16TrainsOnAvx2OneDnnIdenticallyAtAnyThreadCount) {
+  TempDir dir;
+  const std::string model = "base_emb_dim=32 base_num_decoder_layers=2 base_num_query_heads=2 base_num_kv_heads=2 "
+                            "head_dim=16 base_mlp_dim=64 per_device_batch_size=4 max_target_length=64 steps=3 "
+                            "eval_interval=100 sample_length=0 dtype=bfloat16";
+  auto train = [&](const std::string& env, const std::string& name) {
+    Output o = testing_support::run_command(fmt::format("cd '{}' && env {} '{}' train {} base_output_directory={} run_name={} 2>&1",
+                                                        dir.path.string(), env, REMAT_BINARY, model, dir.path.string(), name));
+    EXPECT_EQ(o.status, 0) << o.text;
+    return losses(dir.path / name);
+  };
+  const auto one = train("DNNL_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=1", "avx2_1");
+  const auto three = train("DNNL_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=3", "avx2_3");
+  const auto native = train("OMP_NUM_THREADS=2", "native");
+  ASSERT_EQ(one.size(), 3u);
+  EXPECT_EQ(one, three);
+  ASSERT_EQ(native.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(one[i].first, native[i].first, 0.02 * native[i].first) << "step " << i + 1;
+}
+
 }  // namespace
 }  // namespace remat
 

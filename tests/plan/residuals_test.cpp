@@ -69,7 +69,7 @@ TEST(PlanResiduals, MinimalSavesTheInputAndSixNames) {
 class BigModels : public testing::TestWithParam<std::tuple<std::string, double, int64_t>> {};
 
 TEST_P(BigModels, PlanFromShapesAloneFitsExactlyAtItsTotal) {
-  auto [model, billions, total] = GetParam();
+  auto [model, billions, recorded] = GetParam();
   cli::Config c = cli::load_config(std::string(REMAT_TEST_DATA) + "/../configs/base.yml",
                                    {"model=" + model, "per_device_batch_size=1", "max_target_length=4096"});
   const int64_t params = nn::param_count(c.run.model);
@@ -84,7 +84,10 @@ TEST_P(BigModels, PlanFromShapesAloneFitsExactlyAtItsTotal) {
   const int64_t arena = j.at("temporaries");
   EXPECT_GE(arena, j.at("lower_bound").get<int64_t>());
   EXPECT_EQ(j.at("total"), 12 * params + 2 * 4096 * 4 + 4 + arena) << "arguments + the device arena";
-  EXPECT_EQ(j.at("total"), total) << model;
+  // The total recorded on an AVX-512 CPU. oneDNN's scratchpads, part of the arena, depend on the CPU's kernels
+  // (66,816 B less on an AVX2 one for llama2-7b): within 1 MiB, where a planning change costs a layer's tens of MiB.
+  EXPECT_NEAR(j.at("total").get<double>(), static_cast<double>(recorded), 1 << 20) << model;
+  const int64_t total = j.at("total");
   // The limit is a verdict on the total: one byte short fails like XLA's OOM, the total itself fits.
   c.hbm_limit = std::to_string(total - 1);
   std::string oom = cli::plan_report(c, false, "", &fits);

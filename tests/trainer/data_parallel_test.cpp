@@ -66,9 +66,10 @@ TEST_P(Distributed, RanksAreBitIdenticalToOneProcessAccumulatingTheirMicrobatche
       << many.text;
   EXPECT_EQ(m[1].str(), m[2].str()) << "rank 0's arena peak is its plan's";
   // The process's resident memory beyond its baseline (MPI included) and its plans: within the single-process
-  // bound (tests/cli: 64 MiB).
+  // bound (tests/cli: 64 MiB). Under the sanitizers twice that, for their allocator's and shadow's own memory
+  // (fsdp2_bf16 on an AVX2 CPU: 82 MiB unplanned under ASan, 12 MiB in the release build).
   ASSERT_TRUE(std::regex_search(many.text, m, std::regex(R"(\+ unplanned ([0-9.]+) (B|KiB|MiB)\n)"))) << many.text;
-  EXPECT_TRUE(m[2].str() != "MiB" || std::stod(m[1].str()) < 64) << m[0].str();
+  EXPECT_TRUE(m[2].str() != "MiB" || std::stod(m[1].str()) < (exec::kAddressSanitizer ? 128 : 64)) << m[0].str();
   EXPECT_EQ(std::count(many.text.begin(), many.text.end(), '\n'), std::count(one.text.begin(), one.text.end(), '\n'))
       << "rank 0 alone prints:\n" << many.text;
 }

@@ -8,14 +8,21 @@
 // matmul on CPU: those dtypes use the reference kernel.
 //
 // The thread count never changes a result's bits. oneDNN picks a matmul's thread decomposition from the thread
-// count, and where the outputs are few for the threads and the contraction long it splits the contraction
-// across threads, which changes the order of the sums (an f32 [32768,16]^T x [32768,24] product at 2 threads, a
-// [65536,1024]^T x [65536,512] one at 16). So a matmul whose contraction is longer than both output sides (a
-// weight gradient: the tokens summed) runs as fixed output tiles of at most kTile x kTile per batch entry,
-// whatever the thread count, each tile one single-threaded oneDNN call, the tiles shared by our threads: each
-// output is then computed by the same call, in the same order, at any thread count. The other matmuls (the
-// contraction no longer than an output side: outputs enough for many threads) keep oneDNN's decomposition,
-// which tests/exec/thread_count_test.cpp checks on the shapes of a step.
+// count. Its AVX-512 kernels (brgemm) compute an output the same way in any decomposition unless it splits the
+// contraction across threads, which it does where the outputs are few for the threads and the contraction long
+// (an f32 [32768,16]^T x [32768,24] product at 2 threads, a [65536,1024]^T x [65536,512] one at 16). Its older
+// kernels (gemm:jit, on CPUs without AVX-512) give an output other bits when another block of the decomposition
+// holds it, at any shape (a [64,16] x [16,128] product differs between 2 and 3 threads on an AVX2 CPU). So a
+// matmul runs as fixed output tiles of at most kTileRows x kTileCols per batch entry, whatever the thread count,
+// each tile one single-threaded oneDNN call, the tiles shared by our threads, unless oneDNN's kernel is brgemm
+// and the contraction no longer than an output side (outputs enough for many threads): each output is then
+// computed by the same call, in the same order, at any thread count. tests/exec/thread_count_test.cpp checks
+// the shapes of a step.
+//
+// Where oneDNN has no bf16 matmul (CPUs without AVX-512), a bf16 matmul runs the same tiles in f32: each tile's
+// rows of lhs and columns of rhs are widened into the thread's workspace (exactly: a bf16 is an f32 with a
+// shorter mantissa), multiplied there with f32 accumulation, and rounded to bf16 (nearest, ties to even) into
+// the output: the arithmetic of oneDNN's bf16 matmul, in another summation order.
 #include "exec/kernels/kernels.h"
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -91,9 +98,9 @@ struct Sizes {
   int64_t B = 1, M = 1, K = 1, N = 1;
 };
 
-constexpr int64_t kTile = 128;  // the most rows and columns of a fixed output tile
+constexpr int64_t kTileRows = 128, kTileCols = 256;  // the most rows and columns of a fixed output tile
 
-bool fixed_tiles(const Sizes& z) { return z.K > z.M && z.K > z.N; }
+bool long_contraction(const Sizes& z) { return z.K > z.M && z.K > z.N; }
 
 // oneDNN fixes a primitive's decomposition for the thread count its descriptor is made under, and keys its
 // primitive cache by the thread count the primitive is made under: a tile's descriptor and primitive are both
@@ -106,8 +113,8 @@ struct OneThread {
   OneThread& operator=(const OneThread&) = delete;
 };
 
-// One output tile shape of a tiled matmul: whole tiles, and the last row and last column of tiles when kTile
-// does not divide M or N. Indexed by (last row) * 2 + (last column).
+// One output tile shape of a tiled matmul: whole tiles, and the last row and last column of tiles where the tile
+// sizes do not divide M or N. Indexed by (last row) * 2 + (last column).
 struct TileKind {
   int64_t rows = 0, cols = 0;
   dnnl::matmul::primitive_desc pd;
@@ -120,28 +127,50 @@ struct Analysis {
   Layout a_layout, b_layout;
   dnnl::matmul::primitive_desc pd;
   std::vector<TileKind> tiles;  // empty: oneDNN's own decomposition
+  bool widened = false;         // bf16 tiles computed in f32 (this CPU's oneDNN has no bf16 matmul)
   int64_t pad_bytes = 0;        // scratchpad of the whole matmul, or of one thread's tile
 };
 
-// The kinds' primitives read operands and write outputs in place through their strides.
-std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& b, dnnl::memory::data_type dt,
-                                 const dnnl::primitive_attr& attr) {
+// A widened tile's f32 operands and result in a thread's workspace, each in its source's orientation: lhs
+// rows x K (K x rows when swapped), rhs K x cols (cols x K when swapped), the result rows x cols.
+struct WideTile {
+  float *a, *b, *c;
+};
+int64_t wide_tile_bytes(const Sizes& z) {
+  const int64_t rows = std::min(z.M, kTileRows), cols = std::min(z.N, kTileCols);
+  return aligned64(rows * z.K * 4) + aligned64(z.K * cols * 4) + aligned64(rows * cols * 4);
+}
+WideTile wide_tile(std::byte* at, const Sizes& z) {
+  const int64_t rows = std::min(z.M, kTileRows), cols = std::min(z.N, kTileCols);
+  auto* a = reinterpret_cast<float*>(at);
+  auto* b = reinterpret_cast<float*>(at + aligned64(rows * z.K * 4));
+  auto* c = reinterpret_cast<float*>(at + aligned64(rows * z.K * 4) + aligned64(z.K * cols * 4));
+  return {a, b, c};
+}
+
+// The kinds' primitives read operands and write outputs in place through their strides, or (widened) the
+// thread's f32 copies.
+std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& b, bool widened,
+                                 dnnl::memory::data_type dt, const dnnl::primitive_attr& attr) {
   using dims = dnnl::memory::dims;
   std::vector<TileKind> kinds(4);
   const OneThread one_thread;
   for (int last_row : {0, 1})
     for (int last_col : {0, 1}) {
-      const int64_t rows = last_row ? z.M % kTile : std::min(z.M, kTile);
-      const int64_t cols = last_col ? z.N % kTile : std::min(z.N, kTile);
-      if (rows == 0 || cols == 0 || (last_row && z.M < kTile) || (last_col && z.N < kTile)) continue;
-      dnnl::memory::desc src(dims{rows, z.K}, dt, a.swapped ? dims{1, z.M} : dims{z.K, 1});
-      dnnl::memory::desc weights(dims{z.K, cols}, dt, b.swapped ? dims{1, z.K} : dims{z.N, 1});
-      dnnl::memory::desc dst(dims{rows, cols}, dt, dims{z.N, 1});
+      const int64_t rows = last_row ? z.M % kTileRows : std::min(z.M, kTileRows);
+      const int64_t cols = last_col ? z.N % kTileCols : std::min(z.N, kTileCols);
+      if (rows == 0 || cols == 0 || (last_row && z.M < kTileRows) || (last_col && z.N < kTileCols)) continue;
+      const int64_t lda = widened ? rows : z.M, ldn = widened ? cols : z.N;
+      dnnl::memory::desc src(dims{rows, z.K}, dt, a.swapped ? dims{1, lda} : dims{z.K, 1});
+      dnnl::memory::desc weights(dims{z.K, cols}, dt, b.swapped ? dims{1, z.K} : dims{ldn, 1});
+      dnnl::memory::desc dst(dims{rows, cols}, dt, dims{ldn, 1});
       kinds[static_cast<size_t>(last_row * 2 + last_col)] = {
           rows, cols, dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), attr, engine().engine)};
     }
   return kinds;
 }
+
+bool is_brgemm(const dnnl::matmul::primitive_desc& pd) { return std::string_view(pd.impl_info_str()).starts_with("brg"); }
 
 Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   const ir::IntLists& ct = n.attrs.int_lists("contract");
@@ -160,28 +189,38 @@ Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   auto dt = dnnl_type(lhs.dtype);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // in the planned workspace
-  if (fixed_tiles(z)) {
-    a.tiles = tile_kinds(z, a.a_layout, a.b_layout, dt, attr);
-    for (const TileKind& k : a.tiles)
-      if (k.rows > 0) a.pad_bytes = std::max(a.pad_bytes, static_cast<int64_t>(k.pd.scratchpad_desc().get_size()));
-    return a;
-  }
   // Without batch dims the descriptors are 2-D: oneDNN picks faster kernels for plain matrices.
   auto md = [&](int64_t rows, int64_t cols, bool swapped) {
     dims strides = swapped ? dims{1, rows} : dims{cols, 1};
     if (z.B == 1) return dnnl::memory::desc(dims{rows, cols}, dt, strides);
     return dnnl::memory::desc(dims{z.B, rows, cols}, dt, dims{rows * cols, strides[0], strides[1]});
   };
-  a.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(md(z.M, z.K, a.a_layout.swapped),
-                                                         md(z.K, z.N, a.b_layout.swapped), md(z.M, z.N, false)),
-                                      attr, engine().engine);
+  try {
+    a.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(md(z.M, z.K, a.a_layout.swapped),
+                                                           md(z.K, z.N, a.b_layout.swapped), md(z.M, z.N, false)),
+                                        attr, engine().engine);
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_unimplemented || lhs.dtype != DType::bf16) throw;
+    a.widened = true;
+  }
+  if (a.widened || long_contraction(z) || !is_brgemm(a.pd)) {
+    a.pd = {};
+    a.tiles = tile_kinds(z, a.a_layout, a.b_layout, a.widened, a.widened ? dnnl::memory::data_type::f32 : dt, attr);
+    for (const TileKind& k : a.tiles)
+      if (k.rows > 0) a.pad_bytes = std::max(a.pad_bytes, static_cast<int64_t>(k.pd.scratchpad_desc().get_size()));
+    return a;
+  }
   a.pad_bytes = static_cast<int64_t>(a.pd.scratchpad_desc().get_size());
   return a;
 }
 
+// What one thread of tiles takes: its tile's scratchpad, then (widened) its f32 tile.
+int64_t per_thread_bytes(const Analysis& a) {
+  return aligned64(a.pad_bytes) + (a.widened ? wide_tile_bytes(a.sizes) : 0);
+}
 // The scratchpads a call takes: one for the whole matmul, or one per thread of tiles.
 int64_t scratchpad_bytes(const Analysis& a, int threads) {
-  return a.tiles.empty() ? a.pad_bytes : threads * aligned64(a.pad_bytes);
+  return a.tiles.empty() ? a.pad_bytes : threads * per_thread_bytes(a);
 }
 
 bool uses_onednn(DType dt, const Options& options) {
@@ -256,25 +295,57 @@ Entry make_entry(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   return e;
 }
 
+// outer runs of n elements, src's `ld` apart, widened into consecutive runs at dst; and back, rounded.
+void widen(const bf16_t* src, int64_t outer, int64_t n, int64_t ld, float* dst) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t x = 0; x < n; ++x) dst[o * n + x] = bf16_to_float(src[o * ld + x]);
+}
+void narrow(const float* src, int64_t outer, int64_t n, bf16_t* dst, int64_t ld) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t x = 0; x < n; ++x) dst[o * ld + x] = float_to_bf16(src[o * n + x]);
+}
+
+// One widened tile: rows [r0, r0 + rows) of batch entry `lhs` against columns [c0, c0 + cols) of `rhs`.
+dnnl_status_t run_wide_tile(Call& call, const dnnl::stream& stream, const Analysis& x, const bf16_t* lhs,
+                            const bf16_t* rhs, bf16_t* out, int64_t r0, int64_t c0, int64_t rows, int64_t cols,
+                            std::byte* scratch) {
+  const Sizes& z = x.sizes;
+  const WideTile w = wide_tile(scratch + aligned64(x.pad_bytes), z);
+  if (x.a_layout.swapped) widen(lhs + r0, z.K, rows, z.M, w.a);
+  else widen(lhs + r0 * z.K, rows, z.K, z.K, w.a);
+  if (x.b_layout.swapped) widen(rhs + c0 * z.K, cols, z.K, z.K, w.b);
+  else widen(rhs + c0, z.K, cols, z.N, w.b);
+  const dnnl_status_t s = call.run(stream, w.a, w.b, w.c, x.pad_bytes > 0 ? scratch : nullptr);
+  if (s == dnnl_success) narrow(w.c, rows, cols, out + r0 * z.N + c0, z.N);
+  return s;
+}
+
 // Runs a tiled matmul: every (batch entry, tile) is one single-threaded call, on whichever thread takes it.
-void run_tiles(Entry& e, std::byte* lhs, std::byte* rhs, std::byte* out, std::byte* pads, int64_t element_size) {
+void run_tiles(Entry& e, std::byte* lhs, std::byte* rhs, std::byte* out, std::byte* per_thread, int64_t element_size) {
   const Sizes& z = e.x.sizes;
-  const int64_t row_tiles = (z.M + kTile - 1) / kTile, col_tiles = (z.N + kTile - 1) / kTile;
+  const int64_t row_tiles = (z.M + kTileRows - 1) / kTileRows, col_tiles = (z.N + kTileCols - 1) / kTileCols;
   const int64_t tiles = z.B * row_tiles * col_tiles;
   const int64_t a_row = e.x.a_layout.swapped ? 1 : z.K, b_col = e.x.b_layout.swapped ? z.K : 1;
-  const int64_t pad_stride = aligned64(e.x.pad_bytes);
+  const int64_t stride = per_thread_bytes(e.x);
   std::atomic<int> failed{dnnl_success};
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t b = t / (row_tiles * col_tiles), i = t / col_tiles % row_tiles, j = t % col_tiles;
-    const int64_t kind = (i == row_tiles - 1 && z.M % kTile != 0 && z.M > kTile) * 2 +
-                         (j == col_tiles - 1 && z.N % kTile != 0 && z.N > kTile);
-    const int thread = omp_get_thread_num();
-    const int64_t r0 = i * kTile, c0 = j * kTile;
-    const dnnl_status_t s = e.calls[static_cast<size_t>(thread)][static_cast<size_t>(kind)].run(
-        e.streams[static_cast<size_t>(thread)], lhs + (b * z.M * z.K + r0 * a_row) * element_size,
-        rhs + (b * z.K * z.N + c0 * b_col) * element_size, out + (b * z.M * z.N + r0 * z.N + c0) * element_size,
-        pad_stride > 0 ? pads + thread * pad_stride : nullptr);
+    const bool last_row = i == row_tiles - 1 && z.M % kTileRows != 0 && z.M > kTileRows;
+    const bool last_col = j == col_tiles - 1 && z.N % kTileCols != 0 && z.N > kTileCols;
+    const auto thread = static_cast<size_t>(omp_get_thread_num()), kind = static_cast<size_t>(last_row * 2 + last_col);
+    Call& call = e.calls[thread][kind];
+    std::byte* scratch = stride > 0 ? per_thread + static_cast<int64_t>(thread) * stride : nullptr;
+    const int64_t r0 = i * kTileRows, c0 = j * kTileCols;
+    std::byte *a = lhs + b * z.M * z.K * element_size, *w = rhs + b * z.K * z.N * element_size,
+              *c = out + b * z.M * z.N * element_size;
+    const dnnl_status_t s =
+        e.x.widened
+            ? run_wide_tile(call, e.streams[thread], e.x, reinterpret_cast<const bf16_t*>(a),
+                            reinterpret_cast<const bf16_t*>(w), reinterpret_cast<bf16_t*>(c), r0, c0,
+                            e.x.tiles[kind].rows, e.x.tiles[kind].cols, scratch)
+            : call.run(e.streams[thread], a + r0 * a_row * element_size, w + c0 * b_col * element_size,
+                       c + (r0 * z.N + c0) * element_size, e.x.pad_bytes > 0 ? scratch : nullptr);
     if (s != dnnl_success) failed = s;
   }
   dnnl::error::wrap_c_api(static_cast<dnnl_status_t>(failed.load()), "could not execute a matmul tile");
@@ -312,7 +383,7 @@ int64_t workspace_dot_general(const ir::Node& n, std::span<const ir::Type> in) {
 }
 
 void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
-  // f32 and bf16 (f32 accumulation, native AVX512_BF16) go to oneDNN; f64, f16 and i32 to the reference.
+  // f32 and bf16 (f32 accumulation) go to oneDNN; f64, f16 and i32 to the reference.
   if (!uses_onednn(in[0].type().dtype, ctx.options)) return ref::dot_general(n, in, out, ctx);
   // One entry per node; a different graph at the same address, new shapes or another thread count remake it.
   static std::mutex mutex;
