@@ -132,20 +132,17 @@ struct Analysis {
 };
 
 // A widened tile's f32 operands and result in a thread's workspace, each in its source's orientation: lhs
-// rows x K (K x rows when swapped), rhs K x cols (cols x K when swapped), the result rows x cols.
+// rows x K (K x rows when swapped), rhs K x cols (cols x K when swapped), the result rows x cols; `end` is the
+// bytes they take.
 struct WideTile {
   float *a, *b, *c;
+  int64_t end;
 };
-int64_t wide_tile_bytes(const Sizes& z) {
-  const int64_t rows = std::min(z.M, kTileRows), cols = std::min(z.N, kTileCols);
-  return aligned64(rows * z.K * 4) + aligned64(z.K * cols * 4) + aligned64(rows * cols * 4);
-}
 WideTile wide_tile(std::byte* at, const Sizes& z) {
   const int64_t rows = std::min(z.M, kTileRows), cols = std::min(z.N, kTileCols);
-  auto* a = reinterpret_cast<float*>(at);
-  auto* b = reinterpret_cast<float*>(at + aligned64(rows * z.K * 4));
-  auto* c = reinterpret_cast<float*>(at + aligned64(rows * z.K * 4) + aligned64(z.K * cols * 4));
-  return {a, b, c};
+  const int64_t b = aligned64(rows * z.K * 4), c = b + aligned64(z.K * cols * 4), end = c + aligned64(rows * cols * 4);
+  auto f32 = [&](int64_t offset) { return at ? reinterpret_cast<float*>(at + offset) : nullptr; };
+  return {f32(0), f32(b), f32(c), end};
 }
 
 // The kinds' primitives read operands and write outputs in place through their strides, or (widened) the
@@ -172,6 +169,21 @@ std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& 
 
 bool is_brgemm(const dnnl::matmul::primitive_desc& pd) { return std::string_view(pd.impl_info_str()).starts_with("brg"); }
 
+// Whether oneDNN has a bf16 matmul on this CPU (AVX-512 and later; DNNL_MAX_CPU_ISA can lower it): asked once.
+bool has_bf16_matmul() {
+  static const bool has = [] {
+    const dnnl::memory::desc one({1, 1}, dnnl::memory::data_type::bf16, dnnl::memory::dims{1, 1});
+    try {
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(one, one, one), engine().engine);
+      return true;
+    } catch (const dnnl::error& e) {
+      if (e.status != dnnl_unimplemented) throw;
+      return false;
+    }
+  }();
+  return has;
+}
+
 Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   const ir::IntLists& ct = n.attrs.int_lists("contract");
   const ir::IntLists& bt = n.attrs.int_lists("batch");
@@ -195,28 +207,26 @@ Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
     if (z.B == 1) return dnnl::memory::desc(dims{rows, cols}, dt, strides);
     return dnnl::memory::desc(dims{z.B, rows, cols}, dt, dims{rows * cols, strides[0], strides[1]});
   };
-  try {
+  a.widened = lhs.dtype == DType::bf16 && !has_bf16_matmul();
+  if (!a.widened && !long_contraction(z)) {
     a.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(md(z.M, z.K, a.a_layout.swapped),
                                                            md(z.K, z.N, a.b_layout.swapped), md(z.M, z.N, false)),
                                         attr, engine().engine);
-  } catch (const dnnl::error& e) {
-    if (e.status != dnnl_unimplemented || lhs.dtype != DType::bf16) throw;
-    a.widened = true;
-  }
-  if (a.widened || long_contraction(z) || !is_brgemm(a.pd)) {
+    if (is_brgemm(a.pd)) {
+      a.pad_bytes = static_cast<int64_t>(a.pd.scratchpad_desc().get_size());
+      return a;
+    }
     a.pd = {};
-    a.tiles = tile_kinds(z, a.a_layout, a.b_layout, a.widened, a.widened ? dnnl::memory::data_type::f32 : dt, attr);
-    for (const TileKind& k : a.tiles)
-      if (k.rows > 0) a.pad_bytes = std::max(a.pad_bytes, static_cast<int64_t>(k.pd.scratchpad_desc().get_size()));
-    return a;
   }
-  a.pad_bytes = static_cast<int64_t>(a.pd.scratchpad_desc().get_size());
+  a.tiles = tile_kinds(z, a.a_layout, a.b_layout, a.widened, a.widened ? dnnl::memory::data_type::f32 : dt, attr);
+  for (const TileKind& k : a.tiles)
+    if (k.rows > 0) a.pad_bytes = std::max(a.pad_bytes, static_cast<int64_t>(k.pd.scratchpad_desc().get_size()));
   return a;
 }
 
 // What one thread of tiles takes: its tile's scratchpad, then (widened) its f32 tile.
 int64_t per_thread_bytes(const Analysis& a) {
-  return aligned64(a.pad_bytes) + (a.widened ? wide_tile_bytes(a.sizes) : 0);
+  return aligned64(a.pad_bytes) + (a.widened ? wide_tile(nullptr, a.sizes).end : 0);
 }
 // The scratchpads a call takes: one for the whole matmul, or one per thread of tiles.
 int64_t scratchpad_bytes(const Analysis& a, int threads) {
@@ -295,14 +305,14 @@ Entry make_entry(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   return e;
 }
 
-// outer runs of n elements, src's `ld` apart, widened into consecutive runs at dst; and back, rounded.
-void widen(const bf16_t* src, int64_t outer, int64_t n, int64_t ld, float* dst) {
+// `outer` runs of n elements, `from_ld` elements apart at `from`, converted into runs `to_ld` apart at `to`: bf16
+// widened to f32, or f32 rounded to bf16.
+template <class From, class To>
+void convert_runs(const From* from, int64_t from_ld, To* to, int64_t to_ld, int64_t outer, int64_t n) {
+  auto dtype = [](auto* p) { return std::is_same_v<std::remove_cvref_t<decltype(*p)>, float> ? DType::f32 : DType::bf16; };
   for (int64_t o = 0; o < outer; ++o)
-    for (int64_t x = 0; x < n; ++x) dst[o * n + x] = bf16_to_float(src[o * ld + x]);
-}
-void narrow(const float* src, int64_t outer, int64_t n, bf16_t* dst, int64_t ld) {
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t x = 0; x < n; ++x) dst[o * ld + x] = float_to_bf16(src[o * n + x]);
+    convert_elements(dtype(from), dtype(to), reinterpret_cast<const std::byte*>(from + o * from_ld),
+                     reinterpret_cast<std::byte*>(to + o * to_ld), n);
 }
 
 // One widened tile: rows [r0, r0 + rows) of batch entry `lhs` against columns [c0, c0 + cols) of `rhs`.
@@ -311,12 +321,12 @@ dnnl_status_t run_wide_tile(Call& call, const dnnl::stream& stream, const Analys
                             std::byte* scratch) {
   const Sizes& z = x.sizes;
   const WideTile w = wide_tile(scratch + aligned64(x.pad_bytes), z);
-  if (x.a_layout.swapped) widen(lhs + r0, z.K, rows, z.M, w.a);
-  else widen(lhs + r0 * z.K, rows, z.K, z.K, w.a);
-  if (x.b_layout.swapped) widen(rhs + c0 * z.K, cols, z.K, z.K, w.b);
-  else widen(rhs + c0, z.K, cols, z.N, w.b);
+  if (x.a_layout.swapped) convert_runs(lhs + r0, z.M, w.a, rows, z.K, rows);
+  else convert_runs(lhs + r0 * z.K, z.K, w.a, z.K, rows, z.K);
+  if (x.b_layout.swapped) convert_runs(rhs + c0 * z.K, z.K, w.b, z.K, cols, z.K);
+  else convert_runs(rhs + c0, z.N, w.b, cols, z.K, cols);
   const dnnl_status_t s = call.run(stream, w.a, w.b, w.c, x.pad_bytes > 0 ? scratch : nullptr);
-  if (s == dnnl_success) narrow(w.c, rows, cols, out + r0 * z.N + c0, z.N);
+  if (s == dnnl_success) convert_runs(w.c, cols, out + r0 * z.N + c0, z.N, rows, cols);
   return s;
 }
 

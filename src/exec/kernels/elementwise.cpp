@@ -107,7 +107,7 @@ void convert(DType from, DType to, const std::byte* x, std::byte* y, int64_t len
   for (int64_t i = 0; i < len; ++i) Array::set_element(to, y, i, Array::element(from, x, i));
 }
 
-// convert at the CPU's widest vectors, for convert_group (elementwise_range inlines convert itself).
+// convert at the CPU's widest vectors, for convert_elements (elementwise_range inlines convert itself).
 void convert_widest_body(DType from, DType to, const std::byte* x, std::byte* y, int64_t len) {
   convert(from, to, x, y, len);
 }
@@ -169,6 +169,10 @@ void elementwise_range(const ir::Node& n, DType operand, DType result, std::span
   elementwise_range_cloned(n, operand, result, in, out, len);
 }
 
+void convert_elements(DType from, DType to, const std::byte* x, std::byte* y, int64_t len) {
+  convert_widest(from, to, x, y, len);
+}
+
 namespace {
 
 // Runs `n` over all of `in` into `out`, each thread over its part.
@@ -221,8 +225,8 @@ void kernel_convert_group(const ir::Node&, std::span<const Array> in, std::span<
   for (size_t i = 0; i < in.size(); ++i) {
     const int64_t len = in[i].size();
     parallel_ranges(len, len >= kParallelMin, [&](int64_t lo, int64_t hi) {
-      convert_widest(in[i].type().dtype, out[i].type().dtype, in[i].bytes() + lo * dtype_size(in[i].type().dtype),
-                     out[i].bytes() + lo * dtype_size(out[i].type().dtype), hi - lo);
+      convert_elements(in[i].type().dtype, out[i].type().dtype, in[i].bytes() + lo * dtype_size(in[i].type().dtype),
+                       out[i].bytes() + lo * dtype_size(out[i].type().dtype), hi - lo);
     });
   }
 }

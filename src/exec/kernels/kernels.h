@@ -94,6 +94,9 @@ class IsaOverride {
 // result's. Unfused kernels run it over each thread's part of their arrays, the fusion kernel over each tile.
 void elementwise_range(const ir::Node& n, DType operand, DType result, std::span<const std::byte* const> in,
                        std::byte* out, int64_t len);
+// len elements of dtype `from` at x, converted to `to` at y (lax's convert_element_type), at the CPU's widest
+// vectors.
+void convert_elements(DType from, DType to, const std::byte* x, std::byte* y, int64_t len);
 
 // Elements [lo, lo + len) of the constant `n` (iota or full) of type `type`, into `out` (its first element):
 // their kernels run it over each thread's part, the fusion kernel over each tile.
