@@ -49,7 +49,7 @@ A dot(const T* x, const T* y, int64_t n) {
 template <class A>
 struct Tiles {
   A q[kRows][kMaxDh], dout[kRows][kMaxDh], acc[kRows][kMaxDh];  // acc: the context, or dq
-  A s[kRows][kBlock], ds[kRows][kBlock];
+  A s[kRows][kBlock], ds[kRows][kBlock], dk_coef[kRows][kBlock];  // dk_coef: ds / scale (the q tile is scaled)
   A m[kRows], l[kRows], delta[kRows];
 };
 
@@ -111,142 +111,108 @@ void load_keys(const Keys<A>& keys, const T* k, const T* v, const Problem& z, in
       if (keys.vt) keys.vt[d * keys.stride + j] = vx, keys.kb[j * z.D + d] = kx;
     }
 }
-// Register blocking. Vectors of 64 bytes (GCC's vector extension): each target clone lowers them to its widest
-// registers. A block of R rows (or keys) shares every load of the other operand. Each element is still summed
-// in the order one row at a time summed it, with separate multiplies and adds (-ffp-contract=off): the same bits.
-template <class A>
+// The tiles' products, register-blocked. Vectors of the target's width (GCC's vector extension; 16 bytes on
+// baseline x86-64): a block of R rows shares every load of the other operand, R x C vectors of sums live in
+// registers. Each element is still summed in index order, from zero or its value, with separate multiplies and
+// adds (-ffp-contract=off): the same bits on every target and for any blocking.
+template <Isa isa>
+constexpr int64_t kVectorBytes = isa == Isa::x86_64_v4 ? 64 : isa == Isa::avx2 ? 32 : 16;
+template <Isa isa>
+constexpr int64_t kColumnVectors = isa == Isa::x86_64_v4 ? 4 : 2;  // C: R x C sums, C loads and a splat in registers
+constexpr int64_t kRowBlock = 4;                                     // R
+template <class A, int64_t W>
 struct Vec {
-  typedef A type __attribute__((vector_size(64)));
-  static constexpr int64_t lanes = 64 / static_cast<int64_t>(sizeof(A));
+  typedef A type __attribute__((vector_size(W)));
+  static constexpr int64_t lanes = W / static_cast<int64_t>(sizeof(A));
 };
-template <class A>
-using V = typename Vec<A>::type;
-// (Vectors pass by reference: a 64-byte vector by value has an ABI of its own per target.)
-template <class A>
-void load_v(V<A>& v, const A* p) {
-  std::memcpy(&v, p, sizeof v);
-}
-template <class A>
-void store_v(A* p, const V<A>& v) {
-  std::memcpy(p, &v, sizeof v);
-}
-template <class A>
-void splat(V<A>& v, A x) {
-  for (int64_t i = 0; i < Vec<A>::lanes; ++i) v[i] = x;
-}
 
-// out[r][j] = Σ_d x[r][d]·block[d·ld + j], d in order, for R rows and the kBlock columns of a transposed block
-// (columns past the keys are zero; the callers ignore them).
-template <int64_t R, class A>
-void rows_times_block(const A (*x)[kMaxDh], const A* block, int64_t ld, A (*out)[kBlock], int64_t D) {
-  constexpr int64_t L = Vec<A>::lanes, C = kBlock / L;
-  V<A> acc[R][C] = {};
-  for (int64_t d = 0; d < D; ++d) {
-    V<A> column[C];
-    for (int64_t c = 0; c < C; ++c) load_v(column[c], block + d * ld + c * L);
+// The operands of out[i][c] (+)= Σ_k a(i, k)·b[k][c]: a(i, k) at a[i·ai + k·ak] (a row-major or transposed tile),
+// b's rows `lb` apart, out's rows `lo` apart.
+template <class A>
+struct Product {
+  const A* a;
+  int64_t ai, ak;
+  const A* b;
+  int64_t lb;
+  A* out;
+  int64_t lo, K;
+  bool accumulate;  // add to out, or overwrite it
+};
+
+// Rows [i, i + R) and columns [c, c + C·lanes) of a product.
+template <int64_t R, int64_t C, class A, int64_t W>
+void product_block(const Product<A>& p, int64_t i, int64_t c) {
+  using V = typename Vec<A, W>::type;
+  constexpr int64_t L = Vec<A, W>::lanes;
+  V sum[R][C];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t v = 0; v < C; ++v) {
+      if (p.accumulate) std::memcpy(&sum[r][v], p.out + (i + r) * p.lo + c + v * L, sizeof(V));
+      else sum[r][v] = V{};
+    }
+  const A* a = p.a + i * p.ai;
+  for (int64_t k = 0; k < p.K; ++k) {
+    V row[C];
+    for (int64_t v = 0; v < C; ++v) std::memcpy(&row[v], p.b + k * p.lb + c + v * L, sizeof(V));
     for (int64_t r = 0; r < R; ++r) {
-      V<A> xd;
-      splat(xd, x[r][d]);
-      for (int64_t c = 0; c < C; ++c) acc[r][c] += xd * column[c];
+      const A x = a[r * p.ai + k * p.ak];
+      for (int64_t v = 0; v < C; ++v) sum[r][v] += x * row[v];
     }
   }
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t c = 0; c < C; ++c) store_v(&out[r][c * L], acc[r][c]);
+    for (int64_t v = 0; v < C; ++v) std::memcpy(p.out + (i + r) * p.lo + c + v * L, &sum[r][v], sizeof(V));
 }
-template <class A>
+// Rows [i, i + R), all `cols` columns: blocks of C vectors, then single vectors, then element by element.
+template <Isa isa, int64_t R, class A>
+void product_rows(const Product<A>& p, int64_t i, int64_t cols) {
+  constexpr int64_t W = kVectorBytes<isa>, L = Vec<A, W>::lanes, C = kColumnVectors<isa>;
+  int64_t c = 0;
+  for (; c + C * L <= cols; c += C * L) product_block<R, C, A, W>(p, i, c);
+  for (; c + L <= cols; c += L) product_block<R, 1, A, W>(p, i, c);
+  for (; c < cols; ++c)
+    for (int64_t r = i; r < i + R; ++r) {
+      A sum = p.accumulate ? p.out[r * p.lo + c] : A(0);
+      for (int64_t k = 0; k < p.K; ++k) sum += p.a[r * p.ai + k * p.ak] * p.b[k * p.lb + c];
+      p.out[r * p.lo + c] = sum;
+    }
+}
+// The whole product: `rows` x `cols`.
+template <Isa isa, class A>
+void product(const Product<A>& p, int64_t rows, int64_t cols) {
+  int64_t i = 0;
+  for (; i + kRowBlock <= rows; i += kRowBlock) product_rows<isa, kRowBlock>(p, i, cols);
+  for (; i < rows; ++i) product_rows<isa, 1>(p, i, cols);
+}
+
+// out = x · block for the tile's `rows` rows (x: rows of kMaxDh) and a transposed block of keys (D rows, `ld`
+// apart): all kBlock columns (those past the keys are zero; the callers ignore them).
+template <Isa isa, class A>
 void times_block(const A (*x)[kMaxDh], const A* block, int64_t ld, A (*out)[kBlock], int64_t rows, int64_t D) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) rows_times_block<4>(x + r, block, ld, out + r, D);
-  for (; r < rows; ++r) rows_times_block<1>(x + r, block, ld, out + r, D);
+  product<isa>(Product<A>{&x[0][0], kMaxDh, 1, block, ld, &out[0][0], kBlock, D, false}, rows, kBlock);
 }
-
-// acc[r][d] += Σ_j coef[r][j]·block[j·ld + d], j in [0, cols) in order, for R rows, d in [d0, d0 + C vectors).
-template <int64_t R, int64_t C, class A>
-void rows_accumulate_chunk(const A (*coef)[kBlock], const A* block, int64_t ld, A (*acc)[kMaxDh], int64_t cols, int64_t d0) {
-  constexpr int64_t L = Vec<A>::lanes;
-  V<A> a[R][C];
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t c = 0; c < C; ++c) load_v(a[r][c], &acc[r][d0 + c * L]);
-  for (int64_t j = 0; j < cols; ++j) {
-    V<A> row[C];
-    for (int64_t c = 0; c < C; ++c) load_v(row[c], block + j * ld + d0 + c * L);
-    for (int64_t r = 0; r < R; ++r) {
-      V<A> p;
-      splat(p, coef[r][j]);
-      for (int64_t c = 0; c < C; ++c) a[r][c] += p * row[c];
-    }
-  }
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t c = 0; c < C; ++c) store_v(&acc[r][d0 + c * L], a[r][c]);
-}
-template <int64_t R, class A>
-void rows_accumulate(const A (*coef)[kBlock], const A* block, int64_t ld, A (*acc)[kMaxDh], int64_t cols, int64_t D) {
-  constexpr int64_t L = Vec<A>::lanes;
-  int64_t d0 = 0;
-  for (; d0 + 4 * L <= D; d0 += 4 * L) rows_accumulate_chunk<R, 4>(coef, block, ld, acc, cols, d0);
-  for (; d0 + L <= D; d0 += L) rows_accumulate_chunk<R, 1>(coef, block, ld, acc, cols, d0);
-  for (; d0 < D; ++d0)  // the tail, element by element
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t j = 0; j < cols; ++j) acc[r][d0] += coef[r][j] * block[j * ld + d0];
-}
-// The tile's context rows (or dq): acc[r] += coef[r] · block, for its `rows` rows over the block's `cols` keys.
-template <class A>
+// The tile's context rows (or dq): acc += coef · block, over the block's `cols` keys (its rows, `ld` apart).
+template <Isa isa, class A>
 void accumulate(const A (*coef)[kBlock], const A* block, int64_t ld, A (*acc)[kMaxDh], int64_t rows, int64_t cols,
                 int64_t D) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) rows_accumulate<4>(coef + r, block, ld, acc + r, cols, D);
-  for (; r < rows; ++r) rows_accumulate<1>(coef + r, block, ld, acc + r, cols, D);
+  product<isa>(Product<A>{&coef[0][0], kBlock, 1, block, ld, &acc[0][0], kMaxDh, cols, true}, rows, D);
 }
-
-// out[j][d] += Σ_r (coef[r][j] / divisor)·x[r][d], r in [0, rows) in order, for J keys from j0 (out's row j at
-// out + j·D), d in [d0, d0 + C vectors).
-template <int64_t J, int64_t C, class A>
-void keys_accumulate_chunk(const A (*coef)[kBlock], A divisor, const A (*x)[kMaxDh], A* out, int64_t j0, int64_t rows,
-                           int64_t D, int64_t d0) {
-  constexpr int64_t L = Vec<A>::lanes;
-  V<A> a[J][C];
-  for (int64_t j = 0; j < J; ++j)
-    for (int64_t c = 0; c < C; ++c) load_v(a[j][c], out + (j0 + j) * D + d0 + c * L);
-  for (int64_t r = 0; r < rows; ++r) {
-    V<A> row[C];
-    for (int64_t c = 0; c < C; ++c) load_v(row[c], &x[r][d0 + c * L]);
-    for (int64_t j = 0; j < J; ++j) {
-      V<A> p;
-      splat(p, coef[r][j0 + j] / divisor);
-      for (int64_t c = 0; c < C; ++c) a[j][c] += p * row[c];
-    }
-  }
-  for (int64_t j = 0; j < J; ++j)
-    for (int64_t c = 0; c < C; ++c) store_v(out + (j0 + j) * D + d0 + c * L, a[j][c]);
-}
-template <int64_t J, class A>
-void keys_accumulate(const A (*coef)[kBlock], A divisor, const A (*x)[kMaxDh], A* out, int64_t j0, int64_t rows, int64_t D) {
-  constexpr int64_t L = Vec<A>::lanes;
-  int64_t d0 = 0;
-  for (; d0 + 2 * L <= D; d0 += 2 * L) keys_accumulate_chunk<J, 2>(coef, divisor, x, out, j0, rows, D, d0);
-  for (; d0 + L <= D; d0 += L) keys_accumulate_chunk<J, 1>(coef, divisor, x, out, j0, rows, D, d0);
-  for (; d0 < D; ++d0)  // the tail, element by element
-    for (int64_t j = j0; j < j0 + J; ++j)
-      for (int64_t r = 0; r < rows; ++r) out[j * D + d0] += coef[r][j] / divisor * x[r][d0];
-}
-// dv or dk of the block's `cols` keys (out: the key's row at out + j·D): += (coefᵀ / divisor) · x over the rows.
-template <class A>
-void accumulate_keys(const A (*coef)[kBlock], A divisor, const A (*x)[kMaxDh], A* out, int64_t rows, int64_t cols, int64_t D) {
-  int64_t j = 0;
-  for (; j + 4 <= cols; j += 4) keys_accumulate<4>(coef, divisor, x, out, j, rows, D);
-  for (; j < cols; ++j) keys_accumulate<1>(coef, divisor, x, out, j, rows, D);
+// dv or dk of the block's `cols` keys (out: the key's row at out + j·D): out += coefᵀ · x over the tile's rows.
+template <Isa isa, class A>
+void accumulate_keys(const A (*coef)[kBlock], const A (*x)[kMaxDh], A* out, int64_t rows, int64_t cols, int64_t D) {
+  product<isa>(Product<A>{&coef[0][0], 1, kBlock, &x[0][0], kMaxDh, out, D, rows, true}, cols, D);
 }
 
 // s = q kᵀ for the tile, with keys after a causal row's query at -inf.
-template <class A>
+template <Isa isa, class A>
 void scores(Tiles<A>& t, const Keys<A>& keys, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
-  times_block(t.q, keys.kt + s0, keys.stride, t.s, rows, z.D);
+  times_block<isa>(t.q, keys.kt + s0, keys.stride, t.s, rows, z.D);
   if (z.causal)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = std::max<int64_t>(0, i0 + r + 1 - s0); j < cols; ++j) t.s[r][j] = -std::numeric_limits<A>::infinity();
 }
 
 // Heads [lo, hi) of the (batch, head) pairs of attention, in the calling thread's tiles.
+template <Isa isa>
 void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
                           const Problem& z, std::span<std::byte> workspace, int64_t bytes_per_thread,
                           int64_t lo, int64_t hi) {
@@ -271,7 +237,7 @@ void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::spa
         }
         for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
           const int64_t cols = std::min(kBlock, keys - s0);
-          scores(t, kv, z, i0, rows, s0, cols);
+          scores<isa>(t, kv, z, i0, rows, s0, cols);
           for (int64_t r = 0; r < rows; ++r) {
             A* sr = t.s[r];
             A m_new = t.m[r];  // a maximum is exact in any order
@@ -287,7 +253,7 @@ void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::spa
           }
           for (int64_t j = 0; j < cols; ++j)  // each row's sum in key order; the rows' chains side by side
             for (int64_t r = 0; r < rows; ++r) t.l[r] += t.s[r][j];
-          accumulate(t.s, kv.vb + s0 * z.D, z.D, t.acc, rows, cols, z.D);  // acc += p v
+          accumulate<isa>(t.s, kv.vb + s0 * z.D, z.D, t.acc, rows, cols, z.D);  // acc += p v
         }
         for (int64_t r = 0; r < rows; ++r) {
           T* orow = o + ((b * z.T + i0 + r) * z.H + h) * z.D;
@@ -299,9 +265,10 @@ void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::spa
   });
 }
 
-REMAT_WIDEST_CLONES(attention_heads, attention_heads_body)
+REMAT_ISA_CLONES(attention_heads, attention_heads_body)
 
 // kv heads [lo, hi) of the (batch, kv head) pairs of attention_grad, in the calling thread's tiles.
+template <Isa isa>
 void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
                                const Problem& z, std::span<std::byte> workspace, int64_t lo,
                                int64_t hi) {
@@ -335,20 +302,21 @@ void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std
           }
           for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {
             const int64_t cols = std::min(kBlock, keys - s0);
-            scores(t, kv, z, i0, rows, s0, cols);
-            times_block(t.dout, kv.vt + s0, kv.stride, t.ds, rows, z.D);
+            scores<isa>(t, kv, z, i0, rows, s0, cols);
+            times_block<isa>(t.dout, kv.vt + s0, kv.stride, t.ds, rows, z.D);
             for (int64_t r = 0; r < rows; ++r) {  // p = exp(s - lse); ds = p (dout . v - delta) · scale
               A* dsr = t.ds[r];
 #pragma omp simd
               for (int64_t j = 0; j < cols; ++j) {
                 t.s[r][j] = exp_of(t.s[r][j] - t.l[r]);
                 dsr[j] = t.s[r][j] * (dsr[j] - t.delta[r]) * scale;
+                t.dk_coef[r][j] = dsr[j] / scale;
               }
             }
             // dv += pᵀ dout, dk += dsᵀ q (the tile's q is scaled: ds / scale), dq += ds k
-            accumulate_keys(t.s, A(1), t.dout, dv_acc + s0 * z.D, rows, cols, z.D);
-            accumulate_keys(t.ds, scale, t.q, dk_acc + s0 * z.D, rows, cols, z.D);
-            accumulate(t.ds, kv.kb + s0 * z.D, z.D, t.acc, rows, cols, z.D);
+            accumulate_keys<isa>(t.s, t.dout, dv_acc + s0 * z.D, rows, cols, z.D);
+            accumulate_keys<isa>(t.dk_coef, t.q, dk_acc + s0 * z.D, rows, cols, z.D);
+            accumulate<isa>(t.ds, kv.kb + s0 * z.D, z.D, t.acc, rows, cols, z.D);
           }
           for (int64_t r = 0; r < rows; ++r) {
             T* dqr = dq + ((b * z.T + i0 + r) * z.H + h) * z.D;
@@ -366,7 +334,7 @@ void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std
   });
 }
 
-REMAT_WIDEST_CLONES(attention_grad_heads, attention_grad_heads_body)
+REMAT_ISA_CLONES(attention_grad_heads, attention_grad_heads_body)
 
 }  // namespace
 

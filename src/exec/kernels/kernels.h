@@ -64,16 +64,18 @@ class IsaOverride {
 // into libm stay calls, the same function from every target), so its loops vectorise at that width. Without FMA
 // contraction (-ffp-contract=off) or reassociation, every target computes the same bits: by construction, and
 // tested for every cloned kernel and a training step (tests/exec/isa_test.cpp).
+// REMAT_ISA_CLONES(name, body) is the same for a `body` that is a template on its target (body<Isa>): kernels whose
+// register blocking depends on the vector width.
 #if defined(__GNUC__) && __GNUC__ >= 12 && !defined(__clang__) && defined(__x86_64__)
-#define REMAT_WIDEST_CLONES(name, body)                                                                                \
+#define REMAT_CLONES_(name, body_v4, body_avx2, body_baseline)                                                         \
   template <class... Args> __attribute__((flatten)) void name##_baseline(Args&&... a) {                                \
-    body(std::forward<Args>(a)...);                                                                                    \
+    body_baseline(std::forward<Args>(a)...);                                                                           \
   }                                                                                                                    \
   template <class... Args> __attribute__((target("avx2"), flatten)) void name##_avx2(Args&&... a) {                    \
-    body(std::forward<Args>(a)...);                                                                                    \
+    body_avx2(std::forward<Args>(a)...);                                                                               \
   }                                                                                                                    \
   template <class... Args> __attribute__((target("arch=x86-64-v4"), flatten)) void name##_v4(Args&&... a) {            \
-    body(std::forward<Args>(a)...);                                                                                    \
+    body_v4(std::forward<Args>(a)...);                                                                                 \
   }                                                                                                                    \
   template <class... Args> void name(Args&&... a) {                                                                    \
     switch (kernel_isa()) {                                                                                            \
@@ -82,10 +84,14 @@ class IsaOverride {
       case Isa::baseline: return name##_baseline(std::forward<Args>(a)...);                                            \
     }                                                                                                                  \
   }
+#define REMAT_WIDEST_CLONES(name, body) REMAT_CLONES_(name, body, body, body)
+#define REMAT_ISA_CLONES(name, body) REMAT_CLONES_(name, body<Isa::x86_64_v4>, body<Isa::avx2>, body<Isa::baseline>)
 #define REMAT_HAS_ISA_CLONES 1
 #else
 #define REMAT_WIDEST_CLONES(name, body) \
   template <class... Args> void name(Args&&... a) { body(std::forward<Args>(a)...); }
+#define REMAT_ISA_CLONES(name, body) \
+  template <class... Args> void name(Args&&... a) { body<Isa::baseline>(std::forward<Args>(a)...); }
 #define REMAT_HAS_ISA_CLONES 0
 #endif
 
