@@ -18,7 +18,7 @@ namespace remat::exec {
 namespace {
 
 constexpr int64_t kBlock = 64;   // keys per block
-constexpr int64_t kRows = 16;    // queries per block
+constexpr int64_t kRows = 24;    // queries per block
 constexpr int64_t kMaxDh = 256;  // head dims a tile row holds
 
 // The sizes of one call (q [B,T,H,D], k and v [B,S,KV,D]), its mask and scale.
@@ -54,12 +54,12 @@ struct Tiles {
 };
 
 // One kv head's keys and values in A, laid out for the products, filled once per (batch, kv head) and read by
-// every query tile of every head of its group: transposed (kt, vt: D rows of `stride` keys, the keys past S zero)
+// every query tile of every head of its group: transposed (kt, vt: D rows of `stride` keys)
 // and as rows (kb, vb: S rows of D). The forward uses kt and vb.
 template <class A>
 struct Keys {
   A *kt, *vt, *kb, *vb;
-  int64_t stride;  // S rounded up to whole blocks
+  int64_t stride;  // S rounded up to whole blocks (each row 64-byte aligned)
 };
 int64_t padded_keys(int64_t S) { return (S + kBlock - 1) / kBlock * kBlock; }
 
@@ -98,18 +98,21 @@ Keys<A> keys_of(Tiles<A>& t, const ir::Node& n, const Problem& z) {
 // Fills `keys` with kv head g of batch b.
 template <class A, class T>
 void load_keys(const Keys<A>& keys, const T* k, const T* v, const Problem& z, int64_t b, int64_t g) {
-  for (int64_t d = 0; d < z.D; ++d) {
-    std::fill(keys.kt + d * keys.stride + z.S, keys.kt + (d + 1) * keys.stride, A(0));
-    if (keys.vt) std::fill(keys.vt + d * keys.stride + z.S, keys.vt + (d + 1) * keys.stride, A(0));
+  constexpr int64_t kKeys = 16;  // keys per pass: their rows stay in L1 while the transposes are written
+  for (int64_t j0 = 0; j0 < z.S; j0 += kKeys) {
+    const int64_t j1 = std::min(z.S, j0 + kKeys);
+    auto at = [&](int64_t j, int64_t d) { return ((b * z.S + j) * z.KV + g) * z.D + d; };
+    for (int64_t d = 0; d < z.D; ++d)
+      for (int64_t j = j0; j < j1; ++j) {
+        keys.kt[d * keys.stride + j] = static_cast<A>(load(k[at(j, d)]));
+        if (keys.vt) keys.vt[d * keys.stride + j] = static_cast<A>(load(v[at(j, d)]));
+      }
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t d = 0; d < z.D; ++d) {
+        keys.vb[j * z.D + d] = static_cast<A>(load(v[at(j, d)]));
+        if (keys.kb) keys.kb[j * z.D + d] = static_cast<A>(load(k[at(j, d)]));
+      }
   }
-  for (int64_t j = 0; j < z.S; ++j)
-    for (int64_t d = 0; d < z.D; ++d) {
-      const int64_t at = ((b * z.S + j) * z.KV + g) * z.D + d;
-      const A kx = static_cast<A>(load(k[at])), vx = static_cast<A>(load(v[at]));
-      keys.kt[d * keys.stride + j] = kx;
-      keys.vb[j * z.D + d] = vx;
-      if (keys.vt) keys.vt[d * keys.stride + j] = vx, keys.kb[j * z.D + d] = kx;
-    }
 }
 // The tiles' products, register-blocked. Vectors of the target's width (GCC's vector extension; 16 bytes on
 // baseline x86-64): a block of R rows shares every load of the other operand, R x C vectors of sums live in
@@ -119,7 +122,8 @@ template <Isa isa>
 constexpr int64_t kVectorBytes = isa == Isa::x86_64_v4 ? 64 : isa == Isa::avx2 ? 32 : 16;
 template <Isa isa>
 constexpr int64_t kColumnVectors = isa == Isa::x86_64_v4 ? 4 : 2;  // C: R x C sums, C loads and a splat in registers
-constexpr int64_t kRowBlock = 4;                                     // R
+template <Isa isa>
+constexpr int64_t kRowBlock = isa == Isa::x86_64_v4 ? 4 : 6;  // R
 template <class A, int64_t W>
 struct Vec {
   typedef A type __attribute__((vector_size(W)));
@@ -180,15 +184,16 @@ void product_rows(const Product<A>& p, int64_t i, int64_t cols) {
 template <Isa isa, class A>
 void product(const Product<A>& p, int64_t rows, int64_t cols) {
   int64_t i = 0;
-  for (; i + kRowBlock <= rows; i += kRowBlock) product_rows<isa, kRowBlock>(p, i, cols);
+  for (; i + kRowBlock<isa> <= rows; i += kRowBlock<isa>) product_rows<isa, kRowBlock<isa>>(p, i, cols);
   for (; i < rows; ++i) product_rows<isa, 1>(p, i, cols);
 }
 
-// out = x · block for the tile's `rows` rows (x: rows of kMaxDh) and a transposed block of keys (D rows, `ld`
-// apart): all kBlock columns (those past the keys are zero; the callers ignore them).
+// out = x · block for the tile's `rows` rows (x: rows of kMaxDh) and the first `cols` keys of a transposed block
+// (D rows, `ld` apart).
 template <Isa isa, class A>
-void times_block(const A (*x)[kMaxDh], const A* block, int64_t ld, A (*out)[kBlock], int64_t rows, int64_t D) {
-  product<isa>(Product<A>{&x[0][0], kMaxDh, 1, block, ld, &out[0][0], kBlock, D, false}, rows, kBlock);
+void times_block(const A (*x)[kMaxDh], const A* block, int64_t ld, A (*out)[kBlock], int64_t rows, int64_t cols,
+                 int64_t D) {
+  product<isa>(Product<A>{&x[0][0], kMaxDh, 1, block, ld, &out[0][0], kBlock, D, false}, rows, cols);
 }
 // The tile's context rows (or dq): acc += coef · block, over the block's `cols` keys (its rows, `ld` apart).
 template <Isa isa, class A>
@@ -205,10 +210,39 @@ void accumulate_keys(const A (*coef)[kBlock], const A (*x)[kMaxDh], A* out, int6
 // s = q kᵀ for the tile, with keys after a causal row's query at -inf.
 template <Isa isa, class A>
 void scores(Tiles<A>& t, const Keys<A>& keys, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
-  times_block<isa>(t.q, keys.kt + s0, keys.stride, t.s, rows, z.D);
+  times_block<isa>(t.q, keys.kt + s0, keys.stride, t.s, rows, cols, z.D);
   if (z.causal)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = std::max<int64_t>(0, i0 + r + 1 - s0); j < cols; ++j) t.s[r][j] = -std::numeric_limits<A>::infinity();
+}
+
+// kLanes side-by-side partial results (a row's maximum, its sum) over a row of scores: a fixed count, the same
+// on every target, wide enough to vectorise.
+constexpr int64_t kLanes = 16;
+// Folds one block's scores `s` (cols of them) into a query's online softmax: its running maximum m, sum l and
+// context row acc (D) rescaled to the new maximum; s becomes the block's probabilities exp(s - m).
+template <class A>
+void online_softmax_row(A* s, int64_t cols, A& m, A& l, A* acc, int64_t D) {
+  A lane[kLanes];
+  std::fill(lane, lane + kLanes, -std::numeric_limits<A>::infinity());
+  int64_t j0 = 0;
+  for (; j0 + kLanes <= cols; j0 += kLanes)
+    for (int64_t i = 0; i < kLanes; ++i) lane[i] = std::max(lane[i], s[j0 + i]);
+  for (int64_t j = j0; j < cols; ++j) lane[j - j0] = std::max(lane[j - j0], s[j]);
+  A m_new = m;
+  for (int64_t i = 0; i < kLanes; ++i) m_new = std::max(m_new, lane[i]);
+  const A correction = exp_of(m - m_new);  // 0 at the first block (exp(-inf))
+#pragma omp simd
+  for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
+  std::fill(lane, lane + kLanes, A(0));
+  for (j0 = 0; j0 + kLanes <= cols; j0 += kLanes)
+#pragma omp simd
+    for (int64_t i = 0; i < kLanes; ++i) lane[i] += s[j0 + i] = exp_of(s[j0 + i] - m_new);
+  for (int64_t j = j0; j < cols; ++j) lane[j - j0] += s[j] = exp_of(s[j] - m_new);
+  for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the lanes' sum, pairwise
+    for (int64_t i = 0; i < width; ++i) lane[i] += lane[i + width];
+  l = l * correction + lane[0];
+  m = m_new;
 }
 
 // Heads [lo, hi) of the (batch, head) pairs of attention, in the calling thread's tiles.
@@ -238,21 +272,7 @@ void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::spa
         for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
           const int64_t cols = std::min(kBlock, keys - s0);
           scores<isa>(t, kv, z, i0, rows, s0, cols);
-          for (int64_t r = 0; r < rows; ++r) {
-            A* sr = t.s[r];
-            A m_new = t.m[r];  // a maximum is exact in any order
-#pragma omp simd reduction(max : m_new)
-            for (int64_t j = 0; j < cols; ++j) m_new = std::max(m_new, sr[j]);
-            const A correction = exp_of(t.m[r] - m_new);  // 0 at the first block (exp(-inf))
-            t.l[r] *= correction;
-#pragma omp simd
-            for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] *= correction;
-#pragma omp simd
-            for (int64_t j = 0; j < cols; ++j) sr[j] = exp_of(sr[j] - m_new);
-            t.m[r] = m_new;
-          }
-          for (int64_t j = 0; j < cols; ++j)  // each row's sum in key order; the rows' chains side by side
-            for (int64_t r = 0; r < rows; ++r) t.l[r] += t.s[r][j];
+          for (int64_t r = 0; r < rows; ++r) online_softmax_row(t.s[r], cols, t.m[r], t.l[r], t.acc[r], z.D);
           accumulate<isa>(t.s, kv.vb + s0 * z.D, z.D, t.acc, rows, cols, z.D);  // acc += p v
         }
         for (int64_t r = 0; r < rows; ++r) {
@@ -303,7 +323,7 @@ void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std
           for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {
             const int64_t cols = std::min(kBlock, keys - s0);
             scores<isa>(t, kv, z, i0, rows, s0, cols);
-            times_block<isa>(t.dout, kv.vt + s0, kv.stride, t.ds, rows, z.D);
+            times_block<isa>(t.dout, kv.vt + s0, kv.stride, t.ds, rows, cols, z.D);
             for (int64_t r = 0; r < rows; ++r) {  // p = exp(s - lse); ds = p (dout . v - delta) · scale
               A* dsr = t.ds[r];
 #pragma omp simd
