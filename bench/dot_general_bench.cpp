@@ -32,7 +32,8 @@ void DotGeneralF32(benchmark::State& state) {
 BENCHMARK(DotGeneralF32)->Args({4096, 768, 3072})->Args({1024, 1024, 1024})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // A weight gradient, [tokens, m]^T x [tokens, n]: the contraction longer than both output sides, so it runs as
-// fixed output tiles (thread-count invariant). Args: tokens, m, n, dtype (0 f32, 1 bf16).
+// fixed output tiles (thread-count invariant); m = 3072 f32: the lhs rows 12 KiB apart, read from a copy. Args:
+// tokens, m, n, dtype (0 f32, 1 bf16).
 void WeightGradient(benchmark::State& state) {
   const int64_t t = state.range(0), m = state.range(1), n = state.range(2);
   const DType dtype = state.range(3) ? DType::bf16 : DType::f32;
@@ -50,7 +51,7 @@ void WeightGradient(benchmark::State& state) {
 }
 
 BENCHMARK(WeightGradient)
-    ->ArgsProduct({{2048}, {768}, {768, 2048}, {0, 1}})
+    ->ArgsProduct({{2048}, {768, 3072}, {768, 2048}, {0, 1}})
     ->Args({32768, 16, 24, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

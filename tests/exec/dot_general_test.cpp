@@ -92,14 +92,16 @@ TEST(DotGeneral, TiledMatmulsMatchReferenceOnAllLayouts) {
   }
 }
 
-// Where a tile's rhs rows are a multiple of 4 KiB apart (they would share an L1 set), the tile reads a copy of them
-// with longer rows: an rhs of 1024 f32 columns, and one stored transposed with 1024 f32 contracted elements. Both
-// contractions are longer than the output sides, so they run as tiles on every CPU.
-TEST(DotGeneral, TilesReadRhsRowsFourKibApartFromACopy) {
+// Where a tile's operand rows are a multiple of 4 KiB apart (they would share an L1 set), the tile reads a copy of
+// them with longer rows: an rhs of 1024 f32 columns, one stored transposed with 1024 f32 contracted elements, and
+// an lhs stored transposed with 1024 f32 rows. The contractions are longer than the output sides, so they run as
+// tiles on every CPU.
+TEST(DotGeneral, TilesReadOperandRowsFourKibApartFromACopy) {
   std::mt19937 rng(5);
   for (DType dtype : {DType::f32, DType::bf16}) {
     check_layout(Layout{0, 70, 1040, 1024, {0, 1}, {0, 1}}, rng, dtype);
     check_layout(Layout{0, 130, 1024, 270, {0, 1}, {1, 0}}, rng, dtype);
+    check_layout(Layout{0, 1024, 1040, 60, {1, 0}, {0, 1}}, rng, dtype);
   }
 }
 

@@ -129,14 +129,14 @@ struct Analysis {
   dnnl::matmul::primitive_desc pd;
   std::vector<TileKind> tiles;  // empty: oneDNN's own decomposition
   bool widened = false;         // bf16 tiles computed in f32 (this CPU's oneDNN has no bf16 matmul)
-  int64_t b_ld = 0;             // a tile's rhs copied into the thread's workspace, rows this many elements apart
+  int64_t a_ld = 0, b_ld = 0;   // a tile's lhs, rhs copied into the thread's workspace, rows this many elements apart
   int64_t element_size = 0;     // of a tile's arithmetic: 4 widened, else the operands'
   int64_t pad_bytes = 0;        // scratchpad of the whole matmul, or of one thread's tile
 };
 
-// A tile's copies in a thread's workspace, after its scratchpad, each in its source's orientation: widened, the
-// f32 lhs rows x K (K x rows when swapped) and result rows x cols; widened or where its rows would alias, the
-// rhs K x cols (cols x K when swapped), rows b_ld apart. `end` is the bytes they take.
+// A tile's copies in a thread's workspace, after its scratchpad, each in its source's orientation: widened or
+// where its rows would alias, the lhs rows x K (K x rows when swapped), rows a_ld apart, and the rhs K x cols
+// (cols x K when swapped), rows b_ld apart; widened, the f32 result rows x cols. `end` is the bytes they take.
 struct TileCopies {
   std::byte *a, *b, *c;
   int64_t end;
@@ -144,24 +144,25 @@ struct TileCopies {
 TileCopies tile_copies(std::byte* at, const Analysis& x) {
   const Sizes& z = x.sizes;
   const int64_t rows = std::min(z.M, kTileRows), cols = std::min(z.N, kTileCols);
-  const int64_t a = aligned64(x.pad_bytes), b = a + (x.widened ? aligned64(rows * z.K * 4) : 0);
+  const int64_t a = aligned64(x.pad_bytes);
+  const int64_t b = a + (x.a_ld > 0 ? aligned64((x.a_layout.swapped ? z.K : rows) * x.a_ld * x.element_size) : 0);
   const int64_t c = b + (x.b_ld > 0 ? aligned64((x.b_layout.swapped ? cols : z.K) * x.b_ld * x.element_size) : 0);
   const int64_t end = c + (x.widened ? aligned64(rows * cols * 4) : 0);
   auto to = [&](int64_t offset) { return at ? at + offset : nullptr; };
   return {to(a), to(b), to(c), end};
 }
-// Where a tile's rhs is read from a copy: widened, or where its rows are a multiple of 4 KiB apart (they would
-// share an L1 set: oneDNN's f32 GEMM without AVX-512 ran 2.7x slower on [2048,768] x [768,3072]). The copy's
-// rows are 64 bytes longer than the tile's.
-int64_t copied_rhs_ld(const Sizes& z, const Layout& b, bool widened, int64_t element_size) {
-  const int64_t row = b.swapped ? z.K : std::min(z.N, kTileCols), in_place = b.swapped ? z.K : z.N;
-  if (!widened && in_place * element_size % 4096 != 0) return 0;
-  return row + 64 / element_size;
+// Where a tile's operand is read from a copy: widened, or where its rows are a multiple of 4 KiB apart (they
+// would share an L1 set: oneDNN's f32 GEMM without AVX-512 ran 2.7x slower on [2048,768] x [768,3072]; it packs
+// an lhs that is not swapped itself). The copy's rows are 64 bytes longer than the tile's: the lhs's `rows`
+// (swapped) or K long, the rhs's K (swapped) or `cols`.
+int64_t copied_ld(int64_t tile_row, int64_t in_place_row, bool copy_aliasing, bool widened, int64_t element_size) {
+  if (!widened && !(copy_aliasing && in_place_row * element_size % 4096 == 0)) return 0;
+  return tile_row + 64 / element_size;
 }
 
 // The kinds' primitives read operands and write outputs in place through their strides, or (widened) the
 // thread's f32 copies.
-std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& b, bool widened, int64_t b_ld,
+std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& b, bool widened, int64_t a_ld, int64_t b_ld,
                                  dnnl::memory::data_type dt, const dnnl::primitive_attr& attr) {
   using dims = dnnl::memory::dims;
   std::vector<TileKind> kinds(4);
@@ -171,8 +172,8 @@ std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& 
       const int64_t rows = last_row ? z.M % kTileRows : std::min(z.M, kTileRows);
       const int64_t cols = last_col ? z.N % kTileCols : std::min(z.N, kTileCols);
       if (rows == 0 || cols == 0 || (last_row && z.M < kTileRows) || (last_col && z.N < kTileCols)) continue;
-      const int64_t lda = widened ? rows : z.M, ldn = widened ? cols : z.N;
-      dnnl::memory::desc src(dims{rows, z.K}, dt, a.swapped ? dims{1, lda} : dims{z.K, 1});
+      const int64_t lda = a_ld > 0 ? a_ld : a.swapped ? z.M : z.K, ldn = widened ? cols : z.N;
+      dnnl::memory::desc src(dims{rows, z.K}, dt, a.swapped ? dims{1, lda} : dims{lda, 1});
       const int64_t ldb = b_ld > 0 ? b_ld : b.swapped ? z.K : z.N;
       dnnl::memory::desc weights(dims{z.K, cols}, dt, b.swapped ? dims{1, ldb} : dims{ldb, 1});
       dnnl::memory::desc dst(dims{rows, cols}, dt, dims{ldn, 1});
@@ -234,8 +235,12 @@ Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
     a.pd = {};
   }
   a.element_size = a.widened ? 4 : dtype_size(lhs.dtype);
-  a.b_ld = copied_rhs_ld(z, a.b_layout, a.widened, a.element_size);
-  a.tiles = tile_kinds(z, a.a_layout, a.b_layout, a.widened, a.b_ld, a.widened ? dnnl::memory::data_type::f32 : dt,
+  const bool a_swapped = a.a_layout.swapped, b_swapped = a.b_layout.swapped;
+  a.a_ld = copied_ld(a_swapped ? std::min(z.M, kTileRows) : z.K, a_swapped ? z.M : z.K, a_swapped, a.widened,
+                     a.element_size);
+  a.b_ld = copied_ld(b_swapped ? z.K : std::min(z.N, kTileCols), b_swapped ? z.K : z.N, true, a.widened,
+                     a.element_size);
+  a.tiles = tile_kinds(z, a.a_layout, a.b_layout, a.widened, a.a_ld, a.b_ld, a.widened ? dnnl::memory::data_type::f32 : dt,
                        attr);
   for (const TileKind& k : a.tiles)
     if (k.rows > 0) a.pad_bytes = std::max(a.pad_bytes, static_cast<int64_t>(k.pd.scratchpad_desc().get_size()));
@@ -342,8 +347,8 @@ dnnl_status_t run_wide_tile(Call& call, const dnnl::stream& stream, const Analys
   auto* a = reinterpret_cast<float*>(w.a);
   auto* b = reinterpret_cast<float*>(w.b);
   auto* c = reinterpret_cast<float*>(w.c);
-  if (x.a_layout.swapped) convert_runs(lhs + r0, z.M, a, rows, z.K, rows);
-  else convert_runs(lhs + r0 * z.K, z.K, a, z.K, rows, z.K);
+  if (x.a_layout.swapped) convert_runs(lhs + r0, z.M, a, x.a_ld, z.K, rows);
+  else convert_runs(lhs + r0 * z.K, z.K, a, x.a_ld, rows, z.K);
   if (x.b_layout.swapped) convert_runs(rhs + c0 * z.K, z.K, b, x.b_ld, cols, z.K);
   else convert_runs(rhs + c0, z.N, b, x.b_ld, z.K, cols);
   const dnnl_status_t s = call.run(stream, a, b, c, x.pad_bytes > 0 ? scratch : nullptr);
@@ -351,15 +356,27 @@ dnnl_status_t run_wide_tile(Call& call, const dnnl::stream& stream, const Analys
   return s;
 }
 
-// A tile's rhs, columns [c0, c0 + cols) of `rhs`, copied into the thread's workspace (copied_rhs_ld): the copy.
+// `outer` runs of n elements, `from_ld` elements apart at `from`, copied into runs `to_ld` apart at `to`.
+void copy_runs(const std::byte* from, int64_t from_ld, std::byte* to, int64_t to_ld, int64_t outer, int64_t n,
+               int64_t element_size) {
+  for (int64_t o = 0; o < outer; ++o) std::memcpy(to + o * to_ld * element_size, from + o * from_ld * element_size, n * element_size);
+}
+// A tile's lhs, rows [r0, r0 + rows) of `lhs`, copied into the thread's workspace (copied_ld): the copy.
+std::byte* copy_lhs(const Analysis& x, const std::byte* lhs, int64_t r0, int64_t rows, std::byte* scratch) {
+  const Sizes& z = x.sizes;
+  const int64_t es = x.element_size;
+  std::byte* to = tile_copies(scratch, x).a;
+  if (x.a_layout.swapped) copy_runs(lhs + r0 * es, z.M, to, x.a_ld, z.K, rows, es);
+  else copy_runs(lhs + r0 * z.K * es, z.K, to, x.a_ld, rows, z.K, es);
+  return to;
+}
+// A tile's rhs, columns [c0, c0 + cols) of `rhs`, copied into the thread's workspace (copied_ld): the copy.
 std::byte* copy_rhs(const Analysis& x, const std::byte* rhs, int64_t c0, int64_t cols, std::byte* scratch) {
   const Sizes& z = x.sizes;
   const int64_t es = x.element_size;
   std::byte* to = tile_copies(scratch, x).b;
-  if (x.b_layout.swapped)
-    for (int64_t j = 0; j < cols; ++j) std::memcpy(to + j * x.b_ld * es, rhs + (c0 + j) * z.K * es, z.K * es);
-  else
-    for (int64_t k = 0; k < z.K; ++k) std::memcpy(to + k * x.b_ld * es, rhs + (k * z.N + c0) * es, cols * es);
+  if (x.b_layout.swapped) copy_runs(rhs + c0 * z.K * es, z.K, to, x.b_ld, cols, z.K, es);
+  else copy_runs(rhs + c0 * es, z.N, to, x.b_ld, z.K, cols, es);
   return to;
 }
 
@@ -387,7 +404,8 @@ void run_tiles(Entry& e, std::byte* lhs, std::byte* rhs, std::byte* out, std::by
             ? run_wide_tile(call, e.streams[thread], e.x, reinterpret_cast<const bf16_t*>(a),
                             reinterpret_cast<const bf16_t*>(w), reinterpret_cast<bf16_t*>(c), r0, c0,
                             e.x.tiles[kind].rows, e.x.tiles[kind].cols, scratch)
-            : call.run(e.streams[thread], a + r0 * a_row * element_size,
+            : call.run(e.streams[thread],
+                       e.x.a_ld > 0 ? copy_lhs(e.x, a, r0, e.x.tiles[kind].rows, scratch) : a + r0 * a_row * element_size,
                        e.x.b_ld > 0 ? copy_rhs(e.x, w, c0, e.x.tiles[kind].cols, scratch) : w + c0 * b_col * element_size,
                        c + (r0 * z.N + c0) * element_size, e.x.pad_bytes > 0 ? scratch : nullptr);
     if (s != dnnl_success) failed = s;
