@@ -10,6 +10,7 @@
 #  - remat_policy=auto with hbm_limit at PyTorch's checkpointed peak RSS, over PyTorch's checkpointed step.
 # With --long, the same width at 4096 and 8192 tokens (batch 1): PyTorch checkpointed and not (under a 24 GiB
 # address-space limit: where it runs out of memory), remat flash with auto under PyTorch's checkpointed peak.
+# Without AVX512_BF16 (e.g. AVX2-only CPUs) the bf16 PyTorch peer is not run: it takes minutes a step there.
 # PyTorch's CPU allocator hands large blocks back to the OS every step, and page faults are slow on these
 # machines: with Debian's libjemalloc2 installed the peer runs under jemalloc (retaining its pages, as production
 # PyTorch CPU jobs do), with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset; it prints the OpenBLAS core it runs.
@@ -28,6 +29,8 @@ jemalloc=""
 [ -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ] && jemalloc=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 have_torch=0
 /usr/bin/python3 -c 'import torch' 2>/dev/null && have_torch=1
+torch_bf16=1 no_torch_bf16="not run (this CPU has no AVX512_BF16: PyTorch's bf16 CPU matmuls take minutes a step)"
+grep -q avx512_bf16 /proc/cpuinfo || torch_bf16=0
 
 # The median of the steps after the first.
 ms_of() { grep -o '[0-9.]* ms/step' <<<"$1" | sed '1d' | awk '{print $1}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
@@ -76,7 +79,9 @@ echo "remat: $("$remat" --version 2>/dev/null || echo "$remat"), $(nproc) cores,
 for dtype in float32 bfloat16; do
   echo
   base_ms="" ckpt_ms="" ckpt_gib=""
-  if [ $have_torch = 1 ]; then
+  if [ $have_torch = 1 ] && [ $dtype = bfloat16 ] && [ $torch_bf16 = 0 ]; then
+    echo "PyTorch bfloat16: $no_torch_bf16"
+  elif [ $have_torch = 1 ]; then
     none=$(torch "$dtype" 512 4) ckpt=$(torch "$dtype" 512 4 --checkpoint)
     echo "$none"
     echo "$ckpt"
@@ -103,7 +108,9 @@ done
 for seq in 4096 8192; do
   echo
   base_ms="" ckpt_gib=""
-  if [ $have_torch = 1 ]; then
+  if [ $have_torch = 1 ] && [ $torch_bf16 = 0 ]; then
+    echo "PyTorch bfloat16: $no_torch_bf16"
+  elif [ $have_torch = 1 ]; then
     ckpt=$(torch bfloat16 "$seq" 1 --checkpoint)
     echo "$ckpt"
     echo "no checkpoint, under 24 GiB: $(torch bfloat16 "$seq" 1 "" $((24 << 20)))"
