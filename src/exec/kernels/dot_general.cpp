@@ -160,10 +160,10 @@ int64_t copied_ld(int64_t tile_row, int64_t in_place_row, bool copy_aliasing, bo
   return tile_row + 64 / element_size;
 }
 
-// The kinds' primitives read operands and write outputs in place through their strides, or (widened) the
-// thread's f32 copies.
-std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& b, bool widened, int64_t a_ld, int64_t b_ld,
-                                 dnnl::memory::data_type dt, const dnnl::primitive_attr& attr) {
+// The kinds' primitives read operands and write outputs in place through their strides, or the thread's copies
+// (tile_copies) where a_ld, b_ld or widened say so.
+std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& b, bool widened, int64_t a_ld,
+                                 int64_t b_ld, dnnl::memory::data_type dt, const dnnl::primitive_attr& attr) {
   using dims = dnnl::memory::dims;
   std::vector<TileKind> kinds(4);
   const OneThread one_thread;
@@ -240,14 +240,14 @@ Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
                      a.element_size);
   a.b_ld = copied_ld(b_swapped ? z.K : std::min(z.N, kTileCols), b_swapped ? z.K : z.N, true, a.widened,
                      a.element_size);
-  a.tiles = tile_kinds(z, a.a_layout, a.b_layout, a.widened, a.a_ld, a.b_ld, a.widened ? dnnl::memory::data_type::f32 : dt,
-                       attr);
+  a.tiles = tile_kinds(z, a.a_layout, a.b_layout, a.widened, a.a_ld, a.b_ld,
+                       a.widened ? dnnl::memory::data_type::f32 : dt, attr);
   for (const TileKind& k : a.tiles)
     if (k.rows > 0) a.pad_bytes = std::max(a.pad_bytes, static_cast<int64_t>(k.pd.scratchpad_desc().get_size()));
   return a;
 }
 
-// What one thread of tiles takes: its tile's scratchpad, then (widened) its f32 tile.
+// What one thread of tiles takes: its tile's scratchpad, then its copies (tile_copies).
 int64_t per_thread_bytes(const Analysis& a) {
   return tile_copies(nullptr, a).end;
 }
@@ -338,6 +338,21 @@ void convert_runs(const From* from, int64_t from_ld, To* to, int64_t to_ld, int6
                      reinterpret_cast<std::byte*>(to + o * to_ld), n);
 }
 
+// The runs a tile reads of its lhs (rows [r0, r0 + rows)) or rhs (columns [c0, c0 + cols)), in the operand's
+// orientation: f(first element, elements between runs, runs, run length), in elements of the operand.
+template <class F>
+void lhs_runs(const Analysis& x, int64_t r0, int64_t rows, F f) {
+  const Sizes& z = x.sizes;
+  if (x.a_layout.swapped) f(r0, z.M, z.K, rows);
+  else f(r0 * z.K, z.K, rows, z.K);
+}
+template <class F>
+void rhs_runs(const Analysis& x, int64_t c0, int64_t cols, F f) {
+  const Sizes& z = x.sizes;
+  if (x.b_layout.swapped) f(c0 * z.K, z.K, cols, z.K);
+  else f(c0, z.N, z.K, cols);
+}
+
 // One widened tile: rows [r0, r0 + rows) of batch entry `lhs` against columns [c0, c0 + cols) of `rhs`.
 dnnl_status_t run_wide_tile(Call& call, const dnnl::stream& stream, const Analysis& x, const bf16_t* lhs,
                             const bf16_t* rhs, bf16_t* out, int64_t r0, int64_t c0, int64_t rows, int64_t cols,
@@ -347,10 +362,10 @@ dnnl_status_t run_wide_tile(Call& call, const dnnl::stream& stream, const Analys
   auto* a = reinterpret_cast<float*>(w.a);
   auto* b = reinterpret_cast<float*>(w.b);
   auto* c = reinterpret_cast<float*>(w.c);
-  if (x.a_layout.swapped) convert_runs(lhs + r0, z.M, a, x.a_ld, z.K, rows);
-  else convert_runs(lhs + r0 * z.K, z.K, a, x.a_ld, rows, z.K);
-  if (x.b_layout.swapped) convert_runs(rhs + c0 * z.K, z.K, b, x.b_ld, cols, z.K);
-  else convert_runs(rhs + c0, z.N, b, x.b_ld, z.K, cols);
+  lhs_runs(x, r0, rows,
+           [&](int64_t at, int64_t ld, int64_t outer, int64_t n) { convert_runs(lhs + at, ld, a, x.a_ld, outer, n); });
+  rhs_runs(x, c0, cols,
+           [&](int64_t at, int64_t ld, int64_t outer, int64_t n) { convert_runs(rhs + at, ld, b, x.b_ld, outer, n); });
   const dnnl_status_t s = call.run(stream, a, b, c, x.pad_bytes > 0 ? scratch : nullptr);
   if (s == dnnl_success) convert_runs(c, cols, out + r0 * z.N + c0, z.N, rows, cols);
   return s;
@@ -359,24 +374,23 @@ dnnl_status_t run_wide_tile(Call& call, const dnnl::stream& stream, const Analys
 // `outer` runs of n elements, `from_ld` elements apart at `from`, copied into runs `to_ld` apart at `to`.
 void copy_runs(const std::byte* from, int64_t from_ld, std::byte* to, int64_t to_ld, int64_t outer, int64_t n,
                int64_t element_size) {
-  for (int64_t o = 0; o < outer; ++o) std::memcpy(to + o * to_ld * element_size, from + o * from_ld * element_size, n * element_size);
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(to + o * to_ld * element_size, from + o * from_ld * element_size, n * element_size);
 }
 // A tile's lhs, rows [r0, r0 + rows) of `lhs`, copied into the thread's workspace (copied_ld): the copy.
 std::byte* copy_lhs(const Analysis& x, const std::byte* lhs, int64_t r0, int64_t rows, std::byte* scratch) {
-  const Sizes& z = x.sizes;
-  const int64_t es = x.element_size;
   std::byte* to = tile_copies(scratch, x).a;
-  if (x.a_layout.swapped) copy_runs(lhs + r0 * es, z.M, to, x.a_ld, z.K, rows, es);
-  else copy_runs(lhs + r0 * z.K * es, z.K, to, x.a_ld, rows, z.K, es);
+  const int64_t es = x.element_size;
+  lhs_runs(x, r0, rows,
+           [&](int64_t at, int64_t ld, int64_t outer, int64_t n) { copy_runs(lhs + at * es, ld, to, x.a_ld, outer, n, es); });
   return to;
 }
 // A tile's rhs, columns [c0, c0 + cols) of `rhs`, copied into the thread's workspace (copied_ld): the copy.
 std::byte* copy_rhs(const Analysis& x, const std::byte* rhs, int64_t c0, int64_t cols, std::byte* scratch) {
-  const Sizes& z = x.sizes;
-  const int64_t es = x.element_size;
   std::byte* to = tile_copies(scratch, x).b;
-  if (x.b_layout.swapped) copy_runs(rhs + c0 * z.K * es, z.K, to, x.b_ld, cols, z.K, es);
-  else copy_runs(rhs + c0 * es, z.N, to, x.b_ld, z.K, cols, es);
+  const int64_t es = x.element_size;
+  rhs_runs(x, c0, cols,
+           [&](int64_t at, int64_t ld, int64_t outer, int64_t n) { copy_runs(rhs + at * es, ld, to, x.b_ld, outer, n, es); });
   return to;
 }
 
