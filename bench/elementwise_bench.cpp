@@ -1,8 +1,10 @@
 // The elementwise and row-reduction loops the fusion and reduce kernels run, on one thread over a cache-resident
 // tile (what a fusion tile sees), in elements per second: exp and logistic through the kernels' loop, against
 // the same loop over libm's expf (what they ran before exec/kernels/exp.h); a row max and sum over 512-element
-// rows (the attention's softmax) through the kernel, against one accumulator per row.
-// Run: build/remat_bench --benchmark_filter='Exp|Logistic|Row'
+// rows (the attention's softmax) through the kernel, against one accumulator per row; softmax and its VJP over
+// the medium config's attention scores (4 x 12 heads x 512 x 512) on all threads, in GB/s of their operands and
+// results, their buffers allocated (and faulted in) once.
+// Run: build/remat_bench --benchmark_filter='Exp|Logistic|Row|Softmax'
 #include "exec/exec.h"
 #include "exec/kernels/kernels.h"
 
@@ -85,12 +87,44 @@ void RowMaxOneAccumulator(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * rows * cols);
 }
 
+// softmax (x in `in`, p in `out`) or softmax_grad (x and g in `in`, dx in `in`) through its kernel.
+void Softmax(benchmark::State& state, DType in, DType out, bool grad) {
+  const ir::Type x{in, {4 * 12 * 512, 512}}, y{grad ? in : out, x.shape};
+  ir::Node n;
+  n.op = grad ? ir::Op::softmax_grad : ir::Op::softmax;
+  std::vector<exec::Array> args{exec::Array::zeros(x)};
+  if (grad) args.push_back(exec::Array::zeros({out, x.shape}));
+  for (exec::Array& a : args)
+    for (int64_t i = 0; i < a.size(); i += 7) a.set(i, static_cast<double>(i % 13) - 6);
+  std::vector<exec::Array> result{exec::Array::zeros(y)};
+  std::vector<std::byte> workspace(static_cast<size_t>(exec::workspace_softmax(n, {&x, 1})));
+  const exec::Options options;
+  const exec::KernelContext ctx{options, workspace};
+  auto kernel = grad ? exec::kernel_softmax_grad : exec::kernel_softmax;
+  for (auto _ : state) {
+    kernel(n, args, result, ctx);
+    benchmark::DoNotOptimize(result[0].bytes());
+  }
+  int64_t bytes = ir::Type(y).num_elements() * dtype_size(y.dtype);
+  for (const exec::Array& a : args) bytes += a.size() * dtype_size(a.type().dtype);
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+void SoftmaxF32(benchmark::State& s) { Softmax(s, DType::f32, DType::f32, false); }
+void SoftmaxBf16(benchmark::State& s) { Softmax(s, DType::bf16, DType::bf16, false); }
+void SoftmaxGradF32(benchmark::State& s) { Softmax(s, DType::f32, DType::f32, true); }
+void SoftmaxGradBf16(benchmark::State& s) { Softmax(s, DType::bf16, DType::bf16, true); }
+
 BENCHMARK(ExpKernel);
 BENCHMARK(ExpLibm);
 BENCHMARK(LogisticKernel);
 BENCHMARK(RowMaxKernel)->UseRealTime();
 BENCHMARK(RowSumKernel)->UseRealTime();
 BENCHMARK(RowMaxOneAccumulator);
+BENCHMARK(SoftmaxF32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(SoftmaxBf16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(SoftmaxGradF32)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(SoftmaxGradBf16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace remat

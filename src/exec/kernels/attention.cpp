@@ -5,8 +5,8 @@
 // node. Each (batch, head)
 // — backward: each (batch, kv head) with its group of query heads — is one thread's, in a fixed order, so the
 // results do not depend on the thread count.
-#include "exec/kernels/exp.h"
 #include "exec/kernels/kernels.h"
+#include "exec/kernels/rows.h"
 
 #include <omp.h>
 
@@ -33,10 +33,6 @@ Problem problem_of(const ir::Node& n, std::span<const Array> in) {
   CHECK(q[3] <= kMaxDh, "{}: head_dim {} is more than the {} the CPU kernel supports", ir::op_name(n.op), q[3], kMaxDh);
   return {q[0], q[1], q[2], k[1], k[2], q[3], n.attrs.boolean("causal"), n.attrs.real("scale")};
 }
-
-// The arithmetic type: f64 for f64 operands, else f32.
-template <class T>
-using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 template <class A, class T>
 A dot(const T* x, const T* y, int64_t n) {
@@ -216,32 +212,15 @@ void scores(Tiles<A>& t, const Keys<A>& keys, const Problem& z, int64_t i0, int6
       for (int64_t j = std::max<int64_t>(0, i0 + r + 1 - s0); j < cols; ++j) t.s[r][j] = -std::numeric_limits<A>::infinity();
 }
 
-// kLanes side-by-side partial results (a row's maximum, its sum) over a row of scores: a fixed count, the same
-// on every target, wide enough to vectorise.
-constexpr int64_t kLanes = 16;
 // Folds one block's scores `s` (cols of them) into a query's online softmax: its running maximum m, sum l and
 // context row acc (D) rescaled to the new maximum; s becomes the block's probabilities exp(s - m).
 template <class A>
 void online_softmax_row(A* s, int64_t cols, A& m, A& l, A* acc, int64_t D) {
-  A lane[kLanes];
-  std::fill(lane, lane + kLanes, -std::numeric_limits<A>::infinity());
-  int64_t j0 = 0;
-  for (; j0 + kLanes <= cols; j0 += kLanes)
-    for (int64_t i = 0; i < kLanes; ++i) lane[i] = std::max(lane[i], s[j0 + i]);
-  for (int64_t j = j0; j < cols; ++j) lane[j - j0] = std::max(lane[j - j0], s[j]);
-  A m_new = m;
-  for (int64_t i = 0; i < kLanes; ++i) m_new = std::max(m_new, lane[i]);
+  const A m_new = std::max(m, row_max<A>(s, cols));
   const A correction = exp_of(m - m_new);  // 0 at the first block (exp(-inf))
 #pragma omp simd
   for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
-  std::fill(lane, lane + kLanes, A(0));
-  for (j0 = 0; j0 + kLanes <= cols; j0 += kLanes)
-#pragma omp simd
-    for (int64_t i = 0; i < kLanes; ++i) lane[i] += s[j0 + i] = exp_of(s[j0 + i] - m_new);
-  for (int64_t j = j0; j < cols; ++j) lane[j - j0] += s[j] = exp_of(s[j] - m_new);
-  for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the lanes' sum, pairwise
-    for (int64_t i = 0; i < width; ++i) lane[i] += lane[i + width];
-  l = l * correction + lane[0];
+  l = l * correction + row_exps(s, cols, m_new, s);
   m = m_new;
 }
 

@@ -1,73 +1,21 @@
 // softmax over the last axis and its VJP from the input (ir/ops.h). Rows are independent: a parallel loop hands
 // each thread whole rows, each row's arithmetic in A = f32 (f64 for f64 x) in a fixed order, so the results do
 // not depend on the thread count. A row: its max; exp(x − max) into the thread's row of the workspace, summed in
-// 8 lanes combined pairwise; then each exp divided by the sum. The VJP recomputes those probabilities the same
+// the lanes of rows.h; then each exp divided by the sum. The VJP recomputes those probabilities the same
 // way (the same bits softmax had before rounding to its dtype), then dx = p·(g − Σ g·p). log_softmax: the row's
 // max and Σ exp(x − max) as softmax has them, then (x − max) − log Σ; its VJP g − exp(y)·Σ g from its result y.
-#include "exec/kernels/exp.h"
 #include "exec/kernels/kernels.h"
+#include "exec/kernels/rows.h"
 
 #include <cmath>
-#include <limits>
 
 namespace remat::exec {
 namespace {
 
-constexpr int64_t kLanes = 8;
-
-template <class T>
-using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-// Eight partial sums combined pairwise: (0+1)+(2+3) + ((4+5)+(6+7)).
-template <class A>
-A combine(const A (&lane)[kLanes]) {
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
-
-// The row's max over its non-NaN elements (−inf when there are none). A NaN needs no care here: its exp makes the
-// row's sum NaN, and so every probability, as the primitives give.
-template <class A, class T>
-A row_max(const T* x, int64_t w) {
-  A lane[kLanes];
-  for (A& l : lane) l = -std::numeric_limits<A>::infinity();
-  int64_t j = 0;
-  for (; j + kLanes <= w; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const A a = static_cast<A>(load(x[j + l]));
-      lane[l] = a > lane[l] ? a : lane[l];
-    }
-  for (; j < w; ++j) {
-    const A a = static_cast<A>(load(x[j]));
-    lane[0] = a > lane[0] ? a : lane[0];
-  }
-  A m = lane[0];
-  for (int64_t l = 1; l < kLanes; ++l) m = lane[l] > m ? lane[l] : m;
-  return m;
-}
-
-// Σ f(j) over j in [0, w) in 8 lanes (lane l takes j ≡ l mod 8, the tail lane 0), combined pairwise.
-template <class A, class F>
-A lane_sum(int64_t w, F f) {
-  A lane[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= w; j += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] += f(j + l);
-  for (; j < w; ++j) lane[0] += f(j);
-  return combine(lane);
-}
-
-// p[j] = exp(x[j] − m) for the row x[0, w) in one vectorised pass; returns their sum.
-template <class A, class T>
-A exps(const T* x, int64_t w, A m, A* p) {
-#pragma omp simd
-  for (int64_t j = 0; j < w; ++j) p[j] = exp_of(static_cast<A>(load(x[j])) - m);
-  return lane_sum<A>(w, [p](int64_t j) { return p[j]; });
-}
-
 // p[j] = exp(x[j] − max) / Σ exp(x[k] − max) for the row x[0, w).
 template <class A, class T>
 void probabilities(const T* x, int64_t w, A* p) {
-  const A s = exps(x, w, row_max<A>(x, w), p);
+  const A s = row_exps(x, w, row_max<A>(x, w), p);
 #pragma omp simd
   for (int64_t j = 0; j < w; ++j) p[j] /= s;
 }
@@ -118,7 +66,7 @@ void softmax_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::by
       for (int64_t r = lo; r < hi; ++r) {
         probabilities(x + r * w, w, p);
         const G* gr = g + r * w;
-        const A d = lane_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])) * p[j]; });
+        const A d = row_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])) * p[j]; });
 #pragma omp simd
         for (int64_t j = 0; j < w; ++j)
           dx[r * w + j] = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
@@ -143,7 +91,7 @@ void log_softmax_rows_body(const ir::Node& n, DType xt, const std::byte* x_bytes
       const A m = row_max<A>(xr, w);
       // The log in f64, rounded once to f32: glibc's logf differs between its FMA and plain variants (chosen per
       // CPU), the f64 log far less, and its rounding to f32 hides that. f64 rows keep f64 log's variance.
-      const A log_sum = static_cast<A>(std::log(static_cast<double>(exps(xr, w, m, p))));
+      const A log_sum = static_cast<A>(std::log(static_cast<double>(row_exps(xr, w, m, p))));
 #pragma omp simd
       for (int64_t j = 0; j < w; ++j) {
         const A shifted = static_cast<A>(load(xr[j])) - m;
@@ -167,7 +115,7 @@ void log_softmax_grad_rows_body(const ir::Node& n, DType yt, const std::byte* y_
     T* dx = reinterpret_cast<T*>(dx_bytes);
     for (int64_t r = lo; r < hi; ++r) {
       const T* gr = g + r * w;
-      const A s = lane_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])); });
+      const A s = row_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])); });
 #pragma omp simd
       for (int64_t j = 0; j < w; ++j) {
         const A p = exp_of(static_cast<A>(load(y[r * w + j])));

@@ -1,0 +1,71 @@
+// A row's maximum and its sums in kRowLanes side-by-side partial results: lane i takes the elements j ≡ i
+// (mod kRowLanes) of the row's full groups, the tail's elements lanes 0, 1, ... in turn; the lanes are then
+// combined pairwise. A fixed count, so every target (and thread count) sums in the same order, and wide enough
+// to vectorise at any width. softmax and its VJPs (softmax.cpp) and flash attention's online softmax
+// (attention.cpp) take their rows' statistics here.
+#pragma once
+
+#include "exec/kernels/exp.h"
+#include "exec/kernels/kernels.h"
+
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+namespace remat::exec {
+
+// The arithmetic type of the row kernels: f64 for f64 operands, else f32.
+template <class T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+constexpr int64_t kRowLanes = 16;
+
+// lane[0] = Σ lane[i], pairwise.
+template <class A>
+A combine_lanes(A (&lane)[kRowLanes]) {
+  for (int64_t width = kRowLanes / 2; width > 0; width /= 2)
+    for (int64_t i = 0; i < width; ++i) lane[i] += lane[i + width];
+  return lane[0];
+}
+
+// Σ f(j) over j in [0, w).
+template <class A, class F>
+A row_sum(int64_t w, F f) {
+  A lane[kRowLanes] = {};
+  int64_t j0 = 0;
+  for (; j0 + kRowLanes <= w; j0 += kRowLanes)
+#pragma omp simd
+    for (int64_t i = 0; i < kRowLanes; ++i) lane[i] += f(j0 + i);
+  for (int64_t j = j0; j < w; ++j) lane[j - j0] += f(j);
+  return combine_lanes(lane);
+}
+
+// The maximum of the row x[0, w) over its non-NaN elements (−inf when there are none). A NaN needs no care
+// here: its exp makes the row's sum NaN, and so every probability, as the primitives give.
+template <class A, class T>
+A row_max(const T* x, int64_t w) {
+  A lane[kRowLanes];
+  std::fill(lane, lane + kRowLanes, -std::numeric_limits<A>::infinity());
+  int64_t j0 = 0;
+  for (; j0 + kRowLanes <= w; j0 += kRowLanes)
+#pragma omp simd
+    for (int64_t i = 0; i < kRowLanes; ++i) lane[i] = std::max(lane[i], static_cast<A>(load(x[j0 + i])));
+  for (int64_t j = j0; j < w; ++j) lane[j - j0] = std::max(lane[j - j0], static_cast<A>(load(x[j])));
+  A m = lane[0];
+  for (int64_t i = 1; i < kRowLanes; ++i) m = std::max(m, lane[i]);
+  return m;
+}
+
+// p[j] = exp(x[j] − m) for the row x[0, w) (p may be x); returns their sum.
+template <class A, class T>
+A row_exps(const T* x, int64_t w, A m, A* p) {
+  A lane[kRowLanes] = {};
+  int64_t j0 = 0;
+  for (; j0 + kRowLanes <= w; j0 += kRowLanes)
+#pragma omp simd
+    for (int64_t i = 0; i < kRowLanes; ++i) lane[i] += p[j0 + i] = exp_of(static_cast<A>(load(x[j0 + i])) - m);
+  for (int64_t j = j0; j < w; ++j) lane[j - j0] += p[j] = exp_of(static_cast<A>(load(x[j])) - m);
+  return combine_lanes(lane);
+}
+
+}  // namespace remat::exec
