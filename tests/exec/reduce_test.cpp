@@ -1,8 +1,9 @@
 // reduce_sum, reduce_max and sum_of_squares (exec/kernels/reduce.cpp) against plain loops written here, bit for
 // bit, on arrays large enough (>= 2^14 elements) that the kernel splits its outputs across the OpenMP threads, at
 // 1, 2 and 3 threads. The loops follow the order reduce.cpp documents: over leading axes each output takes the rows
-// in order; over trailing axes each window runs in 8 lanes (lane j takes elements j, j + 8, ...; the tail from lane
-// 0 on) combined pairwise; otherwise the window in row-major order. Sums accumulate in f64 (reduce_max in the
+// in order; over trailing axes each window runs in chunks of 2^16 elements, each chunk in 8 lanes (lane j takes
+// elements j, j + 8, ...; the tail from lane 0 on) combined pairwise, the chunks combined in order; otherwise the
+// window in row-major order. Sums accumulate in f64 (reduce_max in the
 // compute type); sum_of_squares squares in the compute type and rounds the square to the dtype first. f32, bf16 and
 // f64 (whose sums show any change of order).
 #include "exec/exec.h"
@@ -68,15 +69,19 @@ std::vector<T> reference(Kind kind, const T* x, const std::vector<int64_t>& dims
     const int64_t base = offset(i, kept, kept_stride);
     double acc = init;
     if (trailing) {
-      std::array<double, 8> lane;
-      lane.fill(init);
-      for (int64_t r = 0; r < window; ++r) {
-        const int64_t j = r < window / 8 * 8 ? r % 8 : r - window / 8 * 8;
-        lane[static_cast<size_t>(j)] = combine(lane[static_cast<size_t>(j)], element(base + r));
+      constexpr int64_t kChunk = 65536;
+      for (int64_t first = 0; first < window; first += kChunk) {
+        const int64_t n = std::min(kChunk, window - first);
+        std::array<double, 8> lane;
+        lane.fill(init);
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t j = r < n / 8 * 8 ? r % 8 : r - n / 8 * 8;
+          lane[static_cast<size_t>(j)] = combine(lane[static_cast<size_t>(j)], element(base + first + r));
+        }
+        for (size_t w = 4; w > 0; w /= 2)
+          for (size_t j = 0; j < w; ++j) lane[j] = combine(lane[j], lane[j + w]);
+        acc = first == 0 ? lane[0] : combine(acc, lane[0]);
       }
-      for (size_t w = 4; w > 0; w /= 2)
-        for (size_t j = 0; j < w; ++j) lane[j] = combine(lane[j], lane[j + w]);
-      acc = lane[0];
     } else {  // leading axes (rows in order) and the rest (row-major): the same order
       for (int64_t r = 0; r < window; ++r) acc = combine(acc, element(base + offset(r, red, red_stride)));
     }
@@ -86,15 +91,15 @@ std::vector<T> reference(Kind kind, const T* x, const std::vector<int64_t>& dims
 }
 
 template <class T>
-void check(DType dtype) {
-  const std::vector<int64_t> dims{37, 29, 23};  // 24679 elements: odd sizes, every split of outputs uneven
+void check(DType dtype, const std::vector<int64_t>& dims) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<double> dist(-3000, 3000);
-  std::vector<T> x(37 * 29 * 23);
+  std::vector<T> x(static_cast<size_t>(dims[0] * dims[1] * dims[2]));
   for (T& v : x) v = rounded<T>(dist(rng));
   const int threads_before = omp_get_max_threads();
-  // leading (one axis, two), middle, mixed, trailing
-  for (const IntList& axes : {IntList{0}, IntList{0, 1}, IntList{1}, IntList{0, 2}, IntList{2}, IntList{1, 2}}) {
+  // leading (one axis, two), middle, mixed, trailing, all
+  for (const IntList& axes :
+       {IntList{0}, IntList{0, 1}, IntList{1}, IntList{0, 2}, IntList{2}, IntList{1, 2}, IntList{0, 1, 2}}) {
     Graph g;
     Builder b(g);
     Tensor t = b.param("x", {dtype, dims});
@@ -120,6 +125,12 @@ void check(DType dtype) {
     }
   }
   omp_set_num_threads(threads_before);
+}
+
+template <class T>
+void check(DType dtype) {
+  check<T>(dtype, {37, 29, 23});  // 24679 elements: odd sizes, every split of outputs uneven
+  check<T>(dtype, {2, 3, 70001});  // trailing windows of 1 to 7 chunks, the last one short; a whole-tensor sum
 }
 
 TEST(Reduce, EqualsPlainLoopsBitForBitAtOneTwoAndThreeThreads) {

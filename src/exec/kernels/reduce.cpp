@@ -1,5 +1,7 @@
 // Reductions over a set of axes. Each output element reduces its own window, so outputs run in parallel;
-// sums of f32 accumulate in f64.
+// sums of f32 accumulate in f64. A contiguous window longer than kChunk is reduced chunk by chunk, the chunks'
+// results combined in order: the result depends on the window alone, and the threads share the chunks (a
+// whole-tensor sum, the global norm's sum_of_squares, has one output).
 #include "exec/kernels/kernels.h"
 
 #include <algorithm>
@@ -14,7 +16,9 @@ struct Plan {
   Dims kept_strides, red_strides;  // input strides of kept and reduced dims
   int64_t outputs = 1, window = 1;
   bool contiguous = false;  // the reduced dims are the trailing ones: each window is one run of memory
-  bool leading = false;     // the reduced dims are the leading ones: the kept dims are one run of memory
+  // Not contiguous, the reduced dims one block of consecutive dims (kept dims after it): x is [outer, window,
+  // inner] and each output (o, j) takes the rows x[o, r, j] in order. 0: not so.
+  int64_t inner = 0;
 };
 
 Plan plan_reduction(const ir::Shape& shape, const ir::IntList& axes) {
@@ -28,11 +32,19 @@ Plan plan_reduction(const ir::Shape& shape, const ir::IntList& axes) {
   p.outputs = num_elements(p.kept_shape);
   p.window = num_elements(p.red_shape);
   p.contiguous = p.red_shape.empty() || (p.red_strides.back() == 1 && p.red_strides.front() * p.red_shape.front() == p.window);
-  p.leading = !p.red_shape.empty() && !p.kept_shape.empty() && p.kept_strides.back() == 1 &&
-              p.kept_strides.front() * p.kept_shape.front() == p.outputs && p.red_strides.back() == p.outputs &&
-              p.red_strides.front() * p.red_shape.front() == p.outputs * p.window;
+  int64_t first = -1, last = -1;  // the block of reduced dims
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end())
+      last = static_cast<int64_t>(d), first = first < 0 ? last : first;
+  if (!p.contiguous && first >= 0 && last - first + 1 == static_cast<int64_t>(p.red_shape.size()))
+    p.inner = strides[static_cast<size_t>(last)];
   return p;
 }
+
+constexpr int64_t kChunk = int64_t{1} << 16;  // elements
+
+// How many chunks each window is reduced in (1: whole, by one thread).
+int64_t chunks_of(const Plan& p) { return p.contiguous && p.window > kChunk ? (p.window + kChunk - 1) / kChunk : 1; }
 
 int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
   int64_t off = 0;
@@ -78,29 +90,64 @@ void reduce_outputs(const T* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc
   }
 }
 
-// Outputs [lo, hi) when x is viewed as [window, outputs]: their accumulators (acc, the workspace's row) take the
-// rows in order, vectorised over outputs.
+// Outputs [lo, hi) when x is viewed as [outer, window, inner] (Plan::inner): their accumulators (acc, the
+// workspace's row) take the rows in order, vectorised along inner.
 template <class T, class Acc, class Combine, class Pre>
-void reduce_leading(const T* a, T* o, const Plan& p, Acc* acc, int64_t lo, int64_t hi, Acc init, Combine combine,
-                    Pre pre) {
+void reduce_rows(const T* a, T* o, const Plan& p, Acc* acc, int64_t lo, int64_t hi, Acc init, Combine combine,
+                 Pre pre) {
   std::fill(acc + lo, acc + hi, init);
-  for (int64_t r = 0; r < p.window; ++r) {
-    const T* row = a + r * p.outputs;
+  for (int64_t i = lo; i < hi;) {  // one run of outputs of one outer index at a time
+    const int64_t j0 = i % p.inner, n = std::min(p.inner - j0, hi - i);
+    const T* block = a + i / p.inner * p.window * p.inner + j0;
+    Acc* run = acc + i;
+    for (int64_t r = 0; r < p.window; ++r) {
+      const T* row = block + r * p.inner;
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) acc[i] = combine(acc[i], static_cast<Acc>(pre(load(row[i]))));
+      for (int64_t j = 0; j < n; ++j) run[j] = combine(run[j], static_cast<Acc>(pre(load(row[j]))));
+    }
+    i += n;
   }
   for (int64_t i = lo; i < hi; ++i) o[i] = store<T>(static_cast<Compute<T>>(acc[i]));
 }
 
-// Outputs [lo, hi) of the reduction n (reduce_sum, reduce_max or sum_of_squares; acc_row: the leading case's
-// accumulators, one per output), at the CPU's widest vectors.
+// Windows in chunks (chunks_of): the chunks [lo, hi) of all outputs' windows (chunk c of output i is lo = i ·
+// chunks + c) into `partial`, then each output's chunks combined in order.
+template <class T, class Acc, class Combine, class Pre>
+void reduce_chunks(const T* a, const Plan& p, Acc* partial, int64_t lo, int64_t hi, Acc init, Combine combine,
+                   Pre pre) {
+  const int64_t chunks = chunks_of(p);
+  for (int64_t k = lo; k < hi; ++k) {
+    const int64_t c = k % chunks, first = c * kChunk;
+    const T* base = a + unravel(k / chunks, p.kept_shape, p.kept_strides) + first;
+    partial[k] = reduce_window<T, Acc>(base, std::min(kChunk, p.window - first), init, combine, pre);
+  }
+}
+template <class T, class Acc, class Combine>
+void combine_chunks(const Acc* partial, T* o, const Plan& p, Combine combine) {
+  const int64_t chunks = chunks_of(p);
+  for (int64_t i = 0; i < p.outputs; ++i) {
+    Acc acc = partial[i * chunks];
+    for (int64_t c = 1; c < chunks; ++c) acc = combine(acc, partial[i * chunks + c]);
+    o[i] = store<T>(static_cast<Compute<T>>(acc));
+  }
+}
+
+// What a call of reduce_range computes: outputs [lo, hi), or with chunked windows, chunks [lo, hi) or (the
+// whole range) the outputs from their chunks.
+enum class Stage { outputs, chunks, combine };
+
+// Stage `stage` of the reduction n (reduce_sum, reduce_max or sum_of_squares; acc_row: reduce_rows'
+// accumulators, one per output, or the chunks' results) over [lo, hi), at the CPU's widest vectors.
 void reduce_range_body(const ir::Node& n, std::span<const Array> in, Array& y, const Plan& p, std::byte* acc_row,
-                       int64_t lo, int64_t hi) {
+                       Stage stage, int64_t lo, int64_t hi) {
   auto run = [&](auto t, auto init, auto combine, auto pre) {
     using T = decltype(t);
     using Acc = decltype(init);
-    if (p.leading)
-      return reduce_leading<T>(in[0].data<T>(), y.data<T>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init,
+    if (stage == Stage::chunks)
+      return reduce_chunks<T>(in[0].data<T>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init, combine, pre);
+    if (stage == Stage::combine) return combine_chunks(reinterpret_cast<const Acc*>(acc_row), y.data<T>(), p, combine);
+    if (p.inner > 0)
+      return reduce_rows<T>(in[0].data<T>(), y.data<T>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init,
                                combine, pre);
     reduce_outputs<T>(in[0].data<T>(), y.data<T>(), p, lo, hi, init, combine, pre);
   };
@@ -141,21 +188,27 @@ REMAT_WIDEST_CLONES(reduce_range, reduce_range_body)
 void reduce(const ir::Node& n, std::span<const Array> in, Array& y, std::span<std::byte> workspace) {
   const Plan p = plan_reduction(in[0].type().shape, n.attrs.ints("axes"));
   const std::span<const ir::Type> x_type(&in[0].type(), 1);
-  std::byte* acc_row = p.leading ? take(workspace, workspace_reduction(n, x_type)) : nullptr;
+  const int64_t bytes = workspace_reduction(n, x_type);
+  std::byte* acc_row = bytes > 0 ? take(workspace, bytes) : nullptr;
+  if (const int64_t chunks = chunks_of(p); chunks > 1) {
+    parallel_ranges(p.outputs * chunks, true,
+                    [&](int64_t lo, int64_t hi) { reduce_range(n, in, y, p, acc_row, Stage::chunks, lo, hi); });
+    return reduce_range(n, in, y, p, acc_row, Stage::combine, int64_t{0}, p.outputs);
+  }
   parallel_ranges(p.outputs, p.outputs * p.window >= kParallelMin,
-                  [&](int64_t lo, int64_t hi) { reduce_range(n, in, y, p, acc_row, lo, hi); });
+                  [&](int64_t lo, int64_t hi) { reduce_range(n, in, y, p, acc_row, Stage::outputs, lo, hi); });
 }
 
 }  // namespace
 
-// The accumulator row of a reduction over leading axes: reduce_sum accumulates floats in f64 (i32 in
-// itself), reduce_max in the compute type (f32 for bf16 and f16).
+// The accumulators of a reduction over a block of axes with kept ones after it (reduce_rows), or the results of chunked windows' chunks: reduce_sum
+// accumulates floats in f64 (i32 in itself), reduce_max in the compute type (f32 for bf16 and f16).
 int64_t workspace_reduction(const ir::Node& n, std::span<const ir::Type> in) {
   const Plan p = plan_reduction(in[0].shape, n.attrs.ints("axes"));
-  if (!p.leading) return 0;
   const DType d = in[0].dtype;
   const int64_t acc = n.op != ir::Op::reduce_max ? (d == DType::i32 ? 4 : 8) : (d == DType::f64 ? 8 : 4);
-  return p.outputs * acc;
+  if (p.inner > 0) return p.outputs * acc;
+  return chunks_of(p) > 1 ? p.outputs * chunks_of(p) * acc : 0;
 }
 
 void kernel_reduce_sum(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {

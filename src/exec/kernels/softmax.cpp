@@ -39,10 +39,11 @@ void softmax_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* x
       const T* x = reinterpret_cast<const T*>(x_bytes);
       U* y = reinterpret_cast<U*>(y_bytes);
       A* p = reinterpret_cast<A*>(p_bytes);
-      for (int64_t r = lo; r < hi; ++r) {
-        probabilities(x + r * w, w, p);
+      for (int64_t r = lo; r < hi; ++r) {  // probabilities(), its division at the store
+        const T* xr = x + r * w;
+        const A s = row_exps(xr, w, row_max<A>(xr, w), p);
 #pragma omp simd
-        for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>(p[j]));
+        for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>(p[j] / s));
       }
     });
   });
