@@ -8,17 +8,20 @@
 #    as a multiple of it, and the step over PyTorch's without checkpointing;
 #  - PyTorch (bench/torch_peer.py: the same architecture, 2 threads) with a checkpoint per layer and without;
 #  - remat_policy=auto with hbm_limit at PyTorch's checkpointed peak RSS, over PyTorch's checkpointed step.
-# With --long, the same width at 4096 and 8192 tokens (batch 1): PyTorch checkpointed and not (under a 24 GiB
-# address-space limit: where it runs out of memory), remat flash with auto under PyTorch's checkpointed peak.
-# Without AVX512_BF16 (e.g. AVX2-only CPUs) the bf16 PyTorch peer is not run: it takes minutes a step there.
+# With --long, the same width at 4096 and 8192 tokens (batch 1; or the lengths given after --long): PyTorch
+# checkpointed and not (under a 24 GiB address-space limit: where it runs out of memory), remat with auto under
+# PyTorch's checkpointed peak, flash and dot_product attention; in bf16, or in f32 where the CPU has no
+# AVX512_BF16: there the bf16 PyTorch peer is not run (it takes minutes a step), neither at 512 tokens.
 # PyTorch's CPU allocator hands large blocks back to the OS every step, and page faults are slow on these
 # machines: with Debian's libjemalloc2 installed the peer runs under jemalloc (retaining its pages, as production
 # PyTorch CPU jobs do), with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset; it prints the OpenBLAS core it runs.
-#   bench/vs_pytorch.sh [build/remat] [steps] [--long]
+#   bench/vs_pytorch.sh [build/remat] [steps] [--long|--long-only [LENGTH...]]   (--long-only: no 512-token rows)
 set -euo pipefail
 remat=$(realpath "${1:-build/remat}")
 steps=${2:-4}
 long=${3:-}
+shift $(($# < 3 ? $# : 3))
+long_lengths=${*:-4096 8192}
 here=$(dirname "$(realpath "$0")")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -77,6 +80,7 @@ print(f"PyTorch {torch.__version__}, OpenBLAS core {core}", end="")'
 fi
 echo "remat: $("$remat" --version 2>/dev/null || echo "$remat"), $(nproc) cores, $steps steps per row"
 for dtype in float32 bfloat16; do
+  [ "$long" = "--long-only" ] && break
   echo
   base_ms="" ckpt_ms="" ckpt_gib=""
   if [ $have_torch = 1 ] && [ $dtype = bfloat16 ] && [ $torch_bf16 = 0 ]; then
@@ -104,21 +108,27 @@ for dtype in float32 bfloat16; do
     done
   fi
 done
-[ "$long" = "--long" ] || exit 0
-for seq in 4096 8192; do
+[ "$long" = "--long" ] || [ "$long" = "--long-only" ] || exit 0
+long_dtype=bfloat16 short=bf16
+if [ $have_torch = 1 ] && [ $torch_bf16 = 0 ]; then
+  long_dtype=float32 short=f32
+  echo
+  echo "Long sequences in float32: PyTorch bfloat16 $no_torch_bf16"
+fi
+for seq in $long_lengths; do
   echo
   base_ms="" ckpt_gib=""
-  if [ $have_torch = 1 ] && [ $torch_bf16 = 0 ]; then
-    echo "PyTorch bfloat16: $no_torch_bf16"
-  elif [ $have_torch = 1 ]; then
-    ckpt=$(torch bfloat16 "$seq" 1 --checkpoint)
+  if [ $have_torch = 1 ]; then
+    ckpt=$(torch "$long_dtype" "$seq" 1 --checkpoint)
     echo "$ckpt"
-    echo "no checkpoint, under 24 GiB: $(torch bfloat16 "$seq" 1 "" $((24 << 20)))"
+    echo "no checkpoint, under 24 GiB: $(torch "$long_dtype" "$seq" 1 "" $((24 << 20)))"
     base_ms=$(torch_ms "$ckpt") ckpt_gib=$(torch_gib "$ckpt")
   fi
-  echo "| bf16, 1 x $seq | step | peak RSS | matmul floor | step / floor | step / PyTorch checkpointed |"
+  echo "| $short, 1 x $seq | step | peak RSS | matmul floor | step / floor | step / PyTorch checkpointed |"
   echo "|---|---|---|---|---|---|"
   limit=${ckpt_gib:+remat_policy=auto hbm_limit=${ckpt_gib}GiB}
-  remat_row "remat flash, ${limit:-remat_policy=full}" max_target_length="$seq" per_device_batch_size=1 \
-    dtype=bfloat16 attention=flash ${limit:-remat_policy=full}
+  for attention in flash dot_product; do
+    remat_row "remat $attention, ${limit:-remat_policy=full}" max_target_length="$seq" per_device_batch_size=1 \
+      dtype="$long_dtype" attention=$attention ${limit:-remat_policy=full}
+  done
 done
