@@ -21,7 +21,7 @@
 //
 // Where oneDNN has no bf16 matmul (CPUs without AVX-512), a bf16 matmul runs the same tiles in f32: each tile's
 // rows of lhs and columns of rhs are widened into the thread's workspace (exactly: a bf16 is an f32 with a
-// shorter mantissa), multiplied there with f32 accumulation, and rounded to bf16 (nearest, ties to even) into
+// shorter mantissa; the columns once for each run of a column's tiles the thread takes), multiplied there with f32 accumulation, and rounded to bf16 (nearest, ties to even) into
 // the output: the arithmetic of oneDNN's bf16 matmul, in another summation order.
 #include "exec/kernels/kernels.h"
 
@@ -35,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 namespace remat::exec {
 namespace {
@@ -299,6 +300,9 @@ struct Entry {
   std::vector<dnnl::matmul> matmuls;   // the whole matmul, or one per tile kind (empty where none)
   std::vector<dnnl::stream> streams;   // one per thread
   std::vector<std::vector<Call>> calls;  // [thread][tile kind], or [0][0] for the whole matmul
+  // Widened: the column of tiles (batch entry · column tiles + column) whose rhs each thread's workspace holds in
+  // f32 during a call (-1: none yet).
+  std::vector<int64_t> widened_column;
 };
 
 Entry make_entry(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
@@ -318,6 +322,7 @@ Entry make_entry(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
     for (const auto* pd : pds) e.matmuls.push_back(pd ? dnnl::matmul(*pd) : dnnl::matmul());
   }
   const int callers = e.x.tiles.empty() ? 1 : e.threads;
+  e.widened_column.assign(static_cast<size_t>(callers), -1);
   for (int t = 0; t < callers; ++t) {
     e.streams.emplace_back(engine().engine);
     e.calls.emplace_back();
@@ -353,10 +358,11 @@ void rhs_runs(const Analysis& x, int64_t c0, int64_t cols, F f) {
   else f(c0, z.N, z.K, cols);
 }
 
-// One widened tile: rows [r0, r0 + rows) of batch entry `lhs` against columns [c0, c0 + cols) of `rhs`.
+// One widened tile: rows [r0, r0 + rows) of batch entry `lhs` against columns [c0, c0 + cols) of `rhs`, whose
+// f32 copy the workspace holds already when `rhs_held`.
 dnnl_status_t run_wide_tile(Call& call, const dnnl::stream& stream, const Analysis& x, const bf16_t* lhs,
                             const bf16_t* rhs, bf16_t* out, int64_t r0, int64_t c0, int64_t rows, int64_t cols,
-                            std::byte* scratch) {
+                            std::byte* scratch, bool rhs_held) {
   const Sizes& z = x.sizes;
   const TileCopies w = tile_copies(scratch, x);
   auto* a = reinterpret_cast<float*>(w.a);
@@ -364,8 +370,9 @@ dnnl_status_t run_wide_tile(Call& call, const dnnl::stream& stream, const Analys
   auto* c = reinterpret_cast<float*>(w.c);
   lhs_runs(x, r0, rows,
            [&](int64_t at, int64_t ld, int64_t outer, int64_t n) { convert_runs(lhs + at, ld, a, x.a_ld, outer, n); });
-  rhs_runs(x, c0, cols,
-           [&](int64_t at, int64_t ld, int64_t outer, int64_t n) { convert_runs(rhs + at, ld, b, x.b_ld, outer, n); });
+  if (!rhs_held)
+    rhs_runs(x, c0, cols,
+             [&](int64_t at, int64_t ld, int64_t outer, int64_t n) { convert_runs(rhs + at, ld, b, x.b_ld, outer, n); });
   const dnnl_status_t s = call.run(stream, a, b, c, x.pad_bytes > 0 ? scratch : nullptr);
   if (s == dnnl_success) convert_runs(c, cols, out + r0 * z.N + c0, z.N, rows, cols);
   return s;
@@ -394,17 +401,21 @@ std::byte* copy_rhs(const Analysis& x, const std::byte* rhs, int64_t c0, int64_t
   return to;
 }
 
-// Runs a tiled matmul: every (batch entry, tile) is one single-threaded call, on whichever thread takes it.
+// Runs a tiled matmul: every (batch entry, tile) is one single-threaded call, on whichever thread takes it. Widened,
+// the tiles are taken column by column (rows fastest), and a thread converts a column's rhs (the larger of a tile's
+// operands) once for the run of its tiles it takes.
 void run_tiles(Entry& e, std::byte* lhs, std::byte* rhs, std::byte* out, std::byte* per_thread, int64_t element_size) {
   const Sizes& z = e.x.sizes;
   const int64_t row_tiles = (z.M + kTileRows - 1) / kTileRows, col_tiles = (z.N + kTileCols - 1) / kTileCols;
   const int64_t tiles = z.B * row_tiles * col_tiles;
   const int64_t a_row = e.x.a_layout.swapped ? 1 : z.K, b_col = e.x.b_layout.swapped ? z.K : 1;
   const int64_t stride = per_thread_bytes(e.x);
+  std::fill(e.widened_column.begin(), e.widened_column.end(), -1);  // the operands are new
   std::atomic<int> failed{dnnl_success};
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t b = t / (row_tiles * col_tiles), i = t / col_tiles % row_tiles, j = t % col_tiles;
+    const int64_t b = t / (row_tiles * col_tiles), tile = t % (row_tiles * col_tiles);
+    const int64_t i = e.x.widened ? tile % row_tiles : tile / col_tiles, j = e.x.widened ? tile / row_tiles : tile % col_tiles;
     const bool last_row = i == row_tiles - 1 && z.M % kTileRows != 0 && z.M > kTileRows;
     const bool last_col = j == col_tiles - 1 && z.N % kTileCols != 0 && z.N > kTileCols;
     const auto thread = static_cast<size_t>(omp_get_thread_num()), kind = static_cast<size_t>(last_row * 2 + last_col);
@@ -413,11 +424,13 @@ void run_tiles(Entry& e, std::byte* lhs, std::byte* rhs, std::byte* out, std::by
     const int64_t r0 = i * kTileRows, c0 = j * kTileCols;
     std::byte *a = lhs + b * z.M * z.K * element_size, *w = rhs + b * z.K * z.N * element_size,
               *c = out + b * z.M * z.N * element_size;
+    const int64_t column = b * col_tiles + j;
+    const bool rhs_held = e.x.widened && std::exchange(e.widened_column[thread], column) == column;
     const dnnl_status_t s =
         e.x.widened
             ? run_wide_tile(call, e.streams[thread], e.x, reinterpret_cast<const bf16_t*>(a),
                             reinterpret_cast<const bf16_t*>(w), reinterpret_cast<bf16_t*>(c), r0, c0,
-                            e.x.tiles[kind].rows, e.x.tiles[kind].cols, scratch)
+                            e.x.tiles[kind].rows, e.x.tiles[kind].cols, scratch, rhs_held)
             : call.run(e.streams[thread],
                        e.x.a_ld > 0 ? copy_lhs(e.x, a, r0, e.x.tiles[kind].rows, scratch) : a + r0 * a_row * element_size,
                        e.x.b_ld > 0 ? copy_rhs(e.x, w, c0, e.x.tiles[kind].cols, scratch) : w + c0 * b_col * element_size,

@@ -5,6 +5,7 @@
 // unfused kernel runs (elementwise_range), so fused and unfused steps give the same bits.
 #include "exec/kernels/kernels.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace remat::exec {
@@ -58,6 +59,7 @@ void gather(const ir::Node& m, const ir::Type& operand, const Dims& shape, const
       for (size_t d = 0; d < shape.size(); ++d) at += index[d] * stride[d];
       const int64_t run = std::min(len - i, shape[last] - index[last]), step = stride[last];
       if (step == 0) std::fill(y + i, y + i + run, x[at]);
+      else if (step == 1) std::copy_n(x + at, run, y + i);  // the operand's rows as they are (a mask's)
       else
         for (int64_t k = 0; k < run; ++k) y[i + k] = x[at + k * step];
       i += run;
