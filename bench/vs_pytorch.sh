@@ -7,15 +7,18 @@
 #    attention's FLOPs at the rate oneDNN reaches on the same shapes run alone, in the same process) and the step
 #    as a multiple of it, and the step over PyTorch's without checkpointing;
 #  - PyTorch (bench/torch_peer.py: the same architecture, 2 threads) with a checkpoint per layer and without;
-#  - remat_policy=auto with hbm_limit at PyTorch's checkpointed peak RSS, over PyTorch's checkpointed step.
+#  - remat_policy=auto with hbm_limit at PyTorch's checkpointed peak RSS, over PyTorch's checkpointed step. On a
+#    CPU the host arena is the same RAM as the "device": host_limit=1B keeps auto from offloading, so that the
+#    whole step (peak RSS) is within the budget.
 # With --long, the same width at 4096 and 8192 tokens (batch 1; or the lengths given after --long): PyTorch
 # checkpointed and not (under a 24 GiB address-space limit: where it runs out of memory), remat with auto under
-# PyTorch's checkpointed peak, flash and dot_product attention; in bf16, or in f32 where the CPU has no
+# PyTorch's checkpointed peak (flash and dot_product attention) and under half of it (flash); in bf16, or in f32 where the CPU has no
 # AVX512_BF16: there the bf16 PyTorch peer is not run (it takes minutes a step), neither at 512 tokens.
 # PyTorch's CPU allocator hands large blocks back to the OS every step, and page faults are slow on these
 # machines: with Debian's libjemalloc2 installed the peer runs under jemalloc (retaining its pages, as production
 # PyTorch CPU jobs do), with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset; it prints the OpenBLAS core it runs.
-#   bench/vs_pytorch.sh [build/remat] [steps] [--long|--long-only [LENGTH...]]   (--long-only: no 512-token rows)
+#   bench/vs_pytorch.sh [build/remat] [steps] [--long|--long-only [LENGTH...]]   (--long-only: no 512-token rows;
+#   REMAT_BENCH_DTYPES=bfloat16: those rows in bf16 alone)
 set -euo pipefail
 remat=$(realpath "${1:-build/remat}")
 steps=${2:-4}
@@ -79,7 +82,7 @@ print(f"PyTorch {torch.__version__}, OpenBLAS core {core}", end="")'
   echo ", jemalloc: ${jemalloc:-no}"
 fi
 echo "remat: $("$remat" --version 2>/dev/null || echo "$remat"), $(nproc) cores, $steps steps per row"
-for dtype in float32 bfloat16; do
+for dtype in ${REMAT_BENCH_DTYPES:-float32 bfloat16}; do
   [ "$long" = "--long-only" ] && break
   echo
   base_ms="" ckpt_ms="" ckpt_gib=""
@@ -104,7 +107,7 @@ for dtype in float32 bfloat16; do
     echo "| auto under PyTorch's checkpointed peak ($ckpt_gib GiB) | | | | | step / PyTorch checkpointed |"
     for attention in dot_product flash; do
       remat_row "remat auto, $attention" max_target_length=512 per_device_batch_size=4 dtype="$dtype" \
-        remat_policy=auto hbm_limit="${ckpt_gib}GiB" attention="$attention"
+        remat_policy=auto hbm_limit="${ckpt_gib}GiB" host_limit=1B attention="$attention"
     done
   fi
 done
@@ -126,9 +129,15 @@ for seq in $long_lengths; do
   fi
   echo "| $short, 1 x $seq | step | peak RSS | matmul floor | step / floor | step / PyTorch checkpointed |"
   echo "|---|---|---|---|---|---|"
-  limit=${ckpt_gib:+remat_policy=auto hbm_limit=${ckpt_gib}GiB}
-  for attention in flash dot_product; do
-    remat_row "remat $attention, ${limit:-remat_policy=full}" max_target_length="$seq" per_device_batch_size=1 \
-      dtype="$long_dtype" attention=$attention ${limit:-remat_policy=full}
-  done
+  if [ -n "$ckpt_gib" ]; then
+    half=$(awk -v g="$ckpt_gib" 'BEGIN {printf "%.2f", g / 2}')
+    for row in "flash $ckpt_gib" "dot_product $ckpt_gib" "flash $half"; do
+      set -- $row
+      remat_row "remat $1, auto under $2 GiB" max_target_length="$seq" per_device_batch_size=1 dtype="$long_dtype" \
+        attention="$1" remat_policy=auto hbm_limit="$2GiB" host_limit=1B
+    done
+  else
+    remat_row "remat flash, remat_policy=full" max_target_length="$seq" per_device_batch_size=1 dtype="$long_dtype" \
+      attention=flash remat_policy=full
+  fi
 done
