@@ -21,8 +21,9 @@
 //
 // Where oneDNN has no bf16 matmul (CPUs without AVX-512), a bf16 matmul runs the same tiles in f32: each tile's
 // rows of lhs and columns of rhs are widened into the thread's workspace (exactly: a bf16 is an f32 with a
-// shorter mantissa; the columns once for each run of a column's tiles the thread takes), multiplied there with f32 accumulation, and rounded to bf16 (nearest, ties to even) into
-// the output: the arithmetic of oneDNN's bf16 matmul, in another summation order.
+// shorter mantissa; the columns once for each run of a column's tiles the thread takes), multiplied there with
+// f32 accumulation, and rounded to bf16 (nearest, ties to even) into the output: the arithmetic of oneDNN's bf16
+// matmul, in another summation order.
 #include "exec/kernels/kernels.h"
 
 #include <oneapi/dnnl/dnnl.hpp>

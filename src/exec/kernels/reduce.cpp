@@ -24,18 +24,16 @@ struct Plan {
 Plan plan_reduction(const ir::Shape& shape, const ir::IntList& axes) {
   Plan p;
   Dims strides = strides_of(Dims(shape));
+  int64_t first = -1, last = -1;  // the first and last reduced dims
   for (size_t d = 0; d < shape.size(); ++d) {
     bool reduced = std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end();
     (reduced ? p.red_shape : p.kept_shape).push_back(shape[d]);
     (reduced ? p.red_strides : p.kept_strides).push_back(strides[d]);
+    if (reduced) last = static_cast<int64_t>(d), first = first < 0 ? last : first;
   }
   p.outputs = num_elements(p.kept_shape);
   p.window = num_elements(p.red_shape);
   p.contiguous = p.red_shape.empty() || (p.red_strides.back() == 1 && p.red_strides.front() * p.red_shape.front() == p.window);
-  int64_t first = -1, last = -1;  // the block of reduced dims
-  for (size_t d = 0; d < shape.size(); ++d)
-    if (std::find(axes.begin(), axes.end(), static_cast<int64_t>(d)) != axes.end())
-      last = static_cast<int64_t>(d), first = first < 0 ? last : first;
   if (!p.contiguous && first >= 0 && last - first + 1 == static_cast<int64_t>(p.red_shape.size()))
     p.inner = strides[static_cast<size_t>(last)];
   return p;
