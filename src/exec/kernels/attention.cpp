@@ -91,25 +91,59 @@ Keys<A> keys_of(Tiles<A>& t, const ir::Node& n, const Problem& z) {
   return {.kt = at, .vt = grad ? at + 2 * size : nullptr, .kb = grad ? at + 3 * size : nullptr, .vb = at + size,
           .stride = stride};
 }
+// to[d·ld + j] = x(j, d) for j, d in [0, 8), x(j, d) at x[j·lx + d]: an 8 x 8 block transposed in registers
+// (pairs of rows interleaved, then pairs of pairs, then halves: the shuffles every vector width has).
+template <class A, class T>
+void transpose8(const T* x, int64_t lx, A* to, int64_t ld) {
+  typedef A V __attribute__((vector_size(8 * sizeof(A))));
+  V r[8], t[8], u[8];
+  for (int j = 0; j < 8; ++j)
+    for (int d = 0; d < 8; ++d) r[j][d] = static_cast<A>(load(x[j * lx + d]));
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = __builtin_shufflevector(r[j], r[j + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[j + 1] = __builtin_shufflevector(r[j], r[j + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int j = 0; j < 8; j += 4)
+    for (int h = 0; h < 2; ++h) {  // u[j + 2h]: columns 2h and 2h + 4 of rows j..j+3; u[j + 2h + 1]: the next two
+      u[j + 2 * h] = __builtin_shufflevector(t[j + h], t[j + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[j + 2 * h + 1] = __builtin_shufflevector(t[j + h], t[j + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  for (int d = 0; d < 4; ++d) {
+    const V low = __builtin_shufflevector(u[d], u[d + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    const V high = __builtin_shufflevector(u[d], u[d + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+    std::memcpy(to + d * ld, &low, sizeof(V));
+    std::memcpy(to + (d + 4) * ld, &high, sizeof(V));
+  }
+}
+
+// to[d·ld + j] = x(j, d) for the S x D matrix x (its rows lx apart): 8 x 8 blocks, then the edges element-wise.
+template <class A, class T>
+void transpose(const T* x, int64_t lx, A* to, int64_t ld, int64_t S, int64_t D) {
+  auto one = [&](int64_t j, int64_t d) { to[d * ld + j] = static_cast<A>(load(x[j * lx + d])); };
+  int64_t j = 0;
+  for (; j + 8 <= S; j += 8) {
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) transpose8(x + j * lx + d, lx, to + d * ld + j, ld);
+    for (; d < D; ++d)
+      for (int64_t i = j; i < j + 8; ++i) one(i, d);
+  }
+  for (; j < S; ++j)
+    for (int64_t d = 0; d < D; ++d) one(j, d);
+}
+
 // Fills `keys` with kv head g of batch b.
 template <class A, class T>
 void load_keys(const Keys<A>& keys, const T* k, const T* v, const Problem& z, int64_t b, int64_t g) {
-  constexpr int64_t kKeys = 16;  // keys per pass: their rows stay in L1 while the transposes are written
-  for (int64_t j0 = 0; j0 < z.S; j0 += kKeys) {
-    const int64_t j1 = std::min(z.S, j0 + kKeys);
-    auto at = [&](int64_t j, int64_t d) { return ((b * z.S + j) * z.KV + g) * z.D + d; };
-    for (int64_t d = 0; d < z.D; ++d)
-      for (int64_t j = j0; j < j1; ++j) {
-        keys.kt[d * keys.stride + j] = static_cast<A>(load(k[at(j, d)]));
-        if (keys.vt) keys.vt[d * keys.stride + j] = static_cast<A>(load(v[at(j, d)]));
-      }
-    for (int64_t j = j0; j < j1; ++j)
-      for (int64_t d = 0; d < z.D; ++d) {
-        keys.vb[j * z.D + d] = static_cast<A>(load(v[at(j, d)]));
-        if (keys.kb) keys.kb[j * z.D + d] = static_cast<A>(load(k[at(j, d)]));
-      }
-  }
+  const int64_t first = (b * z.S * z.KV + g) * z.D, lx = z.KV * z.D;  // key j's row at first + j·lx
+  transpose(k + first, lx, keys.kt, keys.stride, z.S, z.D);
+  if (keys.vt) transpose(v + first, lx, keys.vt, keys.stride, z.S, z.D);
+  for (int64_t j = 0; j < z.S; ++j)
+    for (int64_t d = 0; d < z.D; ++d) {
+      keys.vb[j * z.D + d] = static_cast<A>(load(v[first + j * lx + d]));
+      if (keys.kb) keys.kb[j * z.D + d] = static_cast<A>(load(k[first + j * lx + d]));
+    }
 }
+
 // The tiles' products, register-blocked. Vectors of the target's width (GCC's vector extension; 16 bytes on
 // baseline x86-64): a block of R rows shares every load of the other operand, R x C vectors of sums live in
 // registers. Each element is still summed in index order, from zero or its value, with separate multiplies and
