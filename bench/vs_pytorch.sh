@@ -55,17 +55,24 @@ torch_gib() { grep -o 'peak RSS [0-9.]* GiB' <<<"$1" | awk '{print $3}'; }
 
 # remat LABEL KEYS...: one row. The step and peak RSS come from a run of `steps` steps; the floor from a second
 # run of 2 steps that profiles its second (the floor's own matmuls, timed alone in the process, would add to the
-# first run's peak RSS).
+# first run's peak RSS). A profiled run that fails (at 8192 tokens the floor's own operands can exhaust the RAM)
+# leaves the row without its floor rather than ending the bench.
 remat_row() {
-  local label=$1 out floor ratio=""
+  local label=$1 out profiled floor ratio=""
   shift
   out=$(cd "$work" && "$remat" train $width $run_keys steps="$steps" "$@" 2>&1) ||
     { echo "| $label | failed: $(tail -1 <<<"$out") |"; return; }
   ms=$(ms_of "$out")
   gib=$(gib_of "$out")
-  floor=$(cd "$work" && "$remat" train $width $run_keys steps=2 enable_profiler=true skip_first_n_steps_for_profiler=1 \
-    "$@" 2>&1 | grep -o 'matmul floor of step [0-9]*: [0-9.]* ms' | awk '{print $6}')
   [ -n "$base_ms" ] && ratio=$(awk -v a="$ms" -v b="$base_ms" 'BEGIN {printf "%.2fx", a / b}')
+  profiled=$(cd "$work" && "$remat" train $width $run_keys steps=2 enable_profiler=true \
+    skip_first_n_steps_for_profiler=1 "$@" 2>&1) || true
+  floor=$(grep -o 'matmul floor of step [0-9]*: [0-9.]* ms' <<<"$profiled" | awk '{print $6}') || true
+  if [ -z "$floor" ]; then
+    awk -v l="$label" -v ms="$ms" -v g="$gib" -v r="$ratio" -v why="$(tail -1 <<<"$profiled")" \
+      'BEGIN {printf "| %s | %.2f s | %.2f GiB | profiled run failed: %s | | %s |\n", l, ms / 1e3, g, why, r}'
+    return
+  fi
   awk -v l="$label" -v ms="$ms" -v g="$gib" -v f="$floor" -v r="$ratio" \
     'BEGIN {printf "| %s | %.2f s | %.2f GiB | %.2f s | %.2fx | %s |\n", l, ms / 1e3, g, f / 1e3, ms / f, r}'
 }
