@@ -77,7 +77,8 @@ TEST(FlashAttention, SavedBytesPerTokenHaveNoTermInT) {
 
 // The op against attention written with primitives (the model's dot_product), in f64, at sizes that cross the
 // kernel's blocks (150 queries: 7 tiles of 24 rows, 3 blocks of 64 keys, causal masks inside blocks; keys and head
-// dims past the key transpose's 8 x 8 blocks) and run it on several threads: the context and the gradients of q, k and v agree to 1e-10.
+// dims past the key transpose's 8 x 8 blocks) and run it on several threads: the context and the gradients of q,
+// k and v agree to 1e-10.
 TEST(FlashAttention, EqualsThePrimitivesAcrossBlocksInF64) {
   const int64_t B = 2, T = 150, H = 4, KV = 2, D = 12;
   const double scale = 0.35;

@@ -104,7 +104,7 @@ void transpose8(const T* x, int64_t lx, A* to, int64_t ld) {
     t[j + 1] = __builtin_shufflevector(r[j], r[j + 1], 2, 10, 3, 11, 6, 14, 7, 15);
   }
   for (int j = 0; j < 8; j += 4)
-    for (int h = 0; h < 2; ++h) {  // u[j + 2h]: columns 2h and 2h + 4 of rows j..j+3; u[j + 2h + 1]: the next two
+    for (int h = 0; h < 2; ++h) {  // u[j + c]: columns c and c + 4 of rows j..j+3
       u[j + 2 * h] = __builtin_shufflevector(t[j + h], t[j + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
       u[j + 2 * h + 1] = __builtin_shufflevector(t[j + h], t[j + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
     }

@@ -24,8 +24,9 @@ inline float pow2(int32_t k) { return std::bit_cast<float>(static_cast<uint32_t>
 inline float exp_f32(float x) {
   // Inputs beyond [-104, 89] give 0 or inf either way.
   const float c = std::min(std::max(x, -104.0f), 89.0f);
-  const float shifted = c * 1.44269504088896341f + 12582912.0f;  // round to nearest by 1.5 * 2^23
-  const float n = shifted - 12582912.0f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer, kept in the low bits
+  const float shifted = c * 1.44269504088896341f + kRound;
+  const float n = shifted - kRound;
   const float r = (c - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
   float p = 1.389340730e-03f;
   p = p * r + 8.370299824e-03f;
@@ -34,7 +35,7 @@ inline float exp_f32(float x) {
   p = p * r + 4.999999702e-01f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const int32_t k = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(12582912.0f), half = k >> 1;
+  const int32_t k = std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRound), half = k >> 1;
   return p * pow2(half) * pow2(k - half);
 }
 
