@@ -1,6 +1,6 @@
 // Flash attention's kernels through the executor, as GFLOP/s of their products: forward 4·B·H·T·S·D (q kᵀ and
 // p v); "backward" runs the forward and attention_grad, 4 + 10·B·H·T·S·D (q kᵀ again, dout vᵀ, dv, dk, dq);
-// halved, causal. The medium config's shape (12 heads of 64, 4 x 512 tokens) and a long sequence (4096).
+// halved, causal. The medium config's shape (12 heads of 64, 4 x 512 tokens) and long sequences (4096, 8192).
 // Run: build/remat_bench --benchmark_filter=Attention
 #include "exec/exec.h"
 
@@ -45,7 +45,8 @@ void AttentionBackwardF32(benchmark::State& s) { Attention(s, DType::f32, true);
 void AttentionForwardBf16(benchmark::State& s) { Attention(s, DType::bf16, false); }
 void AttentionBackwardBf16(benchmark::State& s) { Attention(s, DType::bf16, true); }
 
-#define ATTENTION_SHAPES Args({4, 512, 12, 64})->Args({1, 4096, 12, 64})->Unit(benchmark::kMillisecond)->UseRealTime()
+#define ATTENTION_SHAPES \
+  Args({4, 512, 12, 64})->Args({1, 4096, 12, 64})->Args({1, 8192, 12, 64})->Unit(benchmark::kMillisecond)->UseRealTime()
 BENCHMARK(AttentionForwardF32)->ATTENTION_SHAPES;
 BENCHMARK(AttentionBackwardF32)->ATTENTION_SHAPES;
 BENCHMARK(AttentionForwardBf16)->ATTENTION_SHAPES;

@@ -50,12 +50,12 @@ struct Tiles {
 };
 
 // One kv head's keys and values in A, laid out for the products, filled once per (batch, kv head) and read by
-// every query tile of every head of its group: transposed (kt, vt: D rows of `stride` keys)
-// and as rows (kb, vb: S rows of D). The forward uses kt and vb.
+// every query tile of every head of its group: transposed, block by block (kt, vt: for each block of kBlock keys,
+// D rows of kBlock, so that a product's rows of keys are adjacent and not a power of two apart, which would put
+// them all in one set of the L1 cache), and as rows (kb, vb: S rows of D). The forward uses kt and vb.
 template <class A>
 struct Keys {
   A *kt, *vt, *kb, *vb;
-  int64_t stride;  // S rounded up to whole blocks (each row 64-byte aligned)
 };
 int64_t padded_keys(int64_t S) { return (S + kBlock - 1) / kBlock * kBlock; }
 
@@ -86,10 +86,9 @@ Tiles<A>& tiles_of(std::span<std::byte> workspace, int64_t bytes_per_thread) {
 template <class A>
 Keys<A> keys_of(Tiles<A>& t, const ir::Node& n, const Problem& z) {
   A* at = reinterpret_cast<A*>(reinterpret_cast<std::byte*>(&t) + tiles_bytes(sizeof(A) == 8 ? DType::f64 : DType::f32));
-  const int64_t stride = padded_keys(z.S), size = stride * z.D;
+  const int64_t size = padded_keys(z.S) * z.D;
   const bool grad = n.op == ir::Op::attention_grad;
-  return {.kt = at, .vt = grad ? at + 2 * size : nullptr, .kb = grad ? at + 3 * size : nullptr, .vb = at + size,
-          .stride = stride};
+  return {.kt = at, .vt = grad ? at + 2 * size : nullptr, .kb = grad ? at + 3 * size : nullptr, .vb = at + size};
 }
 // to[d·ld + j] = x(j, d) for j, d in [0, 8), x(j, d) at x[j·lx + d]: an 8 x 8 block transposed in registers
 // (pairs of rows interleaved, then pairs of pairs, then halves: the shuffles every vector width has).
@@ -135,8 +134,11 @@ void transpose(const T* x, int64_t lx, A* to, int64_t ld, int64_t S, int64_t D) 
 template <class A, class T>
 void load_keys(const Keys<A>& keys, const T* k, const T* v, const Problem& z, int64_t b, int64_t g) {
   const int64_t first = (b * z.S * z.KV + g) * z.D, lx = z.KV * z.D;  // key j's row at first + j·lx
-  transpose(k + first, lx, keys.kt, keys.stride, z.S, z.D);
-  if (keys.vt) transpose(v + first, lx, keys.vt, keys.stride, z.S, z.D);
+  for (int64_t s0 = 0; s0 < z.S; s0 += kBlock) {
+    const int64_t cols = std::min(kBlock, z.S - s0);
+    transpose(k + first + s0 * lx, lx, keys.kt + s0 * z.D, kBlock, cols, z.D);
+    if (keys.vt) transpose(v + first + s0 * lx, lx, keys.vt + s0 * z.D, kBlock, cols, z.D);
+  }
   for (int64_t j = 0; j < z.S; ++j)
     for (int64_t d = 0; d < z.D; ++d) {
       keys.vb[j * z.D + d] = static_cast<A>(load(v[first + j * lx + d]));
@@ -240,7 +242,7 @@ void accumulate_keys(const A (*coef)[kBlock], const A (*x)[kMaxDh], A* out, int6
 // s = q kᵀ for the tile, with keys after a causal row's query at -inf.
 template <Isa isa, class A>
 void scores(Tiles<A>& t, const Keys<A>& keys, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
-  times_block<isa>(t.q, keys.kt + s0, keys.stride, t.s, rows, cols, z.D);
+  times_block<isa>(t.q, keys.kt + s0 * z.D, kBlock, t.s, rows, cols, z.D);
   if (z.causal)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = std::max<int64_t>(0, i0 + r + 1 - s0); j < cols; ++j) t.s[r][j] = -std::numeric_limits<A>::infinity();
@@ -336,7 +338,7 @@ void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std
           for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {
             const int64_t cols = std::min(kBlock, keys - s0);
             scores<isa>(t, kv, z, i0, rows, s0, cols);
-            times_block<isa>(t.dout, kv.vt + s0, kv.stride, t.ds, rows, cols, z.D);
+            times_block<isa>(t.dout, kv.vt + s0 * z.D, kBlock, t.ds, rows, cols, z.D);
             for (int64_t r = 0; r < rows; ++r) {  // p = exp(s - lse); ds = p (dout . v - delta) · scale
               A* dsr = t.ds[r];
 #pragma omp simd
