@@ -9,6 +9,7 @@
 #include "exec/kernels/kernels.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -20,12 +21,20 @@ using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 constexpr int64_t kRowLanes = 16;
 
-// lane[0] = Σ lane[i], pairwise.
+// Σ lane[i], pairwise: lane i + 8 into lane i, then i + 4 into i, i + 2, i + 1. In registers: halves of vectors.
 template <class A>
-A combine_lanes(A (&lane)[kRowLanes]) {
-  for (int64_t width = kRowLanes / 2; width > 0; width /= 2)
-    for (int64_t i = 0; i < width; ++i) lane[i] += lane[i + width];
-  return lane[0];
+A combine_lanes(const A (&lane)[kRowLanes]) {
+  static_assert(kRowLanes == 16);
+  typedef A V8 __attribute__((vector_size(8 * sizeof(A))));
+  typedef A V4 __attribute__((vector_size(4 * sizeof(A))));
+  typedef A V2 __attribute__((vector_size(2 * sizeof(A))));
+  V8 low, high;
+  std::memcpy(&low, lane, sizeof(V8));
+  std::memcpy(&high, lane + 8, sizeof(V8));
+  const V8 s8 = low + high;
+  const V4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  const V2 s2 = __builtin_shufflevector(s4, s4, 0, 1) + __builtin_shufflevector(s4, s4, 2, 3);
+  return s2[0] + s2[1];
 }
 
 // Σ f(j) over j in [0, w).
