@@ -45,7 +45,7 @@ A dot(const T* x, const T* y, int64_t n) {
 template <class A>
 struct Tiles {
   A q[kRows][kMaxDh], dout[kRows][kMaxDh], acc[kRows][kMaxDh];  // acc: the context, or dq
-  A s[kRows][kBlock], ds[kRows][kBlock], dk_coef[kRows][kBlock];  // dk_coef: ds / scale (the q tile is scaled)
+  A s[kRows][kBlock], ds[kRows][kBlock], dk_coef[kRows][kBlock];  // dk_coef: ds before its scale (q's tile has it)
   A m[kRows], l[kRows], delta[kRows];
 };
 
@@ -159,6 +159,7 @@ constexpr int64_t kRowBlock = isa == Isa::x86_64_v4 ? 4 : 6;  // R
 template <class A, int64_t W>
 struct Vec {
   typedef A type __attribute__((vector_size(W)));
+  typedef A unaligned __attribute__((vector_size(W), aligned(alignof(A)), may_alias));  // loads and stores
   static constexpr int64_t lanes = W / static_cast<int64_t>(sizeof(A));
 };
 
@@ -180,23 +181,29 @@ template <int64_t R, int64_t C, class A, int64_t W>
 void product_block(const Product<A>& p, int64_t i, int64_t c) {
   using V = typename Vec<A, W>::type;
   constexpr int64_t L = Vec<A, W>::lanes;
+  using U = typename Vec<A, W>::unaligned;
   V sum[R][C];
+#pragma GCC unroll 8
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t v = 0; v < C; ++v) {
-      if (p.accumulate) std::memcpy(&sum[r][v], p.out + (i + r) * p.lo + c + v * L, sizeof(V));
-      else sum[r][v] = V{};
-    }
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < C; ++v)
+      sum[r][v] = p.accumulate ? *reinterpret_cast<const U*>(p.out + (i + r) * p.lo + c + v * L) : V{};
   const A* a = p.a + i * p.ai;
   for (int64_t k = 0; k < p.K; ++k) {
     V row[C];
-    for (int64_t v = 0; v < C; ++v) std::memcpy(&row[v], p.b + k * p.lb + c + v * L, sizeof(V));
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < C; ++v) row[v] = *reinterpret_cast<const U*>(p.b + k * p.lb + c + v * L);
+#pragma GCC unroll 8
     for (int64_t r = 0; r < R; ++r) {
       const A x = a[r * p.ai + k * p.ak];
+#pragma GCC unroll 4
       for (int64_t v = 0; v < C; ++v) sum[r][v] += x * row[v];
     }
   }
+#pragma GCC unroll 8
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t v = 0; v < C; ++v) std::memcpy(p.out + (i + r) * p.lo + c + v * L, &sum[r][v], sizeof(V));
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < C; ++v) *reinterpret_cast<U*>(p.out + (i + r) * p.lo + c + v * L) = sum[r][v];
 }
 // Rows [i, i + R), all `cols` columns: blocks of C vectors, then single vectors, then element by element.
 template <Isa isa, int64_t R, class A>
@@ -344,11 +351,11 @@ void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std
 #pragma omp simd
               for (int64_t j = 0; j < cols; ++j) {
                 t.s[r][j] = exp_of(t.s[r][j] - t.l[r]);
-                dsr[j] = t.s[r][j] * (dsr[j] - t.delta[r]) * scale;
-                t.dk_coef[r][j] = dsr[j] / scale;
+                t.dk_coef[r][j] = t.s[r][j] * (dsr[j] - t.delta[r]);
+                dsr[j] = t.dk_coef[r][j] * scale;
               }
             }
-            // dv += pᵀ dout, dk += dsᵀ q (the tile's q is scaled: ds / scale), dq += ds k
+            // dv += pᵀ dout, dk += (ds / scale)ᵀ q (the tile's q is scaled), dq += ds k
             accumulate_keys<isa>(t.s, t.dout, dv_acc + s0 * z.D, rows, cols, z.D);
             accumulate_keys<isa>(t.dk_coef, t.q, dk_acc + s0 * z.D, rows, cols, z.D);
             accumulate<isa>(t.ds, kv.kb + s0 * z.D, z.D, t.acc, rows, cols, z.D);
