@@ -52,6 +52,28 @@ TEST(Exp, SpecialValues) {
   EXPECT_TRUE(std::isfinite(exp_f32(88.7f)));  // near overflow, finite
 }
 
+// Softmax's exp of x <= 0 (exp_nonpositive) against exp_f32: the same bits wherever exp_f32's result is at least
+// 2^-126 (within 1 ulp of the f64 route, by the test above), 0 below it (about x < -87.7), over every 61st float from
+// -0 down to -120; and at the special values.
+TEST(Exp, NonpositiveVariantGivesTheSameBitsDownToTheSubnormals) {
+  int64_t differ = 0, flushed = 0, checked = 0;
+  for (uint32_t bits = 0x80000000u; std::bit_cast<float>(bits) >= -120.0f; bits += 61, ++checked) {
+    const float x = std::bit_cast<float>(bits), want = exp_f32(x), got = exp_nonpositive(x);
+    if (want >= std::numeric_limits<float>::min()) differ += std::bit_cast<uint32_t>(got) != std::bit_cast<uint32_t>(want);
+    else flushed += got == 0.0f;
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_GT(flushed, 0);
+  EXPECT_GT(checked, 15'000'000);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(exp_nonpositive(-inf), 0.0f);
+  EXPECT_TRUE(std::isnan(exp_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(exp_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(exp_nonpositive(-0.0f), 1.0f);
+  EXPECT_EQ(exp_nonpositive(-87.0f), exp_f32(-87.0f));  // normal: 1.65e-38
+  EXPECT_EQ(exp_nonpositive(-88.0f), 0.0f);
+}
+
 // The elementwise kernels run the widest clone the CPU has (AVX-512, AVX2 or baseline: elementwise.cpp); this test's
 // loops are compiled for baseline x86-64. Without FMA contraction or reassociation every clone gives the same bits:
 // exp, logistic (a NaN operand returned as it is), sqrt, a division and the f32 -> bf16 and f32 -> f16 -> f32 roundings (the AVX-512 clone converts f16

@@ -260,7 +260,7 @@ void scores(Tiles<A>& t, const Keys<A>& keys, const Problem& z, int64_t i0, int6
 template <class A>
 void online_softmax_row(A* s, int64_t cols, A& m, A& l, A* acc, int64_t D) {
   const A m_new = std::max(m, row_max<A>(s, cols));
-  const A correction = exp_of(m - m_new);  // 0 at the first block (exp(-inf))
+  const A correction = exp_nonpositive_of(m - m_new);  // 0 at the first block (exp(-inf))
 #pragma omp simd
   for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
   l = l * correction + row_exps(s, cols, m_new, s);
@@ -350,7 +350,7 @@ void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std
               A* dsr = t.ds[r];
 #pragma omp simd
               for (int64_t j = 0; j < cols; ++j) {
-                t.s[r][j] = exp_of(t.s[r][j] - t.l[r]);
+                t.s[r][j] = exp_nonpositive_of(t.s[r][j] - t.l[r]);
                 t.dk_coef[r][j] = t.s[r][j] * (dsr[j] - t.delta[r]);
                 dsr[j] = t.dk_coef[r][j] * scale;
               }

@@ -72,8 +72,8 @@ A row_exps(const T* x, int64_t w, A m, A* p) {
   int64_t j0 = 0;
   for (; j0 + kRowLanes <= w; j0 += kRowLanes)
 #pragma omp simd
-    for (int64_t i = 0; i < kRowLanes; ++i) lane[i] += p[j0 + i] = exp_of(static_cast<A>(load(x[j0 + i])) - m);
-  for (int64_t j = j0; j < w; ++j) lane[j - j0] += p[j] = exp_of(static_cast<A>(load(x[j])) - m);
+    for (int64_t i = 0; i < kRowLanes; ++i) lane[i] += p[j0 + i] = exp_nonpositive_of(static_cast<A>(load(x[j0 + i])) - m);
+  for (int64_t j = j0; j < w; ++j) lane[j - j0] += p[j] = exp_nonpositive_of(static_cast<A>(load(x[j])) - m);
   return combine_lanes(lane);
 }
 

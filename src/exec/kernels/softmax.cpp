@@ -119,7 +119,7 @@ void log_softmax_grad_rows_body(const ir::Node& n, DType yt, const std::byte* y_
       const A s = row_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])); });
 #pragma omp simd
       for (int64_t j = 0; j < w; ++j) {
-        const A p = exp_of(static_cast<A>(load(y[r * w + j])));
+        const A p = exp_nonpositive_of(static_cast<A>(load(y[r * w + j])));  // y: a log-probability
         dx[r * w + j] = store<T>(static_cast<Compute<T>>(static_cast<A>(load(gr[j])) - p * s));
       }
     }
