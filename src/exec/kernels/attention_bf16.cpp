@@ -1,0 +1,263 @@
+// Flash attention for bf16 operands: attention.cpp's online softmax and tiles, with every product on bf16 values in
+// pairs (pairs.h: vdpbf16ps where the CPU has AVX512_BF16, the same bits elsewhere), as FlashAttention on a GPU runs
+// its products on bf16 tensor cores. Scores, statistics, probabilities and sums are f32; a product's operands are
+// bf16: q, k, v and dout as given, the probabilities p and the score gradients ds rounded once (as dot_product's
+// bf16 softmax is before its matmul). Scores are (q·kᵀ)·scale, the forward's and the backward's from one function,
+// so the backward recomputes the forward's probabilities bit for bit.
+//
+// A product pairs consecutive values of its contraction: head dims for q kᵀ and dout vᵀ (a row of q or k viewed as
+// pairs, as stored), keys for p v and ds k (k and v laid out with two keys' rows interleaved, once per kv head),
+// queries for dv and dk, which are accumulated transposed (dvᵀ += doutᵀ p, dkᵀ += qᵀ ds: the tile's p and ds
+// with two queries' rows interleaved, and doutᵀ, qᵀ once per tile) and written back once per kv head.
+#include "exec/kernels/attention.h"
+#include "exec/kernels/pairs.h"
+
+#include <omp.h>
+
+#include <cmath>
+
+namespace remat::exec::flash {
+namespace {
+
+constexpr int64_t kPairsD = kMaxDh / 2;  // pairs of head dims a tile row holds
+
+// One thread's tiles. Rows index queries, columns keys; u32 arrays hold bf16 pairs.
+struct Tiles {
+  uint32_t q[kRows][kPairsD], dout[kRows][kPairsD];                  // pairs of head dims
+  uint32_t q_t[kMaxDh][kRows / 2], dout_t[kMaxDh][kRows / 2];        // transposed: pairs of queries
+  float acc[kRows][kMaxDh];                                          // the context, or dq
+  float s[kRows][kBlock], g[kRows][kBlock];                          // scores, then p; backward dout vᵀ, then ds
+  uint32_t along_keys[kRows][kBlock / 2], along_queries[kRows / 2][kBlock];  // p or ds in pairs
+  float m[kRows], l[kRows], delta[kRows];
+};
+
+// One kv head's keys and values in pairs, filled once per (batch, kv head): kt, vt transposed block by block (for
+// each block of kBlock keys, D/2 rows of kBlock pairs of head dims, as attention.cpp's panels), kp, vp with
+// two keys' rows interleaved (row j/2 of D pairs holds keys j and j + 1). The forward uses kt and vp.
+struct Keys {
+  uint32_t *kt, *vt, *kp, *vp;
+};
+
+int64_t tiles_bytes() { return aligned64(sizeof(Tiles)); }
+int64_t key_array(int64_t S, int64_t D) { return padded_keys(S) * D / 2; }  // u32 of each of kt, vt, kp, vp
+bool backward(const ir::Node& n) { return n.op == ir::Op::attention_grad; }
+int64_t per_thread(const ir::Node& n, int64_t S, int64_t D) {
+  return tiles_bytes() + aligned64((backward(n) ? 4 : 2) * key_array(S, D) * 4) +
+         (backward(n) ? aligned64(2 * S * D * 4) : 0);  // dkᵀ and dvᵀ of a kv head
+}
+
+Tiles& tiles_of(std::span<std::byte> workspace, int64_t bytes_per_thread) {
+  const int64_t thread = omp_in_parallel() ? omp_get_thread_num() : 0;
+  return *reinterpret_cast<Tiles*>(workspace.data() + thread * bytes_per_thread);
+}
+Keys keys_of(Tiles& t, const ir::Node& n, const Problem& z) {
+  uint32_t* at = reinterpret_cast<uint32_t*>(reinterpret_cast<std::byte*>(&t) + tiles_bytes());
+  const int64_t size = key_array(z.S, z.D);
+  return backward(n) ? Keys{at, at + size, at + 2 * size, at + 3 * size} : Keys{at, nullptr, nullptr, at + size};
+}
+
+const uint32_t* as_pairs(const bf16_t* x) { return reinterpret_cast<const uint32_t*>(x); }  // D even: rows aligned
+
+// Two keys' rows interleaved: to[(j/2)·D + d] = (x(j, d), x(j + 1, d)), keys past S zero; x(j, d) at x[j·lx + d].
+void interleave_keys(const bf16_t* x, int64_t lx, uint32_t* to, const Problem& z) {
+  const bf16_t zero{0};
+  for (int64_t j = 0; j < padded_keys(z.S); j += 2)
+    for (int64_t d = 0; d < z.D; ++d)
+      to[j / 2 * z.D + d] = bf16_pair(j < z.S ? x[j * lx + d] : zero, j + 1 < z.S ? x[(j + 1) * lx + d] : zero);
+}
+
+// Fills `keys` with kv head g of batch b.
+void load_keys(const Keys& keys, const bf16_t* k, const bf16_t* v, const Problem& z, int64_t b, int64_t g) {
+  const int64_t first = (b * z.S * z.KV + g) * z.D, lx = z.KV * z.D;  // key j's row at first + j·lx
+  for (int64_t s0 = 0; s0 < z.S; s0 += kBlock) {
+    const int64_t cols = std::min(kBlock, z.S - s0), at = (first + s0 * lx) / 2;
+    transpose(as_pairs(k) + at, lx / 2, keys.kt + s0 * z.D / 2, kBlock, cols, z.D / 2);
+    if (keys.vt) transpose(as_pairs(v) + at, lx / 2, keys.vt + s0 * z.D / 2, kBlock, cols, z.D / 2);
+  }
+  interleave_keys(v + first, lx, keys.vp, z);
+  if (keys.kp) interleave_keys(k + first, lx, keys.kp, z);
+}
+
+// Rows [i0, i0 + rows) of query head h (of q, or dout) into a tile: as pairs of head dims, and (for the backward)
+// transposed as pairs of queries, a last odd row paired with zero.
+void load_rows(const bf16_t* x, uint32_t (*to)[kPairsD], uint32_t (*to_t)[kRows / 2], const Problem& z, int64_t b,
+               int64_t h, int64_t i0, int64_t rows) {
+  auto row = [&](int64_t r) { return x + ((b * z.T + i0 + r) * z.H + h) * z.D; };
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(to[r], row(r), static_cast<size_t>(z.D) * sizeof(bf16_t));
+  if (!to_t) return;
+  for (int64_t r = 0; r < rows; r += 2)
+    for (int64_t d = 0; d < z.D; ++d) to_t[d][r / 2] = bf16_pair(row(r)[d], r + 1 < rows ? row(r + 1)[d] : bf16_t{0});
+}
+
+// The tile's f32 `x` (rows x cols) rounded to bf16 in pairs: along its keys (a last odd column paired with zero)
+// and, for the backward, along its queries (a last odd row paired with zero).
+void pairs_along_keys(const float (*x)[kBlock], uint32_t (*to)[kBlock / 2], int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j + 1 < cols; j += 2) to[r][j / 2] = bf16_pair(float_to_bf16(x[r][j]), float_to_bf16(x[r][j + 1]));
+    if (cols % 2) to[r][cols / 2] = bf16_pair(float_to_bf16(x[r][cols - 1]), bf16_t{0});
+  }
+}
+void pairs_along_queries(const float (*x)[kBlock], uint32_t (*to)[kBlock], int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r += 2)
+    for (int64_t j = 0; j < cols; ++j)
+      to[r / 2][j] = bf16_pair(float_to_bf16(x[r][j]), r + 1 < rows ? float_to_bf16(x[r + 1][j]) : bf16_t{0});
+}
+
+// s = (q kᵀ)·scale for the tile, with keys after a causal row's query at -inf.
+void scores(Tiles& t, const Keys& keys, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
+  pair_product({&t.q[0][0], kPairsD, keys.kt + s0 * z.D / 2, kBlock, &t.s[0][0], kBlock, z.D / 2, false}, rows, cols);
+  const float scale = static_cast<float>(z.scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t visible = z.causal ? std::clamp<int64_t>(i0 + r + 1 - s0, 0, cols) : cols;
+    for (int64_t j = 0; j < visible; ++j) t.s[r][j] *= scale;
+    for (int64_t j = visible; j < cols; ++j) t.s[r][j] = -std::numeric_limits<float>::infinity();
+  }
+}
+
+// Heads [lo, hi) of the (batch, head) pairs of attention, in the calling thread's tiles.
+void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Problem& z,
+                std::span<std::byte> workspace, int64_t bytes_per_thread, int64_t lo, int64_t hi) {
+  const bf16_t *q = in[0].data<bf16_t>(), *k = in[1].data<bf16_t>(), *v = in[2].data<bf16_t>();
+  bf16_t* o = out[0].data<bf16_t>();
+  float* lse = out[1].data<float>();
+  const int64_t rep = z.H / z.KV;
+  Tiles& t = tiles_of(workspace, bytes_per_thread);
+  const Keys kv = keys_of(t, n, z);
+  for (int64_t bh = lo; bh < hi; ++bh) {
+    const int64_t b = bh / z.H, h = bh % z.H, g = h / rep;
+    if (bh == lo || h % rep == 0) load_keys(kv, k, v, z, b, g);  // a new kv head
+    for (int64_t i0 = 0; i0 < z.T; i0 += kRows) {
+      const int64_t rows = std::min(kRows, z.T - i0), keys = z.causal ? i0 + rows : z.S;
+      load_rows(q, t.q, nullptr, z, b, h, i0, rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        t.m[r] = -std::numeric_limits<float>::infinity(), t.l[r] = 0;
+        std::fill(t.acc[r], t.acc[r] + z.D, 0.0f);
+      }
+      for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
+        const int64_t cols = std::min(kBlock, keys - s0);
+        scores(t, kv, z, i0, rows, s0, cols);
+        for (int64_t r = 0; r < rows; ++r) online_softmax_row(t.s[r], cols, t.m[r], t.l[r], t.acc[r], z.D);
+        pairs_along_keys(t.s, t.along_keys, rows, cols);
+        pair_product({&t.along_keys[0][0], kBlock / 2, kv.vp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, (cols + 1) / 2, true},
+                     rows, z.D);  // acc += p v
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        bf16_t* orow = o + ((b * z.T + i0 + r) * z.H + h) * z.D;
+        for (int64_t d = 0; d < z.D; ++d) orow[d] = float_to_bf16(t.acc[r][d] / t.l[r]);
+        lse[(b * z.H + h) * z.T + i0 + r] = t.m[r] + std::log(t.l[r]);
+      }
+    }
+  }
+}
+
+REMAT_WIDEST_CLONES(heads, heads_body)
+
+// One block of keys of the backward, for the tile's rows: dvᵀ += doutᵀ p, dkᵀ += qᵀ ds, dq (acc) += ds k.
+void block_grad(Tiles& t, const Keys& kv, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols,
+                float* dk_t, float* dv_t) {
+  const float scale = static_cast<float>(z.scale);
+  scores(t, kv, z, i0, rows, s0, cols);
+  pair_product({&t.dout[0][0], kPairsD, kv.vt + s0 * z.D / 2, kBlock, &t.g[0][0], kBlock, z.D / 2, false}, rows, cols);
+  for (int64_t r = 0; r < rows; ++r)  // p = exp(s - lse); ds = p (dout . v - delta) · scale
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      t.s[r][j] = exp_nonpositive_of(t.s[r][j] - t.l[r]);
+      t.g[r][j] = t.s[r][j] * (t.g[r][j] - t.delta[r]) * scale;
+    }
+  const int64_t query_pairs = (rows + 1) / 2;
+  pairs_along_queries(t.s, t.along_queries, rows, cols);
+  pair_product({&t.dout_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dv_t + s0, z.S, query_pairs, true}, z.D, cols);
+  pairs_along_queries(t.g, t.along_queries, rows, cols);
+  pair_product({&t.q_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dk_t + s0, z.S, query_pairs, true}, z.D, cols);
+  pairs_along_keys(t.g, t.along_keys, rows, cols);
+  pair_product({&t.along_keys[0][0], kBlock / 2, kv.kp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, (cols + 1) / 2, true},
+               rows, z.D);
+}
+
+// Key gradients of kv head g of batch b from their transposed accumulator x_t (D rows of S): transposed in
+// chunks of keys through the tile's acc, then rounded row by row.
+void write_keys(const float* x_t, bf16_t* to, Tiles& t, const Problem& z, int64_t b, int64_t g) {
+  const int64_t chunk = std::min(z.S, kRows * kMaxDh / z.D / 8 * 8);
+  float* rows = &t.acc[0][0];
+  for (int64_t j0 = 0; j0 < z.S; j0 += chunk) {
+    const int64_t keys = std::min(chunk, z.S - j0);
+    transpose(x_t + j0, z.S, rows, z.D, z.D, keys);  // rows[j·D + d] = x_t[d·S + j0 + j]
+    for (int64_t j = 0; j < keys; ++j) {
+      bf16_t* row = to + ((b * z.S + j0 + j) * z.KV + g) * z.D;
+      for (int64_t d = 0; d < z.D; ++d) row[d] = float_to_bf16(rows[j * z.D + d]);
+    }
+  }
+}
+
+// kv heads [lo, hi) of the (batch, kv head) pairs of attention_grad, in the calling thread's tiles.
+void grad_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Problem& z,
+                     std::span<std::byte> workspace, int64_t bytes_per_thread, int64_t lo, int64_t hi) {
+  const bf16_t *q = in[0].data<bf16_t>(), *k = in[1].data<bf16_t>(), *v = in[2].data<bf16_t>();
+  const bf16_t *o = in[3].data<bf16_t>(), *dout = in[5].data<bf16_t>();
+  const float* lse = in[4].data<float>();
+  bf16_t *dq = out[0].data<bf16_t>(), *dk = out[1].data<bf16_t>(), *dv = out[2].data<bf16_t>();
+  const int64_t rep = z.H / z.KV;
+  Tiles& t = tiles_of(workspace, bytes_per_thread);
+  const Keys kv = keys_of(t, n, z);
+  float* dk_t = reinterpret_cast<float*>(kv.kt + 4 * key_array(z.S, z.D));  // dkᵀ, then dvᵀ: D rows of S
+  float* dv_t = dk_t + z.S * z.D;
+  for (int64_t bg = lo; bg < hi; ++bg) {
+    const int64_t b = bg / z.KV, g = bg % z.KV;
+    load_keys(kv, k, v, z, b, g);
+    std::fill(dk_t, dk_t + 2 * z.S * z.D, 0.0f);
+    for (int64_t h = g * rep; h < (g + 1) * rep; ++h)
+      for (int64_t i0 = 0; i0 < z.T; i0 += kRows) {
+        const int64_t rows = std::min(kRows, z.T - i0), keys = z.causal ? i0 + rows : z.S;
+        load_rows(q, t.q, t.q_t, z, b, h, i0, rows);
+        load_rows(dout, t.dout, t.dout_t, z, b, h, i0, rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t row = (b * z.T + i0 + r) * z.H + h;
+          const bf16_t *dout_row = dout + row * z.D, *o_row = o + row * z.D;
+          t.delta[r] = row_sum<float>(z.D, [&](int64_t d) { return load(dout_row[d]) * load(o_row[d]); });
+          t.l[r] = lse[(b * z.H + h) * z.T + i0 + r];
+          std::fill(t.acc[r], t.acc[r] + z.D, 0.0f);
+        }
+        for (int64_t s0 = 0; s0 < keys; s0 += kBlock)
+          block_grad(t, kv, z, i0, rows, s0, std::min(kBlock, keys - s0), dk_t, dv_t);
+        for (int64_t r = 0; r < rows; ++r) {
+          bf16_t* dqr = dq + ((b * z.T + i0 + r) * z.H + h) * z.D;
+          for (int64_t d = 0; d < z.D; ++d) dqr[d] = float_to_bf16(t.acc[r][d]);
+        }
+      }
+    write_keys(dk_t, dk, t, z, b, g);
+    write_keys(dv_t, dv, t, z, b, g);
+  }
+}
+
+REMAT_WIDEST_CLONES(grad_heads, grad_heads_body)
+
+Problem even_problem_of(const ir::Node& n, std::span<const Array> in) {
+  const Problem z = problem_of(n, in);
+  CHECK(z.D % 2 == 0, "{}: bf16 flash attention pairs head dims and needs an even head_dim, got {}; use "
+        "attention=dot_product or an f32 dtype for this model", ir::op_name(n.op), z.D);
+  return z;
+}
+
+}  // namespace
+
+int64_t workspace_bf16(const ir::Node& n, std::span<const ir::Type> in) {
+  return static_cast<int64_t>(omp_get_max_threads()) * per_thread(n, in[1].shape[1], in[0].shape[3]);
+}
+
+void attention_bf16(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
+  const Problem z = even_problem_of(n, in);
+  const int64_t bytes_per_thread = per_thread(n, z.S, z.D);
+  parallel_ranges(z.B * z.H, z.B * z.H * z.T * z.S * z.D >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    heads(n, in, out, z, ctx.workspace, bytes_per_thread, lo, hi);
+  });
+}
+
+void attention_grad_bf16(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
+  const Problem z = even_problem_of(n, in);
+  const int64_t bytes_per_thread = per_thread(n, z.S, z.D);
+  parallel_ranges(z.B * z.KV, z.B * z.H * z.T * z.S * z.D >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    grad_heads(n, in, out, z, ctx.workspace, bytes_per_thread, lo, hi);
+  });
+}
+
+}  // namespace remat::exec::flash
