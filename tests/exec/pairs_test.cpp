@@ -43,8 +43,8 @@ Case random_case(std::mt19937& rng, int lo, int hi) {
 }
 
 std::vector<float> run(const Case& c) {
-  std::vector<float> out = c.out;
-  pair_product({c.a.data(), c.K, c.b.data(), c.cols, out.data(), c.cols, c.K, c.accumulate}, c.rows, c.cols);
+  std::vector<float> out = c.out, scratch(pair_scratch(c.rows, c.cols, c.K));
+  pair_product({c.a.data(), c.K, c.b.data(), c.cols, out.data(), c.cols, c.K, c.accumulate}, c.rows, c.cols, scratch);
   return out;
 }
 
@@ -110,12 +110,12 @@ TEST(PairProduct, SubnormalInputsReadAsZeroAndSubnormalResultsAreZero) {
   for (Isa isa : available_isas()) {
     IsaOverride guard(isa);
     const uint32_t a[2] = {two_to_the_minus_70, subnormal}, b[2] = {two_to_the_minus_70, two_to_the_100 >> 16};
-    float out[2] = {0.0f, 0.0f};
+    float out[2] = {0.0f, 0.0f}, scratch[pair_scratch(1, 1, 1)];
     // First: 2^-70 · 2^-70 = 2^-140 (high halves), a subnormal result. Second: 2^-133 · 2^100 (low halves), 2^-33
     // unless the subnormal reads as zero.
-    pair_product({a, 1, b, 1, out, 1, 1, false}, 1, 1);
+    pair_product({a, 1, b, 1, out, 1, 1, false}, 1, 1, scratch);
     EXPECT_EQ(std::bit_cast<uint32_t>(out[0]), 0u) << pair_product_path();
-    pair_product({a + 1, 1, b + 1, 1, out + 1, 1, 1, true}, 1, 1);
+    pair_product({a + 1, 1, b + 1, 1, out + 1, 1, 1, true}, 1, 1, scratch);
     EXPECT_EQ(std::bit_cast<uint32_t>(out[1]), 0u) << pair_product_path();
   }
 }

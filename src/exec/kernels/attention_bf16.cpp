@@ -29,7 +29,13 @@ struct Tiles {
   float s[kRows][kBlock], g[kRows][kBlock];                          // scores, then p; backward dout vᵀ, then ds
   uint32_t along_keys[kRows][kBlock / 2], along_queries[kRows / 2][kBlock];  // p or ds in pairs
   float m[kRows], l[kRows], delta[kRows];
+  // pair_product's scratch, for the largest product: q kᵀ's (p v's and dq's need kBlock·(kRows + kMaxDh) floats at
+  // most, dv's and dk's kRows·(kMaxDh + kBlock))
+  float split[pair_scratch(kRows, kBlock, kMaxDh / 2)];
 };
+
+// A product of the tile's: pair_product with the tile's scratch.
+void product(Tiles& t, const PairProduct& p, int64_t rows, int64_t cols) { pair_product(p, rows, cols, t.split); }
 
 // One kv head's keys and values in pairs, filled once per (batch, kv head): kt, vt transposed block by block (for
 // each block of kBlock keys, D/2 rows of kBlock pairs of head dims, as attention.cpp's panels), kp, vp with
@@ -105,7 +111,7 @@ void pairs_along_queries(const float (*x)[kBlock], uint32_t (*to)[kBlock], int64
 
 // s = (q kᵀ)·scale for the tile, with keys after a causal row's query at -inf.
 void scores(Tiles& t, const Keys& keys, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
-  pair_product({&t.q[0][0], kPairsD, keys.kt + s0 * z.D / 2, kBlock, &t.s[0][0], kBlock, z.D / 2, false}, rows, cols);
+  product(t, {&t.q[0][0], kPairsD, keys.kt + s0 * z.D / 2, kBlock, &t.s[0][0], kBlock, z.D / 2, false}, rows, cols);
   const float scale = static_cast<float>(z.scale);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t visible = z.causal ? std::clamp<int64_t>(i0 + r + 1 - s0, 0, cols) : cols;
@@ -138,7 +144,7 @@ void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> o
         scores(t, kv, z, i0, rows, s0, cols);
         for (int64_t r = 0; r < rows; ++r) online_softmax_row(t.s[r], cols, t.m[r], t.l[r], t.acc[r], z.D);
         pairs_along_keys(t.s, t.along_keys, rows, cols);
-        pair_product({&t.along_keys[0][0], kBlock / 2, kv.vp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, (cols + 1) / 2, true},
+        product(t, {&t.along_keys[0][0], kBlock / 2, kv.vp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, (cols + 1) / 2, true},
                      rows, z.D);  // acc += p v
       }
       for (int64_t r = 0; r < rows; ++r) {
@@ -157,7 +163,7 @@ void block_grad(Tiles& t, const Keys& kv, const Problem& z, int64_t i0, int64_t 
                 float* dk_t, float* dv_t) {
   const float scale = static_cast<float>(z.scale);
   scores(t, kv, z, i0, rows, s0, cols);
-  pair_product({&t.dout[0][0], kPairsD, kv.vt + s0 * z.D / 2, kBlock, &t.g[0][0], kBlock, z.D / 2, false}, rows, cols);
+  product(t, {&t.dout[0][0], kPairsD, kv.vt + s0 * z.D / 2, kBlock, &t.g[0][0], kBlock, z.D / 2, false}, rows, cols);
   for (int64_t r = 0; r < rows; ++r)  // p = exp(s - lse); ds = p (dout . v - delta) · scale
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {
@@ -166,11 +172,11 @@ void block_grad(Tiles& t, const Keys& kv, const Problem& z, int64_t i0, int64_t 
     }
   const int64_t query_pairs = (rows + 1) / 2;
   pairs_along_queries(t.s, t.along_queries, rows, cols);
-  pair_product({&t.dout_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dv_t + s0, z.S, query_pairs, true}, z.D, cols);
+  product(t, {&t.dout_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dv_t + s0, z.S, query_pairs, true}, z.D, cols);
   pairs_along_queries(t.g, t.along_queries, rows, cols);
-  pair_product({&t.q_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dk_t + s0, z.S, query_pairs, true}, z.D, cols);
+  product(t, {&t.q_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dk_t + s0, z.S, query_pairs, true}, z.D, cols);
   pairs_along_keys(t.g, t.along_keys, rows, cols);
-  pair_product({&t.along_keys[0][0], kBlock / 2, kv.kp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, (cols + 1) / 2, true},
+  product(t, {&t.along_keys[0][0], kBlock / 2, kv.kp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, (cols + 1) / 2, true},
                rows, z.D);
 }
 

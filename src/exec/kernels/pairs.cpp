@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cmath>
+#include <span>
 
 #if REMAT_HAS_ISA_CLONES
 #include <immintrin.h>
@@ -77,30 +78,32 @@ REMAT_BF16_TARGET void product_bf16(const PairProduct& p, int64_t rows, int64_t 
   for (; i < rows; ++i) rows_bf16<1>(p, i, cols);
 }
 
-// Rows [i, i + R), columns [c, c + 8·C): each pair's halves unpacked and multiplied in with two FMAs.
+// The FMA path: a's and b's pairs split into their f32 halves in the scratch (a'(i, 2k) the high half of a(i, k),
+// a'(i, 2k + 1) its low half; b' likewise by rows), then an f32 product over 2K terms, one FMA per term: the same
+// operations in the same order, at f32's cost per term. Rows [i, i + R), columns [c, c + 8·C).
+struct Split {
+  const float *a, *b;  // a'(i, t) at a[i·2K + t], b'[t][c] at b[t·cols + c]
+  int64_t terms, cols;
+};
 template <int64_t R, int64_t C>
-REMAT_FMA_TARGET inline void block_fma(const PairProduct& p, int64_t i, int64_t c) {
+REMAT_FMA_TARGET inline void block_fma(const Split& s, const PairProduct& p, int64_t i, int64_t c) {
   __m256 sum[R][C];
 #pragma GCC unroll 8
   for (int64_t r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int64_t v = 0; v < C; ++v)
       sum[r][v] = p.accumulate ? _mm256_loadu_ps(p.out + (i + r) * p.lo + c + 8 * v) : _mm256_setzero_ps();
-  const uint32_t* a = p.a + i * p.ai;
-  const __m256i high_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  for (int64_t k = 0; k < p.K; ++k) {
-    __m256 high[C], low[C];
+  const float* a = s.a + i * s.terms;
 #pragma GCC unroll 4
-    for (int64_t v = 0; v < C; ++v) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.b + k * p.lb + c + 8 * v));
-      high[v] = _mm256_castsi256_ps(_mm256_and_si256(w, high_mask));
-      low[v] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-    }
+  for (int64_t t = 0; t < s.terms; ++t) {
+    __m256 row[C];
+#pragma GCC unroll 4
+    for (int64_t v = 0; v < C; ++v) row[v] = _mm256_loadu_ps(s.b + t * s.cols + c + 8 * v);
 #pragma GCC unroll 8
     for (int64_t r = 0; r < R; ++r) {
-      const __m256 xh = _mm256_set1_ps(high_half(a[r * p.ai + k])), xl = _mm256_set1_ps(low_half(a[r * p.ai + k]));
+      const __m256 x = _mm256_broadcast_ss(a + r * s.terms + t);
 #pragma GCC unroll 4
-      for (int64_t v = 0; v < C; ++v) sum[r][v] = _mm256_fmadd_ps(xl, low[v], _mm256_fmadd_ps(xh, high[v], sum[r][v]));
+      for (int64_t v = 0; v < C; ++v) sum[r][v] = _mm256_fmadd_ps(x, row[v], sum[r][v]);
     }
   }
 #pragma GCC unroll 8
@@ -109,16 +112,30 @@ REMAT_FMA_TARGET inline void block_fma(const PairProduct& p, int64_t i, int64_t 
     for (int64_t v = 0; v < C; ++v) _mm256_storeu_ps(p.out + (i + r) * p.lo + c + 8 * v, sum[r][v]);
 }
 template <int64_t R>
-REMAT_FMA_TARGET void rows_fma(const PairProduct& p, int64_t i, int64_t cols) {
+REMAT_FMA_TARGET void rows_fma(const Split& s, const PairProduct& p, int64_t i, int64_t cols) {
   int64_t c = 0;
-  for (; c + 16 <= cols; c += 16) block_fma<R, 2>(p, i, c);
-  for (; c + 8 <= cols; c += 8) block_fma<R, 1>(p, i, c);
+  for (; c + 16 <= cols; c += 16) block_fma<R, 2>(s, p, i, c);
+  for (; c + 8 <= cols; c += 8) block_fma<R, 1>(s, p, i, c);
   if (c < cols) scalar_columns(PairProduct{p.a + i * p.ai, p.ai, p.b, p.lb, p.out + i * p.lo, p.lo, p.K, p.accumulate}, R, c, cols);
 }
-REMAT_FMA_TARGET void product_fma(const PairProduct& p, int64_t rows, int64_t cols) {
+REMAT_FMA_TARGET void product_fma(const PairProduct& p, int64_t rows, int64_t cols, std::span<float> scratch) {
+  const int64_t terms = 2 * p.K;
+  ASSERT(terms * (rows + cols) <= static_cast<int64_t>(scratch.size()));
+  float *a = scratch.data(), *b = a + rows * terms;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t k = 0; k < p.K; ++k) {
+      a[i * terms + 2 * k] = high_half(p.a[i * p.ai + k]);
+      a[i * terms + 2 * k + 1] = low_half(p.a[i * p.ai + k]);
+    }
+  for (int64_t k = 0; k < p.K; ++k)
+    for (int64_t c = 0; c < cols; ++c) {
+      b[2 * k * cols + c] = high_half(p.b[k * p.lb + c]);
+      b[(2 * k + 1) * cols + c] = low_half(p.b[k * p.lb + c]);
+    }
+  const Split s{a, b, terms, cols};
   int64_t i = 0;
-  for (; i + 4 <= rows; i += 4) rows_fma<4>(p, i, cols);
-  for (; i < rows; ++i) rows_fma<1>(p, i, cols);
+  for (; i + 6 <= rows; i += 6) rows_fma<6>(s, p, i, cols);
+  for (; i < rows; ++i) rows_fma<1>(s, p, i, cols);
 }
 #endif
 
@@ -150,11 +167,11 @@ __attribute__((noinline)) void flushing_subnormals(F&& emulate) {
 
 }  // namespace
 
-void pair_product(const PairProduct& p, int64_t rows, int64_t cols) {
+void pair_product(const PairProduct& p, int64_t rows, int64_t cols, std::span<float> scratch) {
   switch (path()) {
 #if REMAT_HAS_ISA_CLONES
     case Path::avx512_bf16: return product_bf16(p, rows, cols);
-    case Path::fma: return flushing_subnormals([&] { product_fma(p, rows, cols); });
+    case Path::fma: return flushing_subnormals([&] { product_fma(p, rows, cols, scratch); });
 #else
     case Path::avx512_bf16:
     case Path::fma:

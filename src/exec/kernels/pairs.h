@@ -10,6 +10,7 @@
 #include "base/dtype.h"
 
 #include <cstdint>
+#include <span>
 
 namespace remat::exec {
 
@@ -26,8 +27,10 @@ struct PairProduct {
   bool accumulate;  // add to out, or overwrite it
 };
 
-// Rows [0, rows) and columns [0, cols) of the product.
-void pair_product(const PairProduct& p, int64_t rows, int64_t cols);
+// Rows [0, rows) and columns [0, cols) of the product. `scratch`: pair_scratch(rows, cols, K) floats, where the path
+// without AVX512_BF16 splits the pairs into f32 halves.
+void pair_product(const PairProduct& p, int64_t rows, int64_t cols, std::span<float> scratch);
+constexpr int64_t pair_scratch(int64_t rows, int64_t cols, int64_t K) { return 2 * K * (rows + cols); }
 
 // Which implementation pair_product runs under the current kernel_isa(): "avx512_bf16", "fma" or "scalar".
 const char* pair_product_path();
