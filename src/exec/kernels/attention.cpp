@@ -219,7 +219,7 @@ void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::spa
         for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
           const int64_t cols = std::min(kBlock, keys - s0);
           scores<isa>(t, kv, z, i0, rows, s0, cols);
-          for (int64_t r = 0; r < rows; ++r) online_softmax_row(t.s[r], cols, t.m[r], t.l[r], t.acc[r], z.D);
+          online_softmax(t.s, rows, cols, t.m, t.l, t.acc, z.D);
           accumulate<isa>(t.s, kv.vb + s0 * z.D, z.D, t.acc, rows, cols, z.D);  // acc += p v
         }
         for (int64_t r = 0; r < rows; ++r) {

@@ -77,16 +77,22 @@ void transpose(const T* x, int64_t lx, A* to, int64_t ld, int64_t S, int64_t D) 
     for (int64_t d = 0; d < D; ++d) one(j, d);
 }
 
-// Folds one block's scores `s` (cols of them) into a query's online softmax: its running maximum m, sum l and
-// context row acc (D) rescaled to the new maximum; s becomes the block's probabilities exp(s - m).
+// Folds one block's scores `s` (rows of cols) into the tile's online softmax: each query's running maximum m, sum
+// l and context row acc (D) rescaled to the new maximum; s becomes the block's probabilities exp(s - m). Phase by
+// phase over the rows, so that the rows' dependency chains (maximum, correction, sums) overlap and the
+// corrections' exps run as one vector: each row's operations, and so its bits, are those of a row on its own.
 template <class A>
-void online_softmax_row(A* s, int64_t cols, A& m, A& l, A* acc, int64_t D) {
-  const A m_new = std::max(m, row_max<A>(s, cols));
-  const A correction = exp_nonpositive_of(m - m_new);  // 0 at the first block (exp(-inf))
+void online_softmax(A (*s)[kBlock], int64_t rows, int64_t cols, A* m, A* l, A (*acc)[kMaxDh], int64_t D) {
+  A m_new[kRows], correction[kRows];
+  for (int64_t r = 0; r < rows; ++r) m_new[r] = std::max(m[r], row_max<A>(s[r], cols));
 #pragma omp simd
-  for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
-  l = l * correction + row_exps(s, cols, m_new, s);
-  m = m_new;
+  for (int64_t r = 0; r < rows; ++r) correction[r] = exp_nonpositive_of(m[r] - m_new[r]);  // 0 at the first block
+  for (int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) acc[r][d] *= correction[r];
+    l[r] = l[r] * correction[r] + row_exps(s[r], cols, m_new[r], s[r]);
+    m[r] = m_new[r];
+  }
 }
 
 // The kernels for bf16 operands (attention_bf16.cpp): their products in bf16 pairs (pairs.h).

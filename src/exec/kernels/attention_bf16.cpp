@@ -99,7 +99,8 @@ void load_rows(const bf16_t* x, uint32_t (*to)[kPairsD], uint32_t (*to_t)[kRows 
 // and, for the backward, along its queries (a last odd row paired with zero).
 void pairs_along_keys(const float (*x)[kBlock], uint32_t (*to)[kBlock / 2], int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j + 1 < cols; j += 2) to[r][j / 2] = bf16_pair(float_to_bf16(x[r][j]), float_to_bf16(x[r][j + 1]));
+    for (int64_t k = 0; k < cols / 2; ++k)  // indexed by the pair: GCC vectorises j / 2 as a scatter
+      to[r][k] = bf16_pair(float_to_bf16(x[r][2 * k]), float_to_bf16(x[r][2 * k + 1]));
     if (cols % 2) to[r][cols / 2] = bf16_pair(float_to_bf16(x[r][cols - 1]), bf16_t{0});
   }
 }
@@ -142,7 +143,7 @@ void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> o
       for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
         const int64_t cols = std::min(kBlock, keys - s0);
         scores(t, kv, z, i0, rows, s0, cols);
-        for (int64_t r = 0; r < rows; ++r) online_softmax_row(t.s[r], cols, t.m[r], t.l[r], t.acc[r], z.D);
+        online_softmax(t.s, rows, cols, t.m, t.l, t.acc, z.D);
         pairs_along_keys(t.s, t.along_keys, rows, cols);
         product(t, {&t.along_keys[0][0], kBlock / 2, kv.vp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, (cols + 1) / 2, true},
                      rows, z.D);  // acc += p v

@@ -60,9 +60,9 @@ A row_max(const T* x, int64_t w) {
 #pragma omp simd
     for (int64_t i = 0; i < kRowLanes; ++i) lane[i] = std::max(lane[i], static_cast<A>(load(x[j0 + i])));
   for (int64_t j = j0; j < w; ++j) lane[j - j0] = std::max(lane[j - j0], static_cast<A>(load(x[j])));
-  A m = lane[0];
-  for (int64_t i = 1; i < kRowLanes; ++i) m = std::max(m, lane[i]);
-  return m;
+  for (int64_t w = kRowLanes / 2; w > 0; w /= 2)  // pairwise: no chain of 15 dependent compares
+    for (int64_t i = 0; i < w; ++i) lane[i] = std::max(lane[i], lane[i + w]);
+  return lane[0];
 }
 
 // p[j] = exp(x[j] − m) for the row x[0, w) (p may be x); returns their sum.
