@@ -1,19 +1,35 @@
 // Flash attention's kernels through the executor, as GFLOP/s of their products: forward 4·B·H·T·S·D (q kᵀ and
 // p v); "backward" runs the forward and attention_grad, 4 + 10·B·H·T·S·D (q kᵀ again, dout vᵀ, dv, dk, dq);
 // halved, causal. The medium config's shape (12 heads of 64, 4 x 512 tokens) and long sequences (4096, 8192).
-// Run: build/remat_bench --benchmark_filter=Attention
+// Run: build/remat_bench --benchmark_filter=Attention. REMAT_BENCH_ISA=avx2 (or default, x86-64-v4) runs the
+// kernels for that ISA (exec::IsaOverride): e.g. the bf16 kernels' FMA path on a CPU with AVX512_BF16.
 #include "exec/exec.h"
+#include "exec/kernels/kernels.h"
 
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
+#include <optional>
 #include <random>
+#include <string>
 
 namespace remat {
 namespace {
 
 using namespace ir;
 
+// Runs the kernels for the ISA REMAT_BENCH_ISA names while it lives (none: the widest); false if it names none.
+bool override_isa(std::optional<exec::IsaOverride>& isa) {
+  const char* name = std::getenv("REMAT_BENCH_ISA");
+  if (!name) return true;
+  for (exec::Isa i : exec::available_isas())
+    if (std::string(name) == exec::isa_name(i)) return isa.emplace(i), true;
+  return false;
+}
+
 void Attention(benchmark::State& state, DType dtype, bool backward) {
+  std::optional<exec::IsaOverride> isa;
+  if (!override_isa(isa)) return state.SkipWithError("REMAT_BENCH_ISA names no ISA this build and CPU run");
   const int64_t B = state.range(0), T = state.range(1), H = state.range(2), D = state.range(3);
   Graph g;
   Builder b(g);
