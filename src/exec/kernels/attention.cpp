@@ -18,6 +18,13 @@ namespace {
 
 using namespace flash;
 
+template <class A, class T>
+A dot(const T* x, const T* y, int64_t n) {
+  A s = 0;
+  for (int64_t d = 0; d < n; ++d) s += static_cast<A>(load(x[d])) * static_cast<A>(load(y[d]));
+  return s;
+}
+
 // One thread's tiles: a block of queries against a block of keys, in A. Rows index queries, columns keys.
 template <class A>
 struct Tiles {
@@ -52,11 +59,6 @@ int64_t keys_bytes(const ir::Node& n, DType d, int64_t S, int64_t D) {
 int64_t per_thread(const ir::Node& n, DType d, int64_t S, int64_t D) {
   return tiles_bytes(d) + keys_bytes(n, d, S, D) +
          (n.op == ir::Op::attention_grad ? aligned64(2 * S * D * arithmetic_bytes(d)) : 0);
-}
-template <class A>
-Tiles<A>& tiles_of(std::span<std::byte> workspace, int64_t bytes_per_thread) {
-  const int64_t thread = omp_in_parallel() ? omp_get_thread_num() : 0;
-  return *reinterpret_cast<Tiles<A>*>(workspace.data() + thread * bytes_per_thread);
 }
 // The thread's key arrays, after its tiles.
 template <class A>
@@ -204,7 +206,7 @@ void attention_heads_body(const ir::Node& n, std::span<const Array> in, std::spa
     T* o = out[0].data<T>();
     A* lse = out[1].data<A>();
     const int64_t rep = z.H / z.KV;
-    Tiles<A>& t = tiles_of<A>(workspace, bytes_per_thread);
+    Tiles<A>& t = tiles_of<Tiles<A>>(workspace, bytes_per_thread);
     const Keys<A> kv = keys_of(t, n, z);
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int64_t b = bh / z.H, h = bh % z.H, g = h / rep;
@@ -247,7 +249,7 @@ void attention_grad_heads_body(const ir::Node& n, std::span<const Array> in, std
     const A* lse = in[4].data<A>();
     T *dq = out[0].data<T>(), *dk = out[1].data<T>(), *dv = out[2].data<T>();
     const int64_t rep = z.H / z.KV, bytes_per_thread = per_thread(n, in[0].type().dtype, z.S, z.D);
-    Tiles<A>& t = tiles_of<A>(workspace, bytes_per_thread);
+    Tiles<A>& t = tiles_of<Tiles<A>>(workspace, bytes_per_thread);
     const Keys<A> kv = keys_of(t, n, z);
     A* dk_acc = reinterpret_cast<A*>(reinterpret_cast<std::byte*>(&t) + tiles_bytes(in[0].type().dtype) +
                                      keys_bytes(n, in[0].type().dtype, z.S, z.D));

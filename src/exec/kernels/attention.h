@@ -4,6 +4,8 @@
 #include "exec/kernels/kernels.h"
 #include "exec/kernels/rows.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -27,15 +29,14 @@ inline Problem problem_of(const ir::Node& n, std::span<const Array> in) {
   return {q[0], q[1], q[2], k[1], k[2], q[3], n.attrs.boolean("causal"), n.attrs.real("scale")};
 }
 
-template <class A, class T>
-A dot(const T* x, const T* y, int64_t n) {
-  A s = 0;
-  for (int64_t d = 0; d < n; ++d) s += static_cast<A>(load(x[d])) * static_cast<A>(load(y[d]));
-  return s;
-}
-
 inline int64_t padded_keys(int64_t S) { return (S + kBlock - 1) / kBlock * kBlock; }
 
+// The calling thread's tiles (of type Tiles) in a node's workspace of `bytes_per_thread` per thread.
+template <class Tiles>
+Tiles& tiles_of(std::span<std::byte> workspace, int64_t bytes_per_thread) {
+  const int64_t thread = omp_in_parallel() ? omp_get_thread_num() : 0;
+  return *reinterpret_cast<Tiles*>(workspace.data() + thread * bytes_per_thread);
+}
 
 // to[d·ld + j] = x(j, d) for j, d in [0, 8), x(j, d) at x[j·lx + d]: an 8 x 8 block transposed in registers
 // (pairs of rows interleaved, then pairs of pairs, then halves: the shuffles every vector width has).

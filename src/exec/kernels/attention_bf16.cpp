@@ -52,10 +52,6 @@ int64_t per_thread(const ir::Node& n, int64_t S, int64_t D) {
          (backward(n) ? aligned64(2 * S * D * 4) : 0);  // dkᵀ and dvᵀ of a kv head
 }
 
-Tiles& tiles_of(std::span<std::byte> workspace, int64_t bytes_per_thread) {
-  const int64_t thread = omp_in_parallel() ? omp_get_thread_num() : 0;
-  return *reinterpret_cast<Tiles*>(workspace.data() + thread * bytes_per_thread);
-}
 Keys keys_of(Tiles& t, const ir::Node& n, const Problem& z) {
   uint32_t* at = reinterpret_cast<uint32_t*>(reinterpret_cast<std::byte*>(&t) + tiles_bytes());
   const int64_t size = key_array(z.S, z.D);
@@ -128,7 +124,7 @@ void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> o
   bf16_t* o = out[0].data<bf16_t>();
   float* lse = out[1].data<float>();
   const int64_t rep = z.H / z.KV;
-  Tiles& t = tiles_of(workspace, bytes_per_thread);
+  Tiles& t = tiles_of<Tiles>(workspace, bytes_per_thread);
   const Keys kv = keys_of(t, n, z);
   for (int64_t bh = lo; bh < hi; ++bh) {
     const int64_t b = bh / z.H, h = bh % z.H, g = h / rep;
@@ -145,8 +141,8 @@ void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> o
         scores(t, kv, z, i0, rows, s0, cols);
         online_softmax(t.s, rows, cols, t.m, t.l, t.acc, z.D);
         pairs_along_keys(t.s, t.along_keys, rows, cols);
-        product(t, {&t.along_keys[0][0], kBlock / 2, kv.vp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, (cols + 1) / 2, true},
-                     rows, z.D);  // acc += p v
+        const int64_t key_pairs = (cols + 1) / 2;  // acc += p v
+        product(t, {&t.along_keys[0][0], kBlock / 2, kv.vp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, key_pairs, true}, rows, z.D);
       }
       for (int64_t r = 0; r < rows; ++r) {
         bf16_t* orow = o + ((b * z.T + i0 + r) * z.H + h) * z.D;
@@ -171,14 +167,13 @@ void block_grad(Tiles& t, const Keys& kv, const Problem& z, int64_t i0, int64_t 
       t.s[r][j] = exp_nonpositive_of(t.s[r][j] - t.l[r]);
       t.g[r][j] = t.s[r][j] * (t.g[r][j] - t.delta[r]) * scale;
     }
-  const int64_t query_pairs = (rows + 1) / 2;
+  const int64_t query_pairs = (rows + 1) / 2, key_pairs = (cols + 1) / 2;
   pairs_along_queries(t.s, t.along_queries, rows, cols);
   product(t, {&t.dout_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dv_t + s0, z.S, query_pairs, true}, z.D, cols);
   pairs_along_queries(t.g, t.along_queries, rows, cols);
   product(t, {&t.q_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dk_t + s0, z.S, query_pairs, true}, z.D, cols);
   pairs_along_keys(t.g, t.along_keys, rows, cols);
-  product(t, {&t.along_keys[0][0], kBlock / 2, kv.kp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, (cols + 1) / 2, true},
-               rows, z.D);
+  product(t, {&t.along_keys[0][0], kBlock / 2, kv.kp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, key_pairs, true}, rows, z.D);
 }
 
 // Key gradients of kv head g of batch b from their transposed accumulator x_t (D rows of S): transposed in
@@ -204,7 +199,7 @@ void grad_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Arr
   const float* lse = in[4].data<float>();
   bf16_t *dq = out[0].data<bf16_t>(), *dk = out[1].data<bf16_t>(), *dv = out[2].data<bf16_t>();
   const int64_t rep = z.H / z.KV;
-  Tiles& t = tiles_of(workspace, bytes_per_thread);
+  Tiles& t = tiles_of<Tiles>(workspace, bytes_per_thread);
   const Keys kv = keys_of(t, n, z);
   float* dk_t = reinterpret_cast<float*>(kv.kt + 4 * key_array(z.S, z.D));  // dkᵀ, then dvᵀ: D rows of S
   float* dv_t = dk_t + z.S * z.D;

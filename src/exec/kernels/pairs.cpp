@@ -1,6 +1,7 @@
 // bf16 pair products (pairs.h): vdpbf16ps where the CPU has AVX512_BF16, its fused multiply-adds with FMA or
-// std::fma elsewhere. Each is register-blocked: a block of R rows x C vectors of sums stays in registers while the
-// K pairs stream through; a sum's pairs are added in order whatever the blocking, so every path gives the same bits.
+// std::fma elsewhere. The vector paths are register-blocked: a block of R rows x C vectors of sums stays in registers
+// while the K pairs stream through; a sum's pairs are added in order whatever the blocking, so every path gives the
+// same bits.
 #include "exec/kernels/pairs.h"
 
 #include "exec/kernels/kernels.h"
