@@ -63,9 +63,11 @@ const uint32_t* as_pairs(const bf16_t* x) { return reinterpret_cast<const uint32
 // Two keys' rows interleaved: to[(j/2)·D + d] = (x(j, d), x(j + 1, d)), keys past S zero; x(j, d) at x[j·lx + d].
 void interleave_keys(const bf16_t* x, int64_t lx, uint32_t* to, const Problem& z) {
   const bf16_t zero{0};
-  for (int64_t j = 0; j < padded_keys(z.S); j += 2)
+  for (int64_t j = 0; j < padded_keys(z.S); j += 2) {
+    prefetch_rows(x, lx, j + 16, std::min(j + 18, z.S), z.D);
     for (int64_t d = 0; d < z.D; ++d)
       to[j / 2 * z.D + d] = bf16_pair(j < z.S ? x[j * lx + d] : zero, j + 1 < z.S ? x[(j + 1) * lx + d] : zero);
+  }
 }
 
 // Fills `keys` with kv head g of batch b.
