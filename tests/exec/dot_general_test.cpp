@@ -105,6 +105,16 @@ TEST(DotGeneral, TilesReadOperandRowsFourKibApartFromACopy) {
   }
 }
 
+// A matrix rhs read by 2048 rows or more is packed into oneDNN's blocked layout first (on CPUs where the matmul is
+// oneDNN's brgemm): stored and stored transposed, with output sides that are no multiple of the blocks, f32 and
+// bf16, against the reference.
+TEST(DotGeneral, ManyRowsReadTheirRhsPacked) {
+  std::mt19937 rng(3);
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (const IntList& rhs : {IntList{0, 1}, IntList{1, 0}})
+      for (const IntList& lhs : {IntList{0, 1}, IntList{1, 0}}) check_layout(Layout{0, 2048, 72, 90, lhs, rhs}, rng, dtype);
+}
+
 TEST(DotGeneral, MultiDimFreeAndBatchGroups) {
   // x [B, T, H, D] . w [D, H, F]? Use a projection with two free dims and a two-dim batch.
   Graph g;

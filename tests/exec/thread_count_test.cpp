@@ -68,6 +68,8 @@ TEST(ThreadCountInvariance, MatmulsWithLongContractionsAreBitIdentical) {
       {{tokens, 16}, {tokens, 24}, {{0}, {0}, {}, {}}},        // few outputs
       {{4096, 300}, {4096, 200}, {{0}, {0}, {}, {}}},          // tiles with a last row and column
       {{2048, 256}, {2048, 1024}, {{0}, {0}, {}, {}}},         // outputs enough for oneDNN to split them
+      {{2048, 96}, {96, 160}, {{1}, {0}, {}, {}}},             // many rows: the rhs packed (a projection)
+      {{2048, 96}, {160, 96}, {{1}, {1}, {}, {}}},             // the same, the rhs stored transposed
   };
   for (const DType dtype : {DType::f32, DType::bf16})
     for (const Shape& s : shapes) {
