@@ -106,13 +106,33 @@ TEST(DotGeneral, TilesReadOperandRowsFourKibApartFromACopy) {
 }
 
 // A matrix rhs read by 2048 rows or more is packed into oneDNN's blocked layout first (on CPUs where the matmul is
-// oneDNN's brgemm): stored and stored transposed, with output sides that are no multiple of the blocks, f32 and
-// bf16, against the reference.
+// oneDNN's brgemm, AVX-512; elsewhere these run the unpacked paths): stored and stored transposed, with output
+// sides that are no multiple of the blocks, f32 and bf16, against the reference.
 TEST(DotGeneral, ManyRowsReadTheirRhsPacked) {
   std::mt19937 rng(3);
   for (DType dtype : {DType::f32, DType::bf16})
     for (const IntList& rhs : {IntList{0, 1}, IntList{1, 0}})
       for (const IntList& lhs : {IntList{0, 1}, IntList{1, 0}}) check_layout(Layout{0, 2048, 72, 90, lhs, rhs}, rng, dtype);
+}
+
+// An rhs whose dims are in neither order is copied into [K, N] first, then packed from the copy: x [2048, 8, 12]
+// times w [8, 160, 12], contracted over their 8 and 12.
+TEST(DotGeneral, ARhsCopiedIntoOrderIsPackedFromTheCopy) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Graph g;
+    Builder b(g);
+    Tensor x = b.param("x", {dtype, {2048, 8, 12}}), w = b.param("w", {dtype, {8, 160, 12}});
+    b.result(dot_general(x, w, DotDims{{1, 2}, {0, 2}, {}, {}}));
+    std::vector<exec::Array> args{exec::Array(x.type()), exec::Array(w.type())};
+    for (auto& a : args)
+      for (int64_t i = 0; i < a.size(); ++i) a.set(i, dist(rng));
+    exec::Array fast = exec::run(g, args)[0], ref = exec::run(g, args, {.reference_kernels = true})[0];
+    EXPECT_EQ(type_str(fast.type()), std::string(dtype_name(dtype)) + "[2048,160]");
+    for (int64_t i = 0; i < fast.size(); ++i)
+      ASSERT_NEAR(fast.get(i), ref.get(i), 1e-4 + (dtype == DType::bf16 ? std::abs(ref.get(i)) / 128 : 0)) << i;
+  }
 }
 
 TEST(DotGeneral, MultiDimFreeAndBatchGroups) {

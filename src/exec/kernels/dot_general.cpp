@@ -2,7 +2,8 @@
 // when an operand's dims are stored as [batch, free, contract] or [batch, contract, free] the view is just
 // strides (a transpose folded into the descriptor), otherwise the operand is first copied into that order.
 // The output [batch, lhs free, rhs free] is (B, M, N) row-major. The copies and oneDNN's scratchpad live
-// in the node's planned workspace: [lhs copy][rhs copy][scratchpad, or one per thread], each 64-byte aligned.
+// in the node's planned workspace: [lhs copy][rhs copy][scratchpad, or one per thread][packed rhs][its reorder's
+// scratchpad] (the last two where a whole matmul packs its rhs: packs_rhs), each 64-byte aligned.
 // Everything that depends only on the shapes (the layout analysis, the primitive, its memory objects) is
 // made once per node and reused, so a steady-state call allocates nothing. oneDNN has no f64 or i32
 // matmul on CPU: those dtypes use the reference kernel.
@@ -214,13 +215,13 @@ bool packs_rhs(const Sizes& z) { return z.B == 1 && z.M >= 2048; }
 
 // The whole matmul `x` with its rhs in the layout oneDNN picks for it (format any) where that is brgemm and not
 // the plain one: the matmul, the reorder into that layout, and their sizes.
-void pack_rhs(Analysis& x, const dnnl::memory::desc& src, const dnnl::memory::desc& plain,
-              const dnnl::memory::desc& dst, const dnnl::primitive_attr& attr) {
-  const dnnl::memory::desc any(plain.dims(), plain.data_type(), dnnl::memory::format_tag::any);
-  dnnl::matmul::primitive_desc packed(dnnl::matmul::desc(src, any, dst), attr, engine().engine);
-  if (!is_brgemm(packed) || packed.weights_desc() == plain) return;
+void pack_rhs(Analysis& x, const dnnl::memory::desc& lhs, const dnnl::memory::desc& rhs_as_read,
+              const dnnl::memory::desc& out, const dnnl::primitive_attr& attr) {
+  const dnnl::memory::desc any(rhs_as_read.dims(), rhs_as_read.data_type(), dnnl::memory::format_tag::any);
+  dnnl::matmul::primitive_desc packed(dnnl::matmul::desc(lhs, any, out), attr, engine().engine);
+  if (!is_brgemm(packed) || packed.weights_desc() == rhs_as_read) return;
   x.pd = packed;
-  x.pack = dnnl::reorder::primitive_desc(engine().engine, plain, engine().engine, packed.weights_desc(), attr);
+  x.pack = dnnl::reorder::primitive_desc(engine().engine, rhs_as_read, engine().engine, packed.weights_desc(), attr);
   x.pack_pad_bytes = static_cast<int64_t>(x.pack.scratchpad_desc().get_size());
   x.packed_bytes = static_cast<int64_t>(packed.weights_desc().get_size());
 }
@@ -290,7 +291,7 @@ bool uses_onednn(DType dt, const Options& options) {
 // A primitive (a matmul, or the reorder that packs one's rhs) with the memory objects and argument list it
 // executes with; the memories' data handles are set per call.
 struct Call {
-  dnnl_primitive_t primitive = nullptr;  // owned by the Entry's matmuls
+  dnnl_primitive_t primitive = nullptr;  // owned by the Entry's matmuls or its reorder
   dnnl::memory a, b, c, pad;
   std::vector<dnnl_exec_arg_t> args;  // for the C API: the C++ execute() builds this vector on every call
 
@@ -313,11 +314,16 @@ struct Call {
   }
   dnnl_status_t run(const dnnl::stream& stream, void* lhs, void* rhs, void* out, void* scratchpad) {
     b.set_data_handle(rhs);
-    return run(stream, lhs, out, scratchpad);
+    return execute(stream, lhs, out, scratchpad);
   }
-  dnnl_status_t run(const dnnl::stream& stream, void* from, void* to, void* scratchpad) {
-    a.set_data_handle(from);
-    c.set_data_handle(to);
+  dnnl_status_t run_reorder(const dnnl::stream& stream, void* from, void* to, void* scratchpad) {
+    return execute(stream, from, to, scratchpad);
+  }
+
+ private:
+  dnnl_status_t execute(const dnnl::stream& stream, void* first, void* last, void* scratchpad) {
+    a.set_data_handle(first);
+    c.set_data_handle(last);
     pad.set_data_handle(scratchpad);
     const dnnl_status_t s = dnnl_primitive_execute(primitive, stream.get(), static_cast<int>(args.size()), args.data());
     return s == dnnl_success ? dnnl_stream_wait(stream.get()) : s;
@@ -335,7 +341,7 @@ struct Entry {
   Analysis x;
   std::vector<dnnl::matmul> matmuls;   // the whole matmul, or one per tile kind (empty where none)
   dnnl::reorder pack;                  // the rhs into its packed layout (Analysis::pack), if it has one
-  Call packing;
+  Call packing;                        // its memories and arguments, the handles set per call
   std::vector<dnnl::stream> streams;   // one per thread
   std::vector<std::vector<Call>> calls;  // [thread][tile kind], or [0][0] for the whole matmul
   // Widened: the column of tiles (batch entry · column tiles + column) whose rhs each thread's workspace holds in
@@ -534,8 +540,8 @@ void kernel_dot_general(const ir::Node& n, std::span<const Array> in, std::span<
   if (!e.x.tiles.empty()) return run_tiles(e, lhs, rhs, out[0].bytes(), pads, dtype_size(in[0].type().dtype));
   if (e.x.packed_bytes > 0) {
     std::byte* packed = take(workspace, e.x.packed_bytes);
-    std::byte* pad = e.x.pack_pad_bytes > 0 ? take(workspace, e.x.pack_pad_bytes) : nullptr;
-    dnnl::error::wrap_c_api(e.packing.run(e.streams[0], rhs, packed, pad), "could not pack a matmul's rhs");
+    std::byte* pack_pad = e.x.pack_pad_bytes > 0 ? take(workspace, e.x.pack_pad_bytes) : nullptr;
+    dnnl::error::wrap_c_api(e.packing.run_reorder(e.streams[0], rhs, packed, pack_pad), "could not pack a matmul's rhs");
     rhs = packed;
   }
   dnnl::error::wrap_c_api(e.calls[0][0].run(e.streams[0], lhs, rhs, out[0].bytes(), pads), "could not execute a matmul");
