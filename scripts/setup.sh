@@ -8,6 +8,7 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libfmt-dev libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libxbyak-dev  # the fusion kernel's code generator (header only)
   clang-14 libclang-rt-14-dev
   libopenmpi-dev openmpi-bin
   python3

@@ -24,25 +24,30 @@ struct ExpParts {
   float p;
   int32_t k;
 };
+inline constexpr float kExpRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer, kept in the low bits
+inline constexpr float kExpLog2e = 1.44269504088896341f;
+inline constexpr float kExpLn2High = 0.693145751953125f, kExpLn2Low = 1.42860682030941723e-6f;
+inline constexpr float kExpPoly[7] = {1.389340730e-03f, 8.370299824e-03f, 4.166709259e-02f, 1.666650623e-01f,
+                                      4.999999702e-01f, 1.0f, 1.0f};  // highest degree first
+inline constexpr float kExpLow = -104.0f, kExpHigh = 89.0f;  // exp_f32's clamps
 inline ExpParts exp_parts(float c) {
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer, kept in the low bits
-  const float shifted = c * 1.44269504088896341f + kRound;
-  const float n = shifted - kRound;
-  const float r = (c - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-  float p = 1.389340730e-03f;
-  p = p * r + 8.370299824e-03f;
-  p = p * r + 4.166709259e-02f;
-  p = p * r + 1.666650623e-01f;
-  p = p * r + 4.999999702e-01f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  return {p, std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kRound)};
+  const float shifted = c * kExpLog2e + kExpRound;
+  const float n = shifted - kExpRound;
+  const float r = (c - n * kExpLn2High) - n * kExpLn2Low;
+  float p = kExpPoly[0];
+  p = p * r + kExpPoly[1];
+  p = p * r + kExpPoly[2];
+  p = p * r + kExpPoly[3];
+  p = p * r + kExpPoly[4];
+  p = p * r + kExpPoly[5];
+  p = p * r + kExpPoly[6];
+  return {p, std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kExpRound)};
 }
 
 // exp(x), with 2^k applied in two halves, each a normal float, so a subnormal result is rounded once. The clamps
 // (max and min keep a NaN) bound k: inputs beyond [-104, 89] give 0 or inf either way.
 inline float exp_f32(float x) {
-  const auto [p, k] = exp_parts(std::min(std::max(x, -104.0f), 89.0f));
+  const auto [p, k] = exp_parts(std::min(std::max(x, kExpLow), kExpHigh));
   const int32_t half = k >> 1;
   return p * pow2(half) * pow2(k - half);
 }

@@ -1,8 +1,11 @@
 // The fusion kernel (ir/ops.h): its body runs over tiles of kTile elements of the results, each thread over
-// its tiles. Per tile, a param is read where it lies (the operand's elements of the tile), a result is
-// written where it goes (the output's), and every other value of the body holds its tile in the thread's
-// workspace; a broadcast gathers its operand's elements of the tile, an iota or full makes its own. Each elementwise op is the loop the
-// unfused kernel runs (elementwise_range), so fused and unfused steps give the same bits.
+// its tiles. Where fusion_jit.cpp compiles the body, a tile is one call of the compiled loop, after the tile's
+// gathered values (broadcasts of more than one element, iotas) are made. Otherwise each op runs over the tile
+// in turn: a param is read where it lies (the operand's elements of the tile), a result is written where it
+// goes (the output's), and every other value of the body holds its tile in the thread's workspace; a broadcast
+// gathers its operand's elements of the tile, an iota or full makes its own. Each elementwise op is then the
+// loop the unfused kernel runs (elementwise_range), so fused and unfused steps give the same bits, and the
+// compiled loop gives the interpreter's.
 #include "exec/kernels/kernels.h"
 
 #include <algorithm>
@@ -69,6 +72,45 @@ void gather(const ir::Node& m, const ir::Type& operand, const Dims& shape, const
   });
 }
 
+using Values = std::array<const std::byte*, ir::kMaxFusionValues>;
+
+// One tile [lo, lo + len) through the compiled loop: the tile's gathered values into the thread's scratch, the
+// loop over its whole groups of 8, then its last len % 8 elements from and into copies padded to 8. Each group
+// reads all its operands before it writes a result, so a result donated into an operand needs no staging.
+void run_compiled(FusedLoop loop, const ir::Graph& body, const Layout& l, const Dims& shape, const Values& whole,
+                  Values& at, std::span<Array> out, int64_t lo, int64_t len, std::byte* scratch) {
+  for (const ir::Node& m : body.nodes) {
+    if (!gathered(body, m)) continue;
+    const auto v = static_cast<size_t>(m.outputs[0]);
+    std::byte* dst = scratch + l.scratch[v];
+    if (m.op == ir::Op::iota) constant_range(m, body.type(m.outputs[0]), lo, len, dst);
+    else gather(m, body.type(m.inputs[0]), shape, whole[static_cast<size_t>(m.inputs[0])], lo, len, dst);
+    at[v] = dst;
+  }
+  std::array<std::byte*, ir::kMaxFusionValues> results{};
+  for (size_t k = 0; k < out.size(); ++k) results[k] = out[k].bytes() + lo * dtype_size(out[k].type().dtype);
+  const int64_t groups = len / 8 * 8, rest = len - groups;
+  loop(at.data(), results.data(), groups);
+  if (rest == 0) return;
+  alignas(32) std::array<std::array<std::byte, 32>, ir::kMaxFusionValues> operands{}, written{};
+  const bool scalar_loop = body.type(body.results[0]).num_elements() == 1;
+  for (size_t v = 0; v < at.size(); ++v) {  // every value with a tile of its own: params and gathered values
+    if (at[v] == nullptr) continue;
+    const ir::Type& type = body.type(static_cast<ir::ValueId>(v));
+    if (type.num_elements() == 1 && !scalar_loop) continue;  // read whole
+    const int64_t size = dtype_size(type.dtype);
+    std::memcpy(operands[v].data(), at[v] + groups * size, static_cast<size_t>(rest * size));
+    at[v] = operands[v].data();
+  }
+  std::array<std::byte*, ir::kMaxFusionValues> padded{};
+  for (size_t k = 0; k < out.size(); ++k) padded[k] = written[k].data();
+  loop(at.data(), padded.data(), 8);
+  for (size_t k = 0; k < out.size(); ++k) {
+    const int64_t size = dtype_size(out[k].type().dtype);
+    std::memcpy(results[k] + groups * size, written[k].data(), static_cast<size_t>(rest * size));
+  }
+}
+
 }  // namespace
 
 int64_t workspace_fusion(const ir::Node& n, std::span<const ir::Type>) {
@@ -82,6 +124,7 @@ void kernel_fusion(const ir::Node& n, std::span<const Array> in, std::span<Array
   const Dims shape = loop.shape.empty() ? Dims(1, 1) : Dims(loop.shape);
   const int64_t total = loop.num_elements(), tiles = (total + kTile - 1) / kTile;
   ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= l.per_thread * omp_get_max_threads());
+  const FusedLoop compiled = fused_loop(n.body);
   bool in_place = false;  // a result donated into an operand's storage
   for (const Array& o : out)
     for (const Array& a : in) in_place = in_place || o.bytes() == a.bytes();
@@ -93,8 +136,13 @@ void kernel_fusion(const ir::Node& n, std::span<const Array> in, std::span<Array
     std::array<const std::byte*, 3> operands{};
     for (int64_t t = first; t < end; ++t) {
       const int64_t lo = t * kTile, len = std::min(kTile, total - lo);
-      for (size_t i = 0; i < body.params.size(); ++i)
-        at[static_cast<size_t>(body.params[i])] = in[i].bytes() + lo * dtype_size(in[i].type().dtype);
+      for (size_t i = 0; i < body.params.size(); ++i)  // a param of one element is read whole (by broadcasts)
+        at[static_cast<size_t>(body.params[i])] =
+            in[i].bytes() + (in[i].size() == 1 ? 0 : lo * dtype_size(in[i].type().dtype));
+      if (compiled) {
+        run_compiled(compiled, body, l, shape, whole, at, out, lo, len, scratch);
+        continue;
+      }
       for (const ir::Node& m : body.nodes) {
         const ir::ValueId v = m.outputs[0];
         const ir::Type& type = body.type(v);

@@ -104,6 +104,17 @@ void elementwise_range(const ir::Node& n, DType operand, DType result, std::span
 // vectors.
 void convert_elements(DType from, DType to, const std::byte* x, std::byte* y, int64_t len);
 
+// A fusion body compiled into one loop over groups of 8 elements (fusion_jit.cpp), for the fusion kernel:
+// loop(values, results, len) reads element i of body value v at values[v] (a param's tile, or what the caller
+// gathered for v), or its one element there for a param that only a broadcast reads, and writes element i of
+// result k at results[k], for i in [0, len), len a multiple of 8. Null where the body holds an op or dtype the
+// compiler does not take, or the kernels run the baseline ISA: then the ops run one by one.
+using FusedLoop = void (*)(const std::byte* const* values, std::byte* const* results, int64_t len);
+FusedLoop fused_loop(const std::shared_ptr<ir::Graph>& body);
+// Whether body node `m` is a value the fusion kernel makes per tile before the compiled loop runs: an iota, or a
+// broadcast of more than one element (a broadcast of one is the loop's own).
+bool gathered(const ir::Graph& body, const ir::Node& m);
+
 // Elements [lo, lo + len) of the constant `n` (iota or full) of type `type`, into `out` (its first element):
 // their kernels run it over each thread's part, the fusion kernel over each tile.
 void constant_range(const ir::Node& n, const ir::Type& type, int64_t lo, int64_t len, std::byte* out);
