@@ -266,11 +266,26 @@ class Compiler : public Xbyak::CodeGenerator {
     vpandd(t, t, k(1u));
     vpaddd(t, t, k(0x7fffu));
     vpaddd(t, t, r);
-    vpandd(t, t, k(0xffff0000u));
-    vpord(quiet, r, k(0x00400000u));
-    vpandd(quiet, quiet, k(0xffff0000u));
-    compare_floats(nan, r, r, kUnord);
-    blend(r, t, quiet, nan);
+    if constexpr (kWide) {
+      vcmpps(k1, r, r, kUnord);
+      vpord(t | k1, r, k(0x00400000u));
+    } else {
+      vpord(quiet, r, k(0x00400000u));
+      vcmpps(nan, r, r, kUnord);
+      vblendvps(t, t, quiet, nan);
+    }
+    vpandd(r, t, k(0xffff0000u));
+  }
+
+  // out = a where a is a NaN (else out as it is).
+  void keep_nan(const Vec& out, const Vec& a, const Vec& scratch) {
+    if constexpr (kWide) {
+      vcmpps(k1, a, a, kUnord);
+      vmovaps(out | k1, a);
+    } else {
+      vcmpps(scratch, a, a, kUnord);
+      vblendvps(out, out, a, scratch);
+    }
   }
 
   // Vec(0) = exp_f32(Vec(0)); Vec(4)-Vec(8) clobbered.
@@ -324,10 +339,14 @@ class Compiler : public Xbyak::CodeGenerator {
         break;
       case ir::Op::max:
       case ir::Op::min:  // a NaN a as it is; else a > b (a < b) ? a : b
-        compare_floats(t, a, b, m.op == ir::Op::max ? kGt : kLt);
-        compare_floats(u, a, a, kUnord);
-        vpord(t, t, u);
-        blend(out, b, a, t);
+        if constexpr (kWide) {
+          vcmpps(k1, a, b, m.op == ir::Op::max ? kGt : kLt);
+          vblendmps(out | k1, b, a);
+        } else {
+          vcmpps(t, a, b, m.op == ir::Op::max ? kGt : kLt);
+          vblendvps(out, b, a, t);
+        }
+        keep_nan(out, a, u);
         break;
       case ir::Op::exp:
         vmovaps(out, a);
@@ -339,8 +358,7 @@ class Compiler : public Xbyak::CodeGenerator {
         vmovaps(t, k(1.0f));
         vaddps(out, t, out);
         vdivps(out, t, out);
-        compare_floats(t, a, a, kUnord);
-        blend(out, out, a, t);
+        keep_nan(out, a, t);
         break;
       case ir::Op::compare: compare(m); return;
       case ir::Op::select: blend(out, c, b, a); return;
