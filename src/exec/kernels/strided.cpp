@@ -51,27 +51,57 @@ std::byte* take(std::span<std::byte>& workspace, int64_t bytes) {
 
 namespace {
 
+// The copy's dims with those of one element dropped and each dim merged into the next where both sides step
+// over it as over one longer row (stride = the next stride x the next size): fewer, longer rows.
+struct Merged {
+  Dims shape, src, dst;
+};
+Merged merged(const Dims& shape, const Dims& ss, const Dims& ds) {
+  Merged m;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    const size_t last = m.shape.size() - 1;
+    if (!m.shape.empty() && m.src[last] == ss[d] * shape[d] && m.dst[last] == ds[d] * shape[d]) {
+      m.shape[last] *= shape[d], m.src[last] = ss[d], m.dst[last] = ds[d];
+      continue;
+    }
+    m.shape.push_back(shape[d]), m.src.push_back(ss[d]), m.dst.push_back(ds[d]);
+  }
+  if (m.shape.empty()) m.shape.push_back(1), m.src.push_back(1), m.dst.push_back(1);
+  return m;
+}
+
 template <class T>
-void copy_rows(const T* src, const Dims& ss, T* dst, const Dims& ds, const Dims& shape) {
+void copy_rows(const T* src, const Dims& ss, T* dst, const Dims& ds, const Dims& full) {
+  const Merged m = merged(full, ss, ds);
+  const Dims& shape = m.shape;
   const size_t r = shape.size();
-  const int64_t inner = shape[r - 1], si = ss[r - 1], di = ds[r - 1];
+  const int64_t inner = shape[r - 1], si = m.src[r - 1], di = m.dst[r - 1];
   int64_t outer = 1;
   for (size_t d = 0; d + 1 < r; ++d) outer *= shape[d];
   parallel_ranges(outer, outer * inner >= kParallelMin, [&](int64_t lo, int64_t hi) {
+    Dims index(r, 0);  // of row lo, then counted up row by row
+    int64_t so = 0, dofs = 0;
+    for (int64_t rest = lo, d = static_cast<int64_t>(r) - 2; d >= 0; --d) {
+      const auto u = static_cast<size_t>(d);
+      index[u] = rest % shape[u], rest /= shape[u];
+      so += index[u] * m.src[u], dofs += index[u] * m.dst[u];
+    }
     for (int64_t o = lo; o < hi; ++o) {
-      int64_t so = 0, dofs = 0, rem = o;
-      for (size_t d = r - 1; d-- > 0;) {
-        int64_t idx = rem % shape[d];
-        rem /= shape[d];
-        so += idx * ss[d];
-        dofs += idx * ds[d];
-      }
       const T* s = src + so;
       T* t = dst + dofs;
-      if (si == 1 && di == 1) {
+      if (si == 1 && di == 1 && inner * static_cast<int64_t>(sizeof(T)) >= 512) {
         std::memcpy(t, s, static_cast<size_t>(inner) * sizeof(T));
+      } else if (si == 1 && di == 1) {  // a short row: a call per row would cost more than the copy
+#pragma omp simd
+        for (int64_t i = 0; i < inner; ++i) t[i] = s[i];
       } else {
         for (int64_t i = 0; i < inner; ++i) t[i * di] = s[i * si];
+      }
+      for (size_t d = r - 1; d-- > 0;) {  // the next row's index
+        so += m.src[d], dofs += m.dst[d];
+        if (++index[d] < shape[d]) break;
+        so -= m.src[d] * shape[d], dofs -= m.dst[d] * shape[d], index[d] = 0;
       }
     }
   });
