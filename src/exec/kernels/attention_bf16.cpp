@@ -49,7 +49,7 @@ int64_t key_array(int64_t S, int64_t D) { return padded_keys(S) * D / 2; }  // u
 bool backward(const ir::Node& n) { return n.op == ir::Op::attention_grad; }
 int64_t per_thread(const ir::Node& n, int64_t S, int64_t D) {
   return tiles_bytes() + aligned64((backward(n) ? 4 : 2) * key_array(S, D) * 4) +
-         (backward(n) ? aligned64(2 * S * D * 4) : 0);  // dkᵀ and dvᵀ of a kv head
+         (backward(n) ? aligned64(2 * padded_keys(S) * D * 4) : 0);  // dkᵀ and dvᵀ of a kv head
 }
 
 Keys keys_of(Tiles& t, const ir::Node& n, const Problem& z) {
@@ -171,21 +171,22 @@ void block_grad(Tiles& t, const Keys& kv, const Problem& z, int64_t i0, int64_t 
     }
   const int64_t query_pairs = (rows + 1) / 2, key_pairs = (cols + 1) / 2;
   pairs_along_queries(t.s, t.along_queries, rows, cols);
-  product(t, {&t.dout_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dv_t + s0, z.S, query_pairs, true}, z.D, cols);
+  product(t, {&t.dout_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dv_t + s0 * z.D, kBlock, query_pairs, true}, z.D, cols);
   pairs_along_queries(t.g, t.along_queries, rows, cols);
-  product(t, {&t.q_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dk_t + s0, z.S, query_pairs, true}, z.D, cols);
+  product(t, {&t.q_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dk_t + s0 * z.D, kBlock, query_pairs, true}, z.D, cols);
   pairs_along_keys(t.g, t.along_keys, rows, cols);
   product(t, {&t.along_keys[0][0], kBlock / 2, kv.kp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, key_pairs, true}, rows, z.D);
 }
 
-// Key gradients of kv head g of batch b from their transposed accumulator x_t (D rows of S): transposed in
-// chunks of keys through the tile's acc, then rounded row by row.
+// Key gradients of kv head g of batch b from their transposed accumulator x_t (a D x kBlock panel per block of
+// keys): transposed in chunks of keys through the tile's acc, then rounded row by row.
 void write_keys(const float* x_t, bf16_t* to, Tiles& t, const Problem& z, int64_t b, int64_t g) {
-  const int64_t chunk = std::min(z.S, kRows * kMaxDh / z.D / 8 * 8);
+  int64_t chunk = kBlock;  // keys at a time: a divisor of kBlock, so a chunk stays in its panel, whose rows fit acc
+  while (chunk * z.D > kRows * kMaxDh) chunk /= 2;
   float* rows = &t.acc[0][0];
   for (int64_t j0 = 0; j0 < z.S; j0 += chunk) {
     const int64_t keys = std::min(chunk, z.S - j0);
-    transpose(x_t + j0, z.S, rows, z.D, z.D, keys);  // rows[j·D + d] = x_t[d·S + j0 + j]
+    transpose(x_t + j0 / kBlock * kBlock * z.D + j0 % kBlock, kBlock, rows, z.D, z.D, keys);  // rows[j·D + d]
     for (int64_t j = 0; j < keys; ++j) {
       bf16_t* row = to + ((b * z.S + j0 + j) * z.KV + g) * z.D;
       for (int64_t d = 0; d < z.D; ++d) row[d] = float_to_bf16(rows[j * z.D + d]);
@@ -203,12 +204,14 @@ void grad_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Arr
   const int64_t rep = z.H / z.KV;
   Tiles& t = tiles_of<Tiles>(workspace, bytes_per_thread);
   const Keys kv = keys_of(t, n, z);
-  float* dk_t = reinterpret_cast<float*>(kv.kt + 4 * key_array(z.S, z.D));  // dkᵀ, then dvᵀ: D rows of S
-  float* dv_t = dk_t + z.S * z.D;
+  // dkᵀ, then dvᵀ: per block of kBlock keys a D x kBlock panel (rows 256 bytes apart: as D rows of S, a block's
+  // rows were a multiple of 4 KiB apart wherever S is a multiple of 1024, all in one set of the L1 cache)
+  float* dk_t = reinterpret_cast<float*>(kv.kt + 4 * key_array(z.S, z.D));
+  float* dv_t = dk_t + padded_keys(z.S) * z.D;
   for (int64_t bg = lo; bg < hi; ++bg) {
     const int64_t b = bg / z.KV, g = bg % z.KV;
     load_keys(kv, k, v, z, b, g);
-    std::fill(dk_t, dk_t + 2 * z.S * z.D, 0.0f);
+    std::fill(dk_t, dk_t + 2 * padded_keys(z.S) * z.D, 0.0f);
     for (int64_t h = g * rep; h < (g + 1) * rep; ++h)
       for (int64_t i0 = 0; i0 < z.T; i0 += kRows) {
         const int64_t rows = std::min(kRows, z.T - i0), keys = z.causal ? i0 + rows : z.S;
