@@ -18,6 +18,7 @@
 
 #include <xbyak/xbyak.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <map>
@@ -109,6 +110,7 @@ class Compiler : public Xbyak::CodeGenerator {
   std::array<int, ir::kMaxFusionValues> slot_{};
   int slots_ = 0;
   std::map<uint32_t, Xbyak::Label> table_;  // kLanes copies of each constant, after the code
+  int carried_ = -1;                          // the value in Vec(16 + g) for group g, if any
   const Vec zero_ = Vec(15);
 
   Xbyak::Address slot(ir::ValueId v, int g) {
@@ -157,15 +159,44 @@ class Compiler : public Xbyak::CodeGenerator {
     }
   }
 
-  // `count` groups at element rcx: each op for every group in turn, then each result's groups.
+  // Whether node m runs in the loop (not made per call, per tile or as a constant).
+  static bool looped(const ir::Node& m) {
+    return m.op != ir::Op::broadcast_in_dim && m.op != ir::Op::iota && m.op != ir::Op::full;
+  }
+
+  // `count` groups at element rcx: each op for every group in turn, then each result's groups. With AVX-512, a
+  // looped node's value also stays in a register per group (Vec(16 + g)) for the next looped node, and skips its
+  // slot when that node is its only reader and it is no result.
   void groups(int count) {
+    std::array<int, ir::kMaxFusionValues> readers{}, last_reader{};
+    int position = 0;
     for (const ir::Node& m : body_.nodes) {
-      if (m.op == ir::Op::broadcast_in_dim || m.op == ir::Op::iota || m.op == ir::Op::full) continue;
+      if (!looped(m)) continue;
+      for (ir::ValueId v : m.inputs) ++readers[static_cast<size_t>(v)], last_reader[static_cast<size_t>(v)] = position;
+      ++position;
+    }
+    for (ir::ValueId r : body_.results) readers[static_cast<size_t>(r)] += 2;
+    position = 0;
+    carried_ = -1;
+    for (const ir::Node& m : body_.nodes) {
+      if (!looped(m)) continue;
+      const auto v = static_cast<size_t>(m.outputs[0]);
+      bool own_reader = false;  // the next looped node reads v, and it alone (once or more)
+      for (const ir::Node* next = &m + 1; next < body_.nodes.data() + body_.nodes.size(); ++next)
+        if (looped(*next)) {
+          own_reader = readers[v] > 0 && last_reader[v] == position + 1 &&
+                       static_cast<int>(std::count(next->inputs.begin(), next->inputs.end(), m.outputs[0])) == readers[v];
+          break;
+        }
       for (int g = 0; g < count; ++g) {
         op(m, g);
-        vmovaps(slot(m.outputs[0], g), Vec(0));
+        if (!kWide || !own_reader) vmovaps(slot(m.outputs[0], g), Vec(0));
+        if constexpr (kWide) vmovaps(Vec(16 + g), Vec(0));
       }
+      carried_ = kWide ? static_cast<int>(v) : -1;
+      ++position;
     }
+    carried_ = -1;
     for (size_t r = 0; r < body_.results.size(); ++r)
       for (int g = 0; g < count; ++g) {
         fetch(Vec(0), body_.results[r], g);
@@ -197,6 +228,7 @@ class Compiler : public Xbyak::CodeGenerator {
   void fetch(const Vec& r, ir::ValueId v, int g) {
     const auto i = static_cast<size_t>(v);
     if (constant_[i]) return vmovaps(r, k(*constant_[i]));
+    if (static_cast<int>(i) == carried_) return vmovaps(r, Vec(16 + g));
     if (!stream_[i]) return vmovaps(r, slot(v, uniform_[i] ? 0 : g));
     mov(rax, ptr[rdi + static_cast<int>(i * 8)]);
     switch (dtype(v)) {
@@ -306,6 +338,10 @@ class Compiler : public Xbyak::CodeGenerator {
     for (int i = 1; i < 7; ++i) {
       vmulps(p, p, r);
       vaddps(p, p, k(kExpPoly[i]));
+    }
+    if constexpr (kWide) {  // p 2^n rounded once: exp_f32's two scalings give that too (the first is exact)
+      vscalefps(x, p, n);
+      return;
     }
     const Vec& kk = shifted;  // k, from the bits of the rounding sum
     const Vec& half = n;
