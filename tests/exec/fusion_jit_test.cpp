@@ -116,6 +116,46 @@ TEST(FusionJit, BroadcastsIotasFullsIntsAndPredsGiveTheInterpretersBits) {
   expect_compiled_bits(g, 21);
 }
 
+// The fusion kernel over arrays followed by guard elements, for every length of a last tile from 1 to 2 x 16 + 1
+// lanes past a whole tile: the results as the interpreter's, and nothing read or written past the arrays' ends
+// (the compiled loop is not instrumented by AddressSanitizer; the guards are checked instead).
+TEST(FusionJit, WritesNothingPastItsResults) {
+  constexpr int64_t kGuard = 64;
+  for (int64_t n = 2048 + 1; n <= 2048 + 33; ++n) {
+    Graph g;
+    Builder b(g);
+    Tensor x = b.param("x", {DType::bf16, {n}}), y = b.param("y", {DType::f32, {n}});
+    b.result(convert(logistic(convert(x, DType::f32)) * y, DType::bf16));
+    fuse(g);
+    ASSERT_EQ(g.nodes.size(), 1u) << print(g);
+    const Node& fusion = g.nodes[0];
+    auto guarded = [&](const Type& t, double fill) {  // n elements, then kGuard more set to `fill`
+      exec::Array whole = exec::Array::zeros({t.dtype, {n + kGuard}});
+      for (int64_t i = 0; i < n + kGuard; ++i) whole.set(i, i < n ? std::sin(static_cast<double>(i)) * 3 : fill);
+      return whole;
+    };
+    std::vector<exec::Array> storage, args;
+    for (ValueId p : fusion.inputs) {
+      storage.push_back(guarded(g.type(p), 7));
+      args.push_back(storage.back().view(g.type(p)));
+    }
+    std::vector<exec::Array> want;
+    for (Isa isa : exec::available_isas()) {
+      exec::IsaOverride guard(isa);
+      exec::Array result_storage = guarded(g.type(fusion.outputs[0]), -5);
+      std::vector<exec::Array> out{result_storage.view(g.type(fusion.outputs[0]))};
+      std::vector<Type> types;
+      for (const exec::Array& a : args) types.push_back(a.type());
+      std::vector<std::byte> workspace(static_cast<size_t>(exec::workspace_fusion(fusion, types)));
+      const exec::Options options;
+      exec::kernel_fusion(fusion, args, out, exec::KernelContext{options, workspace});
+      for (int64_t i = n; i < n + kGuard; ++i) ASSERT_EQ(result_storage.get(i), -5) << "n " << n << " under " << exec::isa_name(isa);
+      if (isa == Isa::baseline) want.push_back(out[0].clone());
+      else EXPECT_TRUE(same_bits(out[0], want[0])) << "n " << n << " under " << exec::isa_name(isa);
+    }
+  }
+}
+
 // A loop of one element (a scalar fusion, as the optimizer's): the padded tail alone.
 TEST(FusionJit, AScalarLoopGivesTheInterpretersBits) {
   Graph g;

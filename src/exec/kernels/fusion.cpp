@@ -75,8 +75,9 @@ void gather(const ir::Node& m, const ir::Type& operand, const Dims& shape, const
 using Values = std::array<const std::byte*, ir::kMaxFusionValues>;
 
 // One tile [lo, lo + len) through the compiled loop: the tile's gathered values into the thread's scratch, the
-// loop over its whole groups of 8, then its last len % 8 elements from and into copies padded to 8. Each group
-// reads all its operands before it writes a result, so a result donated into an operand needs no staging.
+// loop over its first len - len % kFusedLanes elements, then the rest from and into copies padded to
+// kFusedLanes. Each group reads all its operands before it writes a result, so a result donated into an operand
+// needs no staging.
 void run_compiled(FusedLoop loop, const ir::Graph& body, const Layout& l, const Dims& shape, const Values& whole,
                   Values& at, std::span<Array> out, int64_t lo, int64_t len, std::byte* scratch) {
   for (const ir::Node& m : body.nodes) {
@@ -89,22 +90,22 @@ void run_compiled(FusedLoop loop, const ir::Graph& body, const Layout& l, const 
   }
   std::array<std::byte*, ir::kMaxFusionValues> results{};
   for (size_t k = 0; k < out.size(); ++k) results[k] = out[k].bytes() + lo * dtype_size(out[k].type().dtype);
-  const int64_t groups = len / 8 * 8, rest = len - groups;
+  const int64_t groups = len / kFusedLanes * kFusedLanes, rest = len - groups;
   loop(at.data(), results.data(), groups);
   if (rest == 0) return;
-  alignas(32) std::array<std::array<std::byte, 32>, ir::kMaxFusionValues> operands{}, written{};
-  const bool scalar_loop = body.type(body.results[0]).num_elements() == 1;
-  for (size_t v = 0; v < at.size(); ++v) {  // every value with a tile of its own: params and gathered values
+  alignas(64) std::array<std::array<std::byte, 4 * kFusedLanes>, ir::kMaxFusionValues> operands{}, written{};
+  const int64_t total = body.type(body.results[0]).num_elements();
+  for (size_t v = 0; v < at.size(); ++v) {  // every value the loop reads element by element: it has the loop's size
     if (at[v] == nullptr) continue;
     const ir::Type& type = body.type(static_cast<ir::ValueId>(v));
-    if (type.num_elements() == 1 && !scalar_loop) continue;  // read whole
+    if (type.num_elements() != total) continue;  // a param that only broadcasts read (whole, or gathered)
     const int64_t size = dtype_size(type.dtype);
     std::memcpy(operands[v].data(), at[v] + groups * size, static_cast<size_t>(rest * size));
     at[v] = operands[v].data();
   }
   std::array<std::byte*, ir::kMaxFusionValues> padded{};
   for (size_t k = 0; k < out.size(); ++k) padded[k] = written[k].data();
-  loop(at.data(), padded.data(), 8);
+  loop(at.data(), padded.data(), kFusedLanes);
   for (size_t k = 0; k < out.size(); ++k) {
     const int64_t size = dtype_size(out[k].type().dtype);
     std::memcpy(results[k] + groups * size, written[k].data(), static_cast<size_t>(rest * size));

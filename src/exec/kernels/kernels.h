@@ -104,11 +104,13 @@ void elementwise_range(const ir::Node& n, DType operand, DType result, std::span
 // vectors.
 void convert_elements(DType from, DType to, const std::byte* x, std::byte* y, int64_t len);
 
-// A fusion body compiled into one loop over groups of 8 elements (fusion_jit.cpp), for the fusion kernel:
+// A fusion body compiled into one loop over groups of 8 or 16 elements (fusion_jit.cpp), for the fusion kernel:
 // loop(values, results, len) reads element i of body value v at values[v] (a param's tile, or what the caller
 // gathered for v), or its one element there for a param that only a broadcast reads, and writes element i of
-// result k at results[k], for i in [0, len), len a multiple of 8. Null where the body holds an op or dtype the
-// compiler does not take, or the kernels run the baseline ISA: then the ops run one by one.
+// result k at results[k], for i in [0, len), len a multiple of kFusedLanes (the widest loop's lanes: it runs whole
+// groups). Null where the body holds an op or dtype the compiler does not take, or the kernels run the baseline
+// ISA: then the ops run one by one.
+inline constexpr int64_t kFusedLanes = 16;
 using FusedLoop = void (*)(const std::byte* const* values, std::byte* const* results, int64_t len);
 FusedLoop fused_loop(const std::shared_ptr<ir::Graph>& body);
 // Whether body node `m` is a value the fusion kernel makes per tile before the compiled loop runs: an iota, or a
