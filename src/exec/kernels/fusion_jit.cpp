@@ -1,12 +1,12 @@
-// A fusion body compiled into one loop (Xbyak, AVX2), for the fusion kernel (fusion.cpp): per group of 8
-// elements, each stream (a param, a gathered broadcast or iota) is read once, the body's ops run in registers
-// with every value parked in a 32-byte stack slot (L1), and each result is written once. The interpreter
-// instead runs each op as a loop over a tile held in memory, which leaves the step's fusions far below the
-// memory's rate. The loop takes 4 groups per iteration, each op emitted for the 4 in turn: a body is one chain
-// of dependent operations per group (exp alone is ~20 deep), and 4 independent chains side by side keep the
-// core's out-of-order window full where one would leave it waiting on latencies.
+// A fusion body compiled into one loop (Xbyak), for the fusion kernel (fusion.cpp): per group of 8 lanes (AVX2)
+// or 16 (AVX-512, where the kernels run x86-64-v4), each stream (a param, a gathered broadcast or iota) is read
+// once, the body's ops run in registers with every value parked in a stack slot of one vector (L1), and each
+// result is written once. The interpreter instead runs each op as a loop over a tile held in memory, which leaves
+// the step's fusions far below the memory's rate. The loop takes 4 groups per iteration, each op emitted for the
+// 4 in turn: a body is one chain of dependent operations per group (exp alone is ~20 deep), and 4 independent
+// chains side by side keep the core's out-of-order window full where one would leave it waiting on latencies.
 //
-// Same bits as the interpreter, op for op: each value is held as 8 lanes of 32 bits (f32; bf16 widened, which
+// Same bits as the interpreter, op for op: each value is held as lanes of 32 bits (f32; bf16 widened, which
 // is exact; i32; pred as a lane mask), each op is the sequence of IEEE operations its elementwise_range loop
 // runs (-ffp-contract=off there: no FMA here either; exp_f32's operations in exp.h's order and constants), and
 // a bf16 result is rounded to nearest even after every op, as store<bf16_t> does. tests/exec/fusion_jit_test.cpp
