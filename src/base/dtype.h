@@ -39,11 +39,19 @@ bool is_float(DType d);
 
 // Inline and branch-free, so that kernels' loops over bf16 data vectorize.
 inline float bf16_to_float(bf16_t x) { return std::bit_cast<float>(uint32_t{x.bits} << 16); }
+// The f32 bits u made bf16 bits (in the low half): rounded to nearest, ties to even; a NaN made quiet. U is uint32_t
+// or a GCC vector of them (kernels that keep rows in registers round each lane with these operations), changed in
+// place (a function returning a vector would change the calling convention between targets).
+template <class U>
+void round_to_bf16_bits(U& u) {
+  const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U quiet_nan = (u >> 16) | 0x40u;
+  u = (u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+}
 inline bf16_t float_to_bf16(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest, ties to even
-  const uint32_t quiet_nan = (u >> 16) | 0x40u;
-  return bf16_t{static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  round_to_bf16_bits(u);
+  return bf16_t{static_cast<uint16_t>(u)};
 }
 #if defined(__clang__) && __clang_major__ < 15
 // clang 14 (the fuzz tree's compiler) has no _Float16 on x86-64: the F16C instructions (-mf16c), also IEEE

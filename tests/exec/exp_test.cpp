@@ -76,6 +76,41 @@ TEST(Exp, NonpositiveVariantGivesTheSameBitsDownToTheSubnormals) {
   EXPECT_EQ(exp_nonpositive(-88.0f), 0.0f);
 }
 
+// Flash attention's bf16 probabilities (exp2_nonpositive, 2^x for x <= 0) against exp2 in f64: within 2e-7 of it
+// (its polynomial's bound, 1.9e-7) over every 61st float from -0 down to -126 (normal results), +0 below -126.5
+// (where 2^x is below 2^-126.5), and exact at 2^0 = 1 and 2^-inf = 0. A vector of 16 gives each lane the scalar's
+// bits (the forward computes vectors, the backward's loop scalars, and both must agree).
+TEST(Exp, Base2ProbabilitiesAreWithinTheirBoundAndVectorsGiveTheScalarsBits) {
+  double worst = 0;
+  float worst_at = 0;
+  int64_t checked = 0, lanes_differ = 0;
+  Floats16 lanes{};
+  int lane = 0;
+  for (uint32_t bits = 0x80000000u; std::bit_cast<float>(bits) >= -126.0f; bits += 61, ++checked) {
+    const float x = std::bit_cast<float>(bits), got = exp2_nonpositive(x);
+    const double exact = std::exp2(static_cast<double>(x)), gap = std::abs(got - exact) / exact;
+    if (gap > worst) worst = gap, worst_at = x;
+    lanes[lane++] = x;
+    if (lane == 16) {
+      const Floats16 vector = exp2_nonpositive(lanes);
+      for (int i = 0; i < 16; ++i)
+        lanes_differ += std::bit_cast<uint32_t>(vector[i]) != std::bit_cast<uint32_t>(exp2_nonpositive(lanes[i]));
+      lane = 0;
+    }
+  }
+  EXPECT_LE(worst, 2e-7) << "at x = " << worst_at;
+  EXPECT_EQ(lanes_differ, 0);
+  EXPECT_GT(checked, 15'000'000);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(exp2_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(exp2_nonpositive(-0.0f), 1.0f);
+  EXPECT_EQ(exp2_nonpositive(-1.0f), 0.5f);
+  EXPECT_EQ(exp2_nonpositive(-126.0f), std::numeric_limits<float>::min());
+  EXPECT_EQ(exp2_nonpositive(-126.6f), 0.0f);
+  EXPECT_EQ(exp2_nonpositive(-inf), 0.0f);
+  EXPECT_TRUE(std::isnan(exp2_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+}
+
 // The elementwise kernels run the widest clone the CPU has (AVX-512, AVX2 or baseline: elementwise.cpp); this test's
 // loops are compiled for baseline x86-64. Without FMA contraction or reassociation every clone gives the same bits:
 // exp, logistic (a NaN operand returned as it is), sqrt, a division and the f32 -> bf16 and f32 -> f16 -> f32 roundings (the AVX-512 clone converts f16

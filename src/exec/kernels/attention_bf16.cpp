@@ -2,8 +2,9 @@
 // pairs (pairs.h: vdpbf16ps where the CPU has AVX512_BF16, the same bits elsewhere), as FlashAttention on a GPU runs
 // its products on bf16 tensor cores. Scores, statistics, probabilities and sums are f32; a product's operands are
 // bf16: q, k, v and dout as given, the probabilities p and the score gradients ds rounded once (as dot_product's
-// bf16 softmax is before its matmul). Scores are (q·kᵀ)·scale, the forward's and the backward's from one function,
-// so the backward recomputes the forward's probabilities bit for bit.
+// bf16 softmax is before its matmul). Scores are in base 2, (q·kᵀ)·scale·log2 e, and probabilities 2^(s - m)
+// (exp2_nonpositive), as FlashAttention computes them: no ln 2 reduction per element. The forward's and the
+// backward's scores come from one function, so the backward recomputes the forward's scores bit for bit.
 //
 // A product pairs consecutive values of its contraction: head dims for q kᵀ and dout vᵀ (a row of q or k viewed as
 // pairs, as stored), keys for p v and ds k (k and v laid out with two keys' rows interleaved, once per kv head),
@@ -14,7 +15,9 @@
 
 #include <omp.h>
 
+#include <array>
 #include <cmath>
+#include <numbers>
 
 namespace remat::exec::flash {
 namespace {
@@ -28,7 +31,7 @@ struct Tiles {
   float acc[kRows][kMaxDh];                                          // the context, or dq
   float s[kRows][kBlock], g[kRows][kBlock];                          // scores, then p; backward dout vᵀ, then ds
   uint32_t along_keys[kRows][kBlock / 2], along_queries[kRows / 2][kBlock];  // p or ds in pairs
-  float m[kRows], l[kRows], delta[kRows];
+  float m[kRows], l[kRows], delta[kRows];  // in base 2 (the backward's l: the log-sum-exp)
   // pair_product's scratch, for the largest product: q kᵀ's (p v's and dq's need kBlock·(kRows + kMaxDh) floats at
   // most, dv's and dk's kRows·(kMaxDh + kBlock))
   float split[pair_scratch(kRows, kBlock, kMaxDh / 2)];
@@ -108,14 +111,71 @@ void pairs_along_queries(const float (*x)[kBlock], uint32_t (*to)[kBlock], int64
       to[r / 2][j] = bf16_pair(float_to_bf16(x[r][j]), r + 1 < rows ? float_to_bf16(x[r + 1][j]) : bf16_t{0});
 }
 
-// s = (q kᵀ)·scale for the tile, with keys after a causal row's query at -inf.
+// s = (q kᵀ)·scale·log2 e for the tile (scores in base 2), with keys after a causal row's query at -inf.
 void scores(Tiles& t, const Keys& keys, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
   product(t, {&t.q[0][0], kPairsD, keys.kt + s0 * z.D / 2, kBlock, &t.s[0][0], kBlock, z.D / 2, false}, rows, cols);
-  const float scale = static_cast<float>(z.scale);
+  const float scale = static_cast<float>(z.scale * std::numbers::log2e);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t visible = z.causal ? std::clamp<int64_t>(i0 + r + 1 - s0, 0, cols) : cols;
     for (int64_t j = 0; j < visible; ++j) t.s[r][j] *= scale;
     for (int64_t j = visible; j < cols; ++j) t.s[r][j] = -std::numeric_limits<float>::infinity();
+  }
+}
+
+// A row of a block's scores as vectors of 16 keys, in registers.
+constexpr int64_t kVectors = kBlock / 16;
+using Row = std::array<Floats16, kVectors>;
+
+// The largest lane: in any order, as the maximum of floats that are not NaN does not depend on it (a NaN score
+// makes its row's sum NaN either way).
+float max_lanes(Floats16 x) {
+  typedef float V8 __attribute__((vector_size(32)));
+  typedef float V4 __attribute__((vector_size(16)));
+  const V8 m8 = max_of<V8>(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7),
+                           __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
+  const V4 m4 = max_of<V4>(__builtin_shufflevector(m8, m8, 0, 1, 2, 3), __builtin_shufflevector(m8, m8, 4, 5, 6, 7));
+  return max_of(max_of(m4[0], m4[1]), max_of(m4[2], m4[3]));
+}
+
+// The bf16 bits of two vectors of probabilities (float_to_bf16's arithmetic) in pairs of keys: pair i of the
+// result holds lanes 2i and 2i + 1 of (a, b).
+Bits16 pairs_of_keys(Floats16 a, Floats16 b) {
+  Bits16 x = std::bit_cast<Bits16>(a), y = std::bit_cast<Bits16>(b);
+  round_to_bf16_bits(x);
+  round_to_bf16_bits(y);
+  const Bits16 even = __builtin_shufflevector(x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const Bits16 odd = __builtin_shufflevector(x, y, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return even | odd << 16;
+}
+
+// Folds one block's scores into the tile's online softmax, each row in registers: each query's running maximum m,
+// sum l and context acc rescaled to the new maximum, and the block's probabilities 2^(s - m) rounded to bf16 pairs
+// along its keys (zeros past `cols`). Phase by phase over the rows, as attention.h's online_softmax, so that the
+// rows' dependency chains overlap; l sums in row_exps' lanes.
+void fold_block(Tiles& t, const Problem& z, int64_t rows, int64_t cols) {
+  constexpr Bits16 kLanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  float m_new[kRows], correction[kRows];
+  for (int64_t r = 0; r < rows; ++r) {
+    Row x;
+    std::memcpy(x.data(), t.s[r], sizeof(x));
+    for (int64_t v = 0; v < kVectors; ++v)  // columns the product did not write
+      x[v] = kLanes + static_cast<uint32_t>(16 * v) < static_cast<uint32_t>(cols) ? x[v] : Floats16{} - kInf;
+    std::memcpy(t.s[r], x.data(), sizeof(x));
+    m_new[r] = max_of(t.m[r], max_lanes(max_of(max_of(x[0], x[1]), max_of(x[2], x[3]))));
+  }
+#pragma omp simd
+  for (int64_t r = 0; r < rows; ++r) correction[r] = exp2_nonpositive(t.m[r] - m_new[r]);  // 0 at the first block
+  for (int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+    for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] *= correction[r];
+    Row p;
+    std::memcpy(p.data(), t.s[r], sizeof(p));
+    for (Floats16& x : p) x = exp2_nonpositive(x - m_new[r]);
+    t.l[r] = t.l[r] * correction[r] + sum_lanes(((p[0] + p[1]) + p[2]) + p[3]);
+    t.m[r] = m_new[r];
+    const Bits16 pairs[2] = {pairs_of_keys(p[0], p[1]), pairs_of_keys(p[2], p[3])};
+    std::memcpy(t.along_keys[r], pairs, sizeof(pairs));
   }
 }
 
@@ -141,15 +201,14 @@ void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> o
       for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
         const int64_t cols = std::min(kBlock, keys - s0);
         scores(t, kv, z, i0, rows, s0, cols);
-        online_softmax(t.s, rows, cols, t.m, t.l, t.acc, z.D);
-        pairs_along_keys(t.s, t.along_keys, rows, cols);
+        fold_block(t, z, rows, cols);
         const int64_t key_pairs = (cols + 1) / 2;  // acc += p v
         product(t, {&t.along_keys[0][0], kBlock / 2, kv.vp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, key_pairs, true}, rows, z.D);
       }
       for (int64_t r = 0; r < rows; ++r) {
         bf16_t* orow = o + ((b * z.T + i0 + r) * z.H + h) * z.D;
         for (int64_t d = 0; d < z.D; ++d) orow[d] = float_to_bf16(t.acc[r][d] / t.l[r]);
-        lse[(b * z.H + h) * z.T + i0 + r] = t.m[r] + std::log(t.l[r]);
+        lse[(b * z.H + h) * z.T + i0 + r] = (t.m[r] + std::log2(t.l[r])) * std::numbers::ln2_v<float>;
       }
     }
   }
@@ -163,10 +222,10 @@ void block_grad(Tiles& t, const Keys& kv, const Problem& z, int64_t i0, int64_t 
   const float scale = static_cast<float>(z.scale);
   scores(t, kv, z, i0, rows, s0, cols);
   product(t, {&t.dout[0][0], kPairsD, kv.vt + s0 * z.D / 2, kBlock, &t.g[0][0], kBlock, z.D / 2, false}, rows, cols);
-  for (int64_t r = 0; r < rows; ++r)  // p = exp(s - lse); ds = p (dout . v - delta) · scale
+  for (int64_t r = 0; r < rows; ++r)  // p = 2^(s - lse·log2 e); ds = p (dout . v - delta) · scale
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {
-      t.s[r][j] = exp_nonpositive_of(t.s[r][j] - t.l[r]);
+      t.s[r][j] = exp2_nonpositive(t.s[r][j] - t.l[r]);
       t.g[r][j] = t.s[r][j] * (t.g[r][j] - t.delta[r]) * scale;
     }
   const int64_t query_pairs = (rows + 1) / 2, key_pairs = (cols + 1) / 2;
@@ -221,7 +280,7 @@ void grad_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Arr
           const int64_t row = (b * z.T + i0 + r) * z.H + h;
           const bf16_t *dout_row = dout + row * z.D, *o_row = o + row * z.D;
           t.delta[r] = row_sum<float>(z.D, [&](int64_t d) { return load(dout_row[d]) * load(o_row[d]); });
-          t.l[r] = lse[(b * z.H + h) * z.T + i0 + r];
+          t.l[r] = lse[(b * z.H + h) * z.T + i0 + r] * std::numbers::log2e_v<float>;  // in base 2
           std::fill(t.acc[r], t.acc[r] + z.D, 0.0f);
         }
         for (int64_t s0 = 0; s0 < keys; s0 += kBlock)

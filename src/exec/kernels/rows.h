@@ -21,20 +21,28 @@ using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 constexpr int64_t kRowLanes = 16;
 
-// Σ lane[i], pairwise: lane i + 8 into lane i, then i + 4 into i, i + 2, i + 1. In registers: halves of vectors.
-template <class A>
-A combine_lanes(const A (&lane)[kRowLanes]) {
-  static_assert(kRowLanes == 16);
+// Σ of a vector's 16 lanes, pairwise: lane i + 8 into lane i, then i + 4 into i, i + 2, i + 1 (halves of vectors).
+template <class V>
+auto sum_lanes(V v) {
+  using A = std::remove_cvref_t<decltype(v[0])>;
+  static_assert(sizeof(V) == 16 * sizeof(A));
   typedef A V8 __attribute__((vector_size(8 * sizeof(A))));
   typedef A V4 __attribute__((vector_size(4 * sizeof(A))));
   typedef A V2 __attribute__((vector_size(2 * sizeof(A))));
-  V8 low, high;
-  std::memcpy(&low, lane, sizeof(V8));
-  std::memcpy(&high, lane + 8, sizeof(V8));
-  const V8 s8 = low + high;
+  const V8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const V4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
   const V2 s2 = __builtin_shufflevector(s4, s4, 0, 1) + __builtin_shufflevector(s4, s4, 2, 3);
-  return s2[0] + s2[1];
+  return A(s2[0] + s2[1]);
+}
+// Σ lane[i], in sum_lanes' order.
+template <class A>
+A combine_lanes(const A (&lane)[kRowLanes]) {
+  static_assert(kRowLanes == 16);
+  typedef A V16 __attribute__((vector_size(16 * sizeof(A))));
+  V16 v;
+  std::memcpy(&v, lane, sizeof(V16));
+  return sum_lanes(v);
 }
 
 // Σ f(j) over j in [0, w).
