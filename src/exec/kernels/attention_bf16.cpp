@@ -3,8 +3,8 @@
 // its products on bf16 tensor cores. Scores, statistics, probabilities and sums are f32; a product's operands are
 // bf16: q, k, v and dout as given, the probabilities p and the score gradients ds rounded once (as dot_product's
 // bf16 softmax is before its matmul). Scores are in base 2, (q·kᵀ)·scale·log2 e, and probabilities 2^(s - m)
-// (exp2_nonpositive), as FlashAttention computes them: no ln 2 reduction per element. The forward's and the
-// backward's scores come from one function, so the backward recomputes the forward's scores bit for bit.
+// (exp2_nonpositive), as FlashAttention computes them: no ln 2 reduction per element. The forward and the
+// backward scale and mask q kᵀ with the same operations, so the backward recomputes the forward's scores bit for bit.
 //
 // A product pairs consecutive values of its contraction: head dims for q kᵀ and dout vᵀ (a row of q or k viewed as
 // pairs, as stored), keys for p v and ds k (k and v laid out with two keys' rows interleaved, once per kv head),
@@ -111,15 +111,16 @@ void pairs_along_queries(const float (*x)[kBlock], uint32_t (*to)[kBlock], int64
       to[r / 2][j] = bf16_pair(float_to_bf16(x[r][j]), r + 1 < rows ? float_to_bf16(x[r + 1][j]) : bf16_t{0});
 }
 
-// s = (q kᵀ)·scale·log2 e for the tile (scores in base 2), with keys after a causal row's query at -inf.
-void scores(Tiles& t, const Keys& keys, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
+// q kᵀ for the tile into s. Its readers make it a score in base 2, (q·kᵀ)·scale·log2 e where the row sees the key
+// and -inf elsewhere, with the same operations (scores_scale, visible_keys), so the backward recomputes the
+// forward's scores bit for bit.
+void scores(Tiles& t, const Keys& keys, const Problem& z, int64_t rows, int64_t s0, int64_t cols) {
   product(t, {&t.q[0][0], kPairsD, keys.kt + s0 * z.D / 2, kBlock, &t.s[0][0], kBlock, z.D / 2, false}, rows, cols);
-  const float scale = static_cast<float>(z.scale * std::numbers::log2e);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t visible = z.causal ? std::clamp<int64_t>(i0 + r + 1 - s0, 0, cols) : cols;
-    for (int64_t j = 0; j < visible; ++j) t.s[r][j] *= scale;
-    for (int64_t j = visible; j < cols; ++j) t.s[r][j] = -std::numeric_limits<float>::infinity();
-  }
+}
+float scores_scale(const Problem& z) { return static_cast<float>(z.scale * std::numbers::log2e); }
+// The keys of the block of `cols` from s0 that query i sees: all of them, or under a causal mask those up to i.
+int64_t visible_keys(const Problem& z, int64_t i, int64_t s0, int64_t cols) {
+  return z.causal ? std::clamp<int64_t>(i + 1 - s0, 0, cols) : cols;
 }
 
 // A row of a block's scores as vectors of 16 keys, in registers.
@@ -152,15 +153,17 @@ Bits16 pairs_of_keys(Floats16 a, Floats16 b) {
 // sum l and context acc rescaled to the new maximum, and the block's probabilities 2^(s - m) rounded to bf16 pairs
 // along its keys (zeros past `cols`). Phase by phase over the rows, as attention.h's online_softmax, so that the
 // rows' dependency chains overlap; l sums in row_exps' lanes.
-void fold_block(Tiles& t, const Problem& z, int64_t rows, int64_t cols) {
+void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
   constexpr Bits16 kLanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float scale = scores_scale(z);
   float m_new[kRows], correction[kRows];
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {  // the scores (-inf also past `cols`, which the product did not write)
+    const uint32_t visible = static_cast<uint32_t>(visible_keys(z, i0 + r, s0, cols));
     Row x;
     std::memcpy(x.data(), t.s[r], sizeof(x));
-    for (int64_t v = 0; v < kVectors; ++v)  // columns the product did not write
-      x[v] = kLanes + static_cast<uint32_t>(16 * v) < static_cast<uint32_t>(cols) ? x[v] : Floats16{} - kInf;
+    for (int64_t v = 0; v < kVectors; ++v)
+      x[v] = kLanes + static_cast<uint32_t>(16 * v) < visible ? x[v] * scale : Floats16{} - kInf;
     std::memcpy(t.s[r], x.data(), sizeof(x));
     m_new[r] = max_of(t.m[r], max_lanes(max_of(max_of(x[0], x[1]), max_of(x[2], x[3]))));
   }
@@ -200,8 +203,8 @@ void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> o
       }
       for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
         const int64_t cols = std::min(kBlock, keys - s0);
-        scores(t, kv, z, i0, rows, s0, cols);
-        fold_block(t, z, rows, cols);
+        scores(t, kv, z, rows, s0, cols);
+        fold_block(t, z, i0, rows, s0, cols);
         const int64_t key_pairs = (cols + 1) / 2;  // acc += p v
         product(t, {&t.along_keys[0][0], kBlock / 2, kv.vp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, key_pairs, true}, rows, z.D);
       }
@@ -219,15 +222,18 @@ REMAT_WIDEST_CLONES(heads, heads_body)
 // One block of keys of the backward, for the tile's rows: dvᵀ += doutᵀ p, dkᵀ += qᵀ ds, dq (acc) += ds k.
 void block_grad(Tiles& t, const Keys& kv, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols,
                 float* dk_t, float* dv_t) {
-  const float scale = static_cast<float>(z.scale);
-  scores(t, kv, z, i0, rows, s0, cols);
+  const float scale = static_cast<float>(z.scale), to_base2 = scores_scale(z);
+  scores(t, kv, z, rows, s0, cols);
   product(t, {&t.dout[0][0], kPairsD, kv.vt + s0 * z.D / 2, kBlock, &t.g[0][0], kBlock, z.D / 2, false}, rows, cols);
-  for (int64_t r = 0; r < rows; ++r)  // p = 2^(s - lse·log2 e); ds = p (dout . v - delta) · scale
+  for (int64_t r = 0; r < rows; ++r) {  // p = 2^(s - lse·log2 e); ds = p (dout . v - delta) · scale
+    const int64_t visible = visible_keys(z, i0 + r, s0, cols);
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) {
-      t.s[r][j] = exp2_nonpositive(t.s[r][j] - t.l[r]);
+      const float score = j < visible ? t.s[r][j] * to_base2 : -std::numeric_limits<float>::infinity();
+      t.s[r][j] = exp2_nonpositive(score - t.l[r]);
       t.g[r][j] = t.s[r][j] * (t.g[r][j] - t.delta[r]) * scale;
     }
+  }
   const int64_t query_pairs = (rows + 1) / 2, key_pairs = (cols + 1) / 2;
   pairs_along_queries(t.s, t.along_queries, rows, cols);
   product(t, {&t.dout_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dv_t + s0 * z.D, kBlock, query_pairs, true}, z.D, cols);
