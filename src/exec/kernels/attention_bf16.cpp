@@ -129,7 +129,7 @@ using Row = std::array<Floats16, kVectors>;
 
 // The largest lane: in any order, as the maximum of floats that are not NaN does not depend on it (a NaN score
 // makes its row's sum NaN either way).
-float max_lanes(Floats16 x) {
+float max_lanes(const Floats16& x) {
   typedef float V8 __attribute__((vector_size(32)));
   typedef float V4 __attribute__((vector_size(16)));
   const V8 m8 = max_of<V8>(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7),
@@ -140,7 +140,7 @@ float max_lanes(Floats16 x) {
 
 // The bf16 bits of two vectors of probabilities (float_to_bf16's arithmetic) in pairs of keys: pair i of the
 // result holds lanes 2i and 2i + 1 of (a, b).
-Bits16 pairs_of_keys(Floats16 a, Floats16 b) {
+Bits16 pairs_of_keys(const Floats16& a, const Floats16& b) {
   Bits16 x = std::bit_cast<Bits16>(a), y = std::bit_cast<Bits16>(b);
   round_to_bf16_bits(x);
   round_to_bf16_bits(y);

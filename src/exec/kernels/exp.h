@@ -14,9 +14,9 @@
 namespace remat::exec {
 
 // Sixteen floats as one GCC vector, for kernels that keep rows in registers (one zmm, two ymm or four xmm: each
-// lane the same IEEE operations as the scalar code, so the bits do not depend on the target). Functions that take
-// or return them are inlined into the cloned kernels (flatten), so no call passes one between targets: GCC's note
-// that such vectors change the calling convention (-Wpsabi) does not apply.
+// lane the same IEEE operations as the scalar code, so the bits do not depend on the target). Functions take them by
+// reference; those that return them are inlined into the cloned kernels (flatten), so no call returns one between
+// targets: GCC's warning that such returns change the calling convention (-Wpsabi) does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float Floats16 __attribute__((vector_size(64)));
 typedef int32_t Ints16 __attribute__((vector_size(64)));
@@ -24,13 +24,13 @@ typedef uint32_t Bits16 __attribute__((vector_size(64)));
 
 // std::max(a, b), also for vectors: a NaN in b is dropped, a NaN in a kept.
 template <class F>
-F max_of(F a, F b) {
+F max_of(const F& a, const F& b) {
   return a < b ? b : a;
 }
 
 // 2^k as a float, for -126 <= k <= 127; +0 for k = -127. K: int32_t, or Ints16 for Floats16.
 inline float pow2(int32_t k) { return std::bit_cast<float>(static_cast<uint32_t>(k + 127) << 23); }
-inline Floats16 pow2(Ints16 k) { return std::bit_cast<Floats16>(std::bit_cast<Bits16>(k + 127) << 23); }
+inline Floats16 pow2(const Ints16& k) { return std::bit_cast<Floats16>(std::bit_cast<Bits16>(k + 127) << 23); }
 
 // exp(c) = 2^k p for c in [-104, 89]: k = round(c / ln 2) and p = exp(r), r = c - k ln 2 in [-ln2/2, ln2/2] (ln 2 in
 // two parts: k times the first is exact, so r is within half an ulp); p by a degree-6 polynomial 1 + r + r²(...),
@@ -88,7 +88,7 @@ inline float exp_nonpositive(float x) {
 inline constexpr float kExp2Poly[6] = {1.3264702865853906e-03f, 9.671504609286785e-03f, 5.550733581185341e-02f,
                                        2.4022242426872253e-01f, 6.931470036506653e-01f, 1.0f};  // highest first
 template <class F>
-F exp2_nonpositive(F x) {
+F exp2_nonpositive(const F& x) {
   const F c = max_of(x, F{} - 127.0f), shifted = c + kExpRound, n = shifted - kExpRound, f = c - n;
   F p = F{} + kExp2Poly[0];
   for (int i = 1; i < 6; ++i) p = p * f + kExp2Poly[i];

@@ -23,7 +23,7 @@ constexpr int64_t kRowLanes = 16;
 
 // Σ of a vector's 16 lanes, pairwise: lane i + 8 into lane i, then i + 4 into i, i + 2, i + 1 (halves of vectors).
 template <class V>
-auto sum_lanes(V v) {
+auto sum_lanes(const V& v) {
   using A = std::remove_cvref_t<decltype(v[0])>;
   static_assert(sizeof(V) == 16 * sizeof(A));
   typedef A V8 __attribute__((vector_size(8 * sizeof(A))));
