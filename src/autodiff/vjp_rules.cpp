@@ -247,6 +247,24 @@ std::vector<Cot> vjp_log_softmax_grad(Builder&, size_t, const Node& n, Cots, Con
   return {};
 }
 
+// The rotation back: dx = rope(g, cos, −sin). The tables' cotangents, only where they depend on a differentiated
+// value (the model's come from iota), sum over batch and heads: dcos = Σ g₁·x₁ + g₂·x₂, dsin = Σ g₂·x₁ − g₁·x₂.
+std::vector<Cot> vjp_rope(Builder& b, size_t, const Node& n, Cots c, Context& ctx) {
+  auto wanted = [&](size_t i) { return ctx.differentiable[static_cast<size_t>(n.inputs[i])]; };
+  Tensor x = in(b, n, 0), cos = in(b, n, 1), sin = in(b, n, 2);
+  const Tensor& g = *c[0];
+  std::vector<Cot> r(3);
+  if (wanted(0)) r[0] = rope(g, cos, neg(sin));
+  if (!wanted(1) && !wanted(2)) return r;
+  const Shape& s = x.shape();
+  const int64_t h = s[3] / 2;
+  auto half = [&](Tensor t, int64_t k) { return slice(t, {0, 0, 0, k * h}, {s[0], s[1], s[2], (k + 1) * h}); };
+  Tensor x1 = half(x, 0), x2 = half(x, 1), g1 = half(g, 0), g2 = half(g, 1);
+  if (wanted(1)) r[1] = reduce_sum(g1 * x1 + g2 * x2, {0, 2});
+  if (wanted(2)) r[2] = reduce_sum(g2 * x1 - g1 * x2, {0, 2});
+  return r;
+}
+
 // A value as the backward should read it: through its checkpoint name when the forward gave it one (the kernel's
 // residuals are named where the model names them, so policies decide them by that name).
 Tensor as_named(Builder& b, ValueId v) {

@@ -199,9 +199,10 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
   // A value's storage: its planned arena slot, or (donated results) its argument's buffer.
   auto storage = [&](ir::ValueId v) -> Array {
     const int b = p.buffer_of[static_cast<size_t>(v)];
-    if (b == plan::kInSlice) {  // a stacked result: its slice of the scan's output
+    if (b == plan::kInSlice) {  // a stacked result, or a value it was written in place over: its slice of the output
       for (size_t r = 0; r < g.results.size(); ++r)
-        if (p.in_slice[r] && p.root[static_cast<size_t>(g.results[r])] == v) return slices[r].view(&g.type(v));
+        if (p.in_slice[r] && p.root[static_cast<size_t>(g.results[r])] == p.root[static_cast<size_t>(v)])
+          return slices[r].view(&g.type(v));
       ASSERT(false);
     }
     if (b == -1) {  // donated: the argument's buffer

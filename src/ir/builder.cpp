@@ -137,6 +137,7 @@ std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, doubl
   std::vector<Tensor> out = q.b->emit(Op::attention, std::array{q, k, v}, Attrs().set("causal", causal).set("scale", scale));
   return {out[0], out[1]};
 }
+Tensor rope(Tensor x, Tensor cos, Tensor sin) { return x.b->emit1(Op::rope, std::array{x, cos, sin}, Attrs()); }
 Tensor softmax_grad(Tensor x, Tensor g) { return x.b->emit1(Op::softmax_grad, std::array{x, g}, Attrs()); }
 Tensor log_softmax_grad(Tensor y, Tensor g) { return y.b->emit1(Op::log_softmax_grad, std::array{y, g}, Attrs()); }
 

@@ -105,6 +105,8 @@ Tensor reduce_max(Tensor x, const IntList& axes);
 // reduce_sum(x * x, axes), without the square's array; with `divisor` (an f32 scalar), of (x / divisor).
 Tensor sum_of_squares(Tensor x, const IntList& axes, std::optional<Tensor> divisor = std::nullopt);
 
+// The rotary position embedding of x [B,T,N,Dh] by the angles whose cos and sin are [T,Dh/2] (ir/ops.h).
+Tensor rope(Tensor x, Tensor cos, Tensor sin);
 // Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T] (f32, f64 for f64); its VJP.
 std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
 Tensor softmax_grad(Tensor x, Tensor g);  // softmax's VJP from its input x and the cotangent g

@@ -6,14 +6,14 @@
 //   arity   the number of operands; -1: variadic
 //   class   what the op is: elementwise (element i of the result from element i of each operand),
 //           view (the result is its operand's storage, retyped: no buffer of its own), layout (moves or
-//           replicates data), contraction, reduction, constant, group, transfer (between memory spaces),
-//           region (owns a body graph the executor runs), fused (owns a body graph one kernel runs),
-//           collective (communicates between the ranks of a mesh axis)
+//           replicates data; rope, which rotates pairs of elements), contraction, reduction, constant, group,
+//           transfer (between memory spaces), region (owns a body graph the executor runs), fused (owns a body
+//           graph one kernel runs), collective (communicates between the ranks of a mesh axis)
 //   effects pure, or effectful: DCE keeps it though nothing reads it; the scheduler never moves it
 //   cost    FLOPs (ir/cost.h): none, per_output (one per result element), per_input (one per operand
 //           element), per_update (one per element of operand 2), contraction (2·M·N·K), attention (its
-//           matmuls over the (query, key) pairs it visits: 4·Dh per pair forward, 10·Dh backward), softmax (per
-//           element, the counts beside its rows), body (its graph)
+//           matmuls over the (query, key) pairs it visits: 4·Dh per pair forward, 10·Dh backward), counted (per
+//           element of the first operand, the count beside its row), body (its graph)
 // Every column must be answered: a row with a missing one does not compile.
 #pragma once
 
@@ -71,19 +71,24 @@ namespace remat::ir {
   /* (x): exp(x − max) / Σ exp(x − max) over the last axis in f32 (f64 for f64 x), the result in `dtype` */          \
   /* (attention's probabilities straight in the matmul's dtype); a row all −inf gives NaN, as the primitives do. */  \
   /* 5 flops per element: max, subtract, exp, sum, divide */                                                         \
-  X(softmax, 1, reduction, pure, softmax)                                                                            \
+  X(softmax, 1, reduction, pure, counted)                                                                            \
   /* (x, g): softmax's VJP from its input, p recomputed as softmax computes it, then p·(g − Σ g·p) in x's dtype; */  \
   /* g (in the probabilities' dtype) read as it is: no f32 copy of a bf16 cotangent. The max held constant, as */    \
   /* jax.nn.softmax's stop_gradient (its cotangent is zero up to rounding). Not differentiable. 9 flops per */       \
   /* element: softmax's 5, g·p summed, g − Σ, times p */                                                             \
-  X(softmax_grad, 2, reduction, pure, softmax)                                                                       \
+  X(softmax_grad, 2, reduction, pure, counted)                                                                       \
   /* (x): (x − max) − log Σ exp(x − max) over the last axis in f32 (f64 for f64 x), the result in x's dtype (the */  \
   /* loss's log-probabilities: one pass, no exp array). 5 flops per element: max, subtract, exp, sum, minus log */   \
-  X(log_softmax, 1, reduction, pure, softmax)                                                                        \
+  X(log_softmax, 1, reduction, pure, counted)                                                                        \
   /* (y, g): log_softmax's VJP from its result y, g − exp(y)·Σ g in y's dtype (max held constant; in bf16 or f16 */  \
   /* exp(y) inherits y's rounding: up to |y|·2⁻⁹ relative in p, 2⁻⁹/e of |Σ g| in dx). Not differentiable. 4 */      \
   /* flops per element: Σ g, exp, times, subtract */                                                                 \
-  X(log_softmax_grad, 2, reduction, pure, softmax)                                                                   \
+  X(log_softmax_grad, 2, reduction, pure, counted)                                                                   \
+  /* (x [B,T,N,Dh], cos and sin [T,Dh/2] of x's dtype): the rotary position embedding (RoFormer; HF Llama's */      \
+  /* rotate_half), element i of each head paired with element i + Dh/2 and the pair rotated by its position's */    \
+  /* angle: y₁ = x₁·cos − x₂·sin, y₂ = x₂·cos + x₁·sin, each product and the sum rounded to x's dtype (the bits */   \
+  /* of that composition of mul, neg, add). Its VJP is the rotation back, rope(g, cos, −sin). 3 flops per element */ \
+  X(rope, 3, layout, pure, counted)                                                                                  \
   X(convert_element_type, 1, elementwise, pure, none)                                                                \
   /* several arrays converted to one dtype in one allocation, kept whole by the planner: its outputs live and die */ \
   /* together (a layer's compute copy of its weights, as jmp's cast_to_compute or FSDP's flat parameter) */          \
@@ -153,7 +158,7 @@ enum class OpClass : uint8_t {
   elementwise, view, layout, contraction, reduction, constant, group, transfer, region, fused, collective
 };
 enum class OpEffects : uint8_t { pure, effectful };
-enum class OpCost : uint8_t { none, per_output, per_input, per_update, contraction, attention, softmax, body };
+enum class OpCost : uint8_t { none, per_output, per_input, per_update, contraction, attention, counted, body };
 
 struct OpTraits {
   int arity;  // number of inputs, or -1 when variadic
@@ -181,9 +186,9 @@ constexpr bool is_elementwise(Op op) { return op_traits(op).cls == OpClass::elem
 // The operand whose storage the op's kernel may write its result over, when nothing reads it afterwards (the
 // planner's in-place reuse): softmax_grad's x, log_softmax's x and log_softmax_grad's y, since each row of that
 // operand is read whole (or element j before result element j is written) before that row of the result is
-// written. -1: none.
+// written; rope's x, whose pair (i, i + Dh/2) is read before that pair of the result is written. -1: none.
 constexpr int in_place_operand(Op op) {
-  return op == Op::softmax_grad || op == Op::log_softmax || op == Op::log_softmax_grad ? 0 : -1;
+  return op == Op::softmax_grad || op == Op::log_softmax || op == Op::log_softmax_grad || op == Op::rope ? 0 : -1;
 }
 // The result is the operand's storage, retyped: planned and executed without a buffer of its own.
 constexpr bool is_view(Op op) { return op_traits(op).cls == OpClass::view; }

@@ -130,6 +130,17 @@ std::vector<Type> rule_select(const Ctx& c) {
   return {c.in[1]};
 }
 
+// x [B,T,N,Dh] of a float dtype, Dh even; cos and sin [T,Dh/2] of x's dtype.
+std::vector<Type> rule_rope(const Ctx& c) {
+  const Type& x = c.in[0];
+  const bool tables = x.rank() == 4 && c.in[1].rank() == 2 && c.in[1].shape[0] == x.shape[1] &&
+                      2 * c.in[1].shape[1] == x.shape[3];
+  CHECK(is_float(x.dtype) && tables && c.in[1] == c.in[2] && c.in[1].dtype == x.dtype,
+        "{}: rope takes x [B,T,N,Dh] with Dh even and cos, sin [T,Dh/2] of x's float dtype, got {}", c.where,
+        types_str(c.in));
+  return {x};
+}
+
 // q [B,T,H,Dh], k and v [B,S,KV,Dh] of q's float dtype, KV dividing H; causal needs T == S.
 void check_attention(const Ctx& c) {
   const Type &q = c.in[0], &k = c.in[1], &v = c.in[2];

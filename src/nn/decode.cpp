@@ -60,8 +60,8 @@ Step trace_step(Builder& b, const ModelConfig& c, std::span<const Tensor> p, Ten
   {
     auto s = b.scope("decoder/rope");
     const Tensor zero = scalar(b, DType::i32, 0);
-    k.cos = dynamic_slice(tables.cos, std::array{position, zero}, {T, c.head_dim});
-    k.sin = dynamic_slice(tables.sin, std::array{position, zero}, {T, c.head_dim});
+    k.cos = dynamic_slice(tables.cos, std::array{position, zero}, {T, c.head_dim / 2});
+    k.sin = dynamic_slice(tables.sin, std::array{position, zero}, {T, c.head_dim / 2});
   }
   {
     auto s = b.scope("decoder/cache_mask");  // query i (at position + i) sees cache positions 0..position + i

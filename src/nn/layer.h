@@ -31,7 +31,7 @@ struct KvCache {
   std::pair<ir::Tensor, ir::Tensor> append(ir::Tensor new_key, ir::Tensor new_value);
 };
 
-// Tables shared by every layer: RoPE cos/sin [T, Dh] of the T query positions and the mask [T, S] of the keys
+// Tables shared by every layer: RoPE cos/sin [T, Dh/2] of the T query positions and the mask [T, S] of the keys
 // each sees (training: S = T, causal); when decoding, `cache` (else null).
 struct LayerConsts {
   ir::Tensor cos, sin, mask;

@@ -57,32 +57,19 @@ LayerConsts layer_consts(Builder& b, const ModelConfig& c, int64_t seq) {
   {
     auto s = b.scope("decoder/rope");
     const int64_t half = c.head_dim / 2;
-    // angle[p, i] = p * theta^(-2i/Dh) for i < Dh/2; the tables repeat it for the second half.
+    // angle[p, i] = p * theta^(-2i/Dh) for i < Dh/2: pair (i, i + Dh/2) of a head at position p turns by it.
     Tensor pos = convert(iota(b, DType::i32, {seq, half}, 0), kF32);
     Tensor i = convert(iota(b, DType::i32, {seq, half}, 1), kF32);
     Tensor inv_freq = exp(i * (-2.0 * std::log(c.rope_theta) / static_cast<double>(c.head_dim)));
     Tensor angle = pos * inv_freq;
-    Tensor cosine = cos(angle);
-    Tensor sine = sin(angle);
-    k.cos = convert(concatenate(std::array{cosine, cosine}, 1), compute_dtype(c));
-    k.sin = convert(concatenate(std::array{sine, sine}, 1), compute_dtype(c));
+    k.cos = convert(cos(angle), compute_dtype(c));
+    k.sin = convert(sin(angle), compute_dtype(c));
   }
   auto s = b.scope("decoder/causal_mask");
   Tensor query_pos = iota(b, DType::i32, {seq, seq}, 0);
   Tensor key_pos = iota(b, DType::i32, {seq, seq}, 1);
   k.mask = compare(key_pos, query_pos, "le");
   return k;
-}
-
-// x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; x: [B,T,N,Dh], tables [T,Dh].
-Tensor rope(Tensor x, const LayerConsts& k) {
-  const Shape& s = x.shape();
-  int64_t half = s[3] / 2;
-  Tensor x1 = slice(x, {0, 0, 0, 0}, {s[0], s[1], s[2], half});
-  Tensor x2 = slice(x, {0, 0, 0, half}, {s[0], s[1], s[2], s[3]});
-  Tensor rotated = concatenate(std::array{neg(x2), x1}, 3);
-  Tensor straight = x * broadcast_in_dim(k.cos, s, {1, 3});
-  return straight + rotated * broadcast_in_dim(k.sin, s, {1, 3});
 }
 
 // [B,T,KV,Dh] -> [B,T,H,Dh]: query head j reads kv head j / (H / KV).
@@ -113,17 +100,18 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     Tensor qkv = named(project(c, h, w.qkv), names::kQkvProj, c.checkpoint_naming);
     const Shape d = qkv.shape();  // [B, T, H + 2KV, Dh]
     const int64_t H = c.num_heads, KV = c.num_kv_heads;
-    q = rope(slice(qkv, {0, 0, 0, 0}, {d[0], d[1], H, d[3]}), k);
-    key = rope(slice(qkv, {0, 0, H, 0}, {d[0], d[1], H + KV, d[3]}), k);
+    q = rope(slice(qkv, {0, 0, 0, 0}, {d[0], d[1], H, d[3]}), k.cos, k.sin);
+    key = rope(slice(qkv, {0, 0, H, 0}, {d[0], d[1], H + KV, d[3]}), k.cos, k.sin);
     v = slice(qkv, {0, 0, H + KV, 0}, {d[0], d[1], H + 2 * KV, d[3]});
   } else {
     {
       auto s2 = b.scope("query");
-      q = named(rope(project(c, h, w.query), k), names::kQueryProj, c.checkpoint_naming);
+      q = named(rope(project(c, h, w.query), k.cos, k.sin), names::kQueryProj, c.checkpoint_naming);
     }
     {
       auto s2 = b.scope("key");
-      key = named(rope(project(c, h, tp::kv_kernel(b, c, w.key)), k), names::kKeyProj, c.checkpoint_naming);
+      key = named(rope(project(c, h, tp::kv_kernel(b, c, w.key)), k.cos, k.sin), names::kKeyProj,
+                  c.checkpoint_naming);
     }
     {
       auto s2 = b.scope("value");

@@ -116,6 +116,10 @@ std::vector<Case> cases() {
                  Tensor y = log_softmax(select(visible, x, full(b, x.type(), -std::numeric_limits<double>::infinity())));
                  return select(visible, y, zeros_like(y));
                }, -2, 2});
+  // RoPE (its VJP is rope with −sin), tables as params too: their cotangents sum over batch and heads.
+  c.push_back({"rope", [=](Builder& b) {
+                 return rope(p(b, "x", {2, 3, 2, 6}), p(b, "cos", {3, 3}), p(b, "sin", {3, 3})) * p(b, "w", {2, 3, 2, 6});
+               }, -2, 2});
   // Flash attention, grouped-query (4 query heads over 2 kv heads), causal and not; its VJP is attention_grad.
   for (bool causal : {true, false})
     c.push_back({causal ? "attention_causal" : "attention", [=](Builder& b) {

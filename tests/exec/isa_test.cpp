@@ -1,8 +1,9 @@
 // Every kernel compiled per instruction set (REMAT_WIDEST_CLONES in exec/kernels/kernels.h) run under each one this
 // CPU has (IsaOverride) gives the bits it gives under baseline x86-64: each kernel through its op, on inputs that take
 // the parallel and the vector paths (>= 2^14 elements, rows longer than the vectors, odd tails), the elementwise and
-// convert inputs with NaNs (payloads, a signalling one), ±inf, ±0 and subnormals; and one training step of tiny
-// (dot product attention in f32; flash attention in bf16), so a checkpoint resumed on another CPU does not diverge.
+// convert inputs (and rope's in f32) with NaNs (payloads, a signalling one), ±inf, ±0 and subnormals; and one
+// training step of tiny (dot product attention in f32; flash attention in bf16), so a checkpoint resumed on another
+// CPU does not diverge.
 #include "cli/config.h"
 #include "compile/compile.h"
 #include "exec/executable.h"
@@ -142,6 +143,20 @@ TEST(Isa, EveryClonedKernelGivesTheBaselineBits) {
     args[0].set(2 * 333 + 5, std::numeric_limits<double>::quiet_NaN());
     expect_graph_baseline_bits({"softmax_rows", "softmax_grad_rows", "log_softmax_rows", "log_softmax_grad_rows"},
                                dtype_name(d), g, args);
+  }
+  for (DType d : {DType::f32, DType::bf16}) {
+    Graph g;
+    Builder b(g);
+    // 2 x 31 x 5 heads of 74 (pairs of 37: vectors and an odd tail), 22940 elements
+    const Type table{d, {31, 37}};
+    Tensor x = b.param("x", {d, {2, 31, 5, 74}}), cos = b.param("cos", table), sin = b.param("sin", table);
+    b.result(rope(x, cos, sin));
+    std::vector<exec::Array> args = params_of(g);
+    std::mt19937 rng(9);
+    if (d == DType::f32) fill_special(args[0], 9);  // f32 bit patterns
+    else fill(args[0], rng, -300, 300);
+    fill(args[1], rng, -1, 1), fill(args[2], rng, -1, 1);
+    expect_graph_baseline_bits({"rope_rows"}, dtype_name(d), g, args);
   }
   for (DType d : {DType::f32, DType::bf16, DType::f64}) {  // f64: its sums show any change of order
     Graph g;

@@ -354,6 +354,35 @@ TEST(Plan, ConvertGroupIsOneBufferLiveUntilItsLastMemberIsRead) {
   EXPECT_EQ(e.measured_peak(plan::Space::device), p.lower_bound[0]);
 }
 
+// A result written over its dying operand that is also a scan body's stacked result (a y): the operand is made in
+// the y's slice of the stacked output (Plan::in_slice), and so is the result written over it.
+TEST(Plan, AResultWrittenInPlaceAndStackedByItsScanIsMadeInItsSlice) {
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor s = b.param("s", {DType::f32, {3, 6, 37}}), dp = b.param("dp", {DType::f32, {6, 37}});
+  ir::Tensor c = b.param("c", {DType::f32, {2}});
+  auto body = [](ir::Builder&, std::span<const ir::Tensor> consts, std::span<const ir::Tensor> carries,
+                 std::span<const ir::Tensor> xs) {
+    ir::Tensor x = ir::tanh(xs[0]) * 4.0f;  // a temporary, read only by softmax_grad
+    return std::vector<ir::Tensor>{carries[0] * 0.5f, ir::softmax_grad(x, consts[0])};
+  };
+  for (ir::Tensor r : ir::scan(b, 3, std::array{dp}, std::array{c}, std::array{s}, body)) b.result(r);
+  const plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
+  const ir::Graph& scanned = *g.nodes.back().body;
+  const plan::Plan& inner = p.bodies.begin()->second;
+  const auto grad = std::find_if(scanned.nodes.begin(), scanned.nodes.end(),
+                                 [](const ir::Node& n) { return n.op == ir::Op::softmax_grad; });
+  ASSERT_NE(grad, scanned.nodes.end());
+  const ir::ValueId x = grad->inputs[0], dx = grad->outputs[0];
+  EXPECT_EQ(inner.root[static_cast<size_t>(dx)], inner.root[static_cast<size_t>(x)]) << "written over x";
+  EXPECT_EQ(inner.buffer_of[static_cast<size_t>(x)], plan::kInSlice) << "x made in the y's slice";
+  std::vector<exec::Array> args;
+  for (ir::ValueId v : g.params) args.emplace_back(g.type(v));
+  for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i)));
+  for (int64_t i = 0; i < args[1].size(); ++i) args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+  expect_planned_run_is_exact(g, p, args, "in place, in its slice");
+}
+
 // softmax_grad writes its result over x when nothing reads x afterwards (ir::in_place_operand): one buffer, live
 // from x's definition to dx's last read, and the run equals the reference executor's (every value its own
 // allocation) bit for bit. When x is read later, or is an argument, dx gets a buffer of its own.

@@ -1,6 +1,6 @@
 // FLOPs of a decoder layer's pieces (tests/support/models.h's layer, dot_product attention), derived from the
 // model's and the batch's sizes in ir::flops' convention: 2 per multiply-add of a contraction, 1 per element of
-// an elementwise op or of a reduction's input, 5 per softmax element; layout ops (slice, broadcast, transpose,
+// an elementwise op or of a reduction's input, 5 per softmax element, 3 per rope element; layout ops (slice, broadcast, transpose,
 // concatenate, convert) none. The tests that check recompute FLOPs sum the pieces a placement recomputes.
 #pragma once
 
@@ -26,8 +26,8 @@ struct LayerFlops {
   double wi_gemm() const { return 2 * N * D * F; }                        // gate or up
   // RMSNorm: x·x, its sum, ·(1/D), +eps and rsqrt over the N rows, x·r, ·scale.
   double norm() const { return 4 * N * D + 3 * N; }
-  // RoPE of a [N, width] projection: neg of the rotated half, ·cos, ·sin, add.
-  double rope(double width) const { return N * width / 2 + 3 * N * width; }
+  // RoPE of a [N, width] projection, one op: ·cos, ·sin, add per element.
+  double rope(double width) const { return 3 * N * width; }
   double probs() const { return 7 * S; }                                  // ·scale, select (mask), softmax (5)
   double residual_add() const { return N * D; }
   double silu_times_up() const { return 3 * N * F; }                      // logistic, ·gate, ·up
