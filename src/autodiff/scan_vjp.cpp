@@ -52,7 +52,11 @@ Joint joint_of(const Node& n, const ScanAttrs& scan, const Context& ctx) {
     seed_names.push_back(!float_value(body.results[k]) ? ""
                          : k < nh                        ? fmt::format("dh{}", k)
                                                          : fmt::format("dy{}", k - nh));
-  for (size_t k = 0; k < nc; ++k) accumulators.push_back(float_value(body.params[k]) ? fmt::format("dc{}", k) : "");
+  // A const gets a gradient accumulator only if it can receive a cotangent (not a table built from iota).
+  for (size_t k = 0; k < nc; ++k)
+    accumulators.push_back(float_value(body.params[k]) && ctx.differentiable[static_cast<size_t>(n.inputs[k])]
+                               ? fmt::format("dc{}", k)
+                               : "");
   return differentiate({
       .body = body,
       .seed_names = seed_names,
