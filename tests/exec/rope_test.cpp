@@ -13,15 +13,16 @@
 
 #include "support/error_of.h"
 #include "support/reference_executor.h"
+#include "support/training_steps.h"
 
 #include <cmath>
-#include <cstring>
 #include <random>
 
 namespace remat {
 namespace {
 
 using namespace ir;
+using testing_support::same_bits;
 
 // x·cos + rotate_half(x)·sin of the primitives, rotate_half(x) = [−x₂, x₁], the [T, Dh/2] tables repeated.
 Tensor rope_of_primitives(Tensor x, Tensor cos, Tensor sin) {
@@ -33,10 +34,6 @@ Tensor rope_of_primitives(Tensor x, Tensor cos, Tensor sin) {
   Tensor c = broadcast_in_dim(concatenate(std::array{cos, cos}, 1), s, {1, 3});
   Tensor sn = broadcast_in_dim(concatenate(std::array{sin, sin}, 1), s, {1, 3});
   return x * c + rotated * sn;
-}
-
-bool same_bits(const exec::Array& a, const exec::Array& b) {
-  return a.type() == b.type() && std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())) == 0;
 }
 
 // x [B,T,N,Dh] uniform in [−3, 3], tables of angles from a seed: cos, sin as the model's (c² + s² = 1).
