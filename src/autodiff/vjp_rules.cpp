@@ -247,6 +247,19 @@ std::vector<Cot> vjp_log_softmax_grad(Builder&, size_t, const Node& n, Cots, Con
   return {};
 }
 
+// From the norm's input and scale: r is recomputed row by row (ops.h), so the backward keeps x (no f32 copy of it,
+// no normalized array) and gives dx and dw in one op.
+std::vector<Cot> vjp_rms_norm(Builder& b, size_t, const Node& n, Cots c, Context& ctx) {
+  if (!c[0]) return {std::nullopt, std::nullopt};
+  auto wanted = [&](size_t i) { return ctx.differentiable[static_cast<size_t>(n.inputs[i])]; };
+  const auto [dx, dw] = rms_norm_grad(in(b, n, 0), in(b, n, 1), *c[0], n.attrs.real("eps"));
+  return {wanted(0) ? Cot(dx) : std::nullopt, wanted(1) ? Cot(dw) : std::nullopt};
+}
+std::vector<Cot> vjp_rms_norm_grad(Builder&, size_t, const Node& n, Cots, Context&) {
+  CHECK(false, "cannot differentiate rms_norm_grad (scope '{}'): second derivatives of rms_norm are not built", n.scope);
+  return {};
+}
+
 // The rotation back: dx = rope(g, cos, −sin). The tables' cotangents, only where they depend on a differentiated
 // value (the model's come from iota), sum over batch and heads: dcos = Σ g₁·x₁ + g₂·x₂, dsin = Σ g₂·x₁ − g₁·x₂.
 std::vector<Cot> vjp_rope(Builder& b, size_t, const Node& n, Cots c, Context& ctx) {

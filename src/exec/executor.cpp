@@ -42,6 +42,8 @@ class Cpu final : public Backend {
       case ir::Op::softmax:
       case ir::Op::softmax_grad:
       case ir::Op::log_softmax: return workspace_softmax(n, in);
+      case ir::Op::rms_norm:
+      case ir::Op::rms_norm_grad: return workspace_rms_norm(n, in);
       case ir::Op::reduce_sum:
       case ir::Op::reduce_max:
       case ir::Op::sum_of_squares: return workspace_reduction(n, in);

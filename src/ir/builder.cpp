@@ -138,6 +138,13 @@ std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, doubl
   return {out[0], out[1]};
 }
 Tensor rope(Tensor x, Tensor cos, Tensor sin) { return x.b->emit1(Op::rope, std::array{x, cos, sin}, Attrs()); }
+Tensor rms_norm(Tensor x, Tensor w, double eps, std::optional<DType> dtype) {
+  return x.b->emit1(Op::rms_norm, std::array{x, w}, Attrs().set("eps", eps).set("dtype", dtype.value_or(x.dtype())));
+}
+std::array<Tensor, 2> rms_norm_grad(Tensor x, Tensor w, Tensor g, double eps) {
+  std::vector<Tensor> out = x.b->emit(Op::rms_norm_grad, std::array{x, w, g}, Attrs().set("eps", eps));
+  return {out[0], out[1]};
+}
 Tensor softmax_grad(Tensor x, Tensor g) { return x.b->emit1(Op::softmax_grad, std::array{x, g}, Attrs()); }
 Tensor log_softmax_grad(Tensor y, Tensor g) { return y.b->emit1(Op::log_softmax_grad, std::array{y, g}, Attrs()); }
 

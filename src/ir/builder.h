@@ -107,6 +107,10 @@ Tensor sum_of_squares(Tensor x, const IntList& axes, std::optional<Tensor> divis
 
 // The rotary position embedding of x [B,T,N,Dh] by the angles whose cos and sin are [T,Dh/2] (ir/ops.h).
 Tensor rope(Tensor x, Tensor cos, Tensor sin);
+// RMSNorm of x [..., D] over its last axis with the scale w [D] (ir/ops.h), in `dtype` (x's when unset); its VJP
+// (dx, dw).
+Tensor rms_norm(Tensor x, Tensor w, double eps, std::optional<DType> dtype = std::nullopt);
+std::array<Tensor, 2> rms_norm_grad(Tensor x, Tensor w, Tensor g, double eps);
 // Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T] (f32, f64 for f64); its VJP.
 std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
 Tensor softmax_grad(Tensor x, Tensor g);  // softmax's VJP from its input x and the cotangent g

@@ -13,6 +13,8 @@ double flops_per_element(Op op) {
     case Op::log_softmax: return 5;
     case Op::log_softmax_grad: return 4;
     case Op::rope: return 3;
+    case Op::rms_norm: return 4;
+    case Op::rms_norm_grad: return 10;
     default: ASSERT(false);
   }
   return 0;

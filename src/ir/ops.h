@@ -84,6 +84,16 @@ namespace remat::ir {
   /* exp(y) inherits y's rounding: up to |y|·2⁻⁹ relative in p, 2⁻⁹/e of |Σ g| in dx). Not differentiable. 4 */      \
   /* flops per element: Σ g, exp, times, subtract */                                                                 \
   X(log_softmax_grad, 2, reduction, pure, counted)                                                                   \
+  /* (x [..., D], w [D]), attribute eps: RMSNorm, x·r·w with r = 1/√(Σ x²/D + eps) per row of the last axis, in */   \
+  /* A = f32 (f64 for f64 x), the result in `dtype`. The bits of its composition of primitives: each square, */       \
+  /* product and quotient rounded to A, Σ x² as reduce_sum sums (8 lanes in f64), Σ/D as a product by 1/D, then */   \
+  /* + eps, 1/√, x·r, ·w. 4 flops per element: square, sum, ·r, ·w */                                                 \
+  X(rms_norm, 2, reduction, pure, counted)                                                                           \
+  /* (x, w, g) -> (dx in x's dtype, dw in w's dtype): rms_norm's VJP, r recomputed as rms_norm has it; with */      \
+  /* gw = g·w, c = ((Σ gw·x)·(−½)·(r / a))·(1/D) (a = Σ x²/D + eps): dx = (gw·r + c·x) + c·x, dw = Σ over rows of */ \
+  /* g·(x·r) in row order — the bits of the composition's VJP, its sums as reduce_sum's. Not differentiable. 10 */   \
+  /* flops per element: g·w, ·x, Σ, ·r, c·x twice, two adds, x·r·g */                                                \
+  X(rms_norm_grad, 3, reduction, pure, counted)                                                                      \
   /* (x [B,T,N,Dh], cos and sin [T,Dh/2] of x's dtype): the rotary position embedding (RoFormer; HF Llama's */      \
   /* rotate_half), element i of each head paired with element i + Dh/2 and the pair rotated by its position's */    \
   /* angle: y₁ = x₁·cos − x₂·sin, y₂ = x₂·cos + x₁·sin, each product and the sum rounded to x's dtype (the bits */   \

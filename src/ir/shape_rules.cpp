@@ -306,6 +306,27 @@ std::vector<Type> rule_log_softmax_grad(const Ctx& c) {
   return {c.in[0]};
 }
 
+// x [..., D] and w [D] of float dtypes; eps > 0 (a NaN eps is refused too).
+void check_rms_norm(const Ctx& c) {
+  const Type &x = c.in[0], &w = c.in[1];
+  CHECK(is_float(x.dtype) && is_float(w.dtype) && x.rank() >= 1 && w.rank() == 1 && w.shape[0] == x.shape.back(),
+        "{}: rms_norm takes x [..., D] and its scale w [D], floats, got {}", c.where, types_str(c.in));
+  CHECK(c.attrs.real("eps") > 0, "{}: rms_norm's eps must be > 0, got {}", c.where, c.attrs.real("eps"));
+}
+std::vector<Type> rule_rms_norm(const Ctx& c) {
+  check_rms_norm(c);
+  const DType to = c.attrs.dtype("dtype");
+  CHECK(is_float(to), "{}: rms_norm's dtype must be a floating-point type, got {}", c.where, dtype_name(to));
+  return {Type{to, c.in[0].shape}};
+}
+std::vector<Type> rule_rms_norm_grad(const Ctx& c) {
+  check_rms_norm(c);
+  CHECK(is_float(c.in[2].dtype) && c.in[2].shape == c.in[0].shape,
+        "{}: rms_norm_grad takes x, w and the result's cotangent g, a float of x's shape, got {}", c.where,
+        types_str(c.in));
+  return {c.in[0], c.in[1]};
+}
+
 // p, m, v, g of one float type; scale, lr, bias1, bias2 f32 scalars; optionally finite, a bool scalar, and then
 // the loss scale, an f32 scalar.
 std::vector<Type> rule_adamw(const Ctx& c) {

@@ -40,16 +40,9 @@ std::vector<LayerParam> layer_params(const ModelConfig& c) {
 // The dtype activations and matmuls run in.
 DType compute_dtype(const ModelConfig& c) { return c.precision.compute; }
 
-// RMSNorm in f32 (statistics and scale), returned in the compute dtype.
+// RMSNorm (the rms_norm op: statistics and scale in f32, f64 for f64 activations), returned in the compute dtype.
 Tensor rms_norm(const ModelConfig& c, Tensor input, Tensor scale) {
-  Tensor x = convert(input, kF32);
-  scale = convert(scale, kF32);
-  int64_t last = x.rank() - 1;
-  Tensor ms = mean(square(x), {last});
-  IntList keep(static_cast<size_t>(last));
-  for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int64_t>(i);
-  Tensor normalized = x * broadcast_in_dim(rsqrt(ms + c.rms_eps), x.shape(), keep);
-  return convert(normalized * broadcast_in_dim(scale, x.shape(), {last}), compute_dtype(c));
+  return ir::rms_norm(input, scale, c.rms_eps, compute_dtype(c));
 }
 
 LayerConsts layer_consts(Builder& b, const ModelConfig& c, int64_t seq) {

@@ -116,6 +116,11 @@ std::vector<Case> cases() {
                  Tensor y = log_softmax(select(visible, x, full(b, x.type(), -std::numeric_limits<double>::infinity())));
                  return select(visible, y, zeros_like(y));
                }, -2, 2});
+  // RMSNorm (its VJP is rms_norm_grad: dx and dw in one op), rows of 5, the scale a param too; eps large enough
+  // to matter.
+  c.push_back({"rms_norm", [=](Builder& b) {
+                 return rms_norm(p(b, "x", {2, 3, 5}), p(b, "w", {5}), 0.1) * p(b, "u", {2, 3, 5});
+               }, -2, 2});
   // RoPE (its VJP is rope with −sin), tables as params too: their cotangents sum over batch and heads.
   c.push_back({"rope", [=](Builder& b) {
                  return rope(p(b, "x", {2, 3, 2, 6}), p(b, "cos", {3, 3}), p(b, "sin", {3, 3})) * p(b, "w", {2, 3, 2, 6});
@@ -268,6 +273,7 @@ TEST(VjpFiniteDifference, EveryOpHasACase) {
   covered.insert(Op::attention_grad);  // attention's VJP: checked by attention's cases
   covered.insert(Op::softmax_grad);    // softmax's VJP: checked by softmax's cases
   covered.insert(Op::log_softmax_grad);  // log_softmax's VJP: checked by log_softmax's cases
+  covered.insert(Op::rms_norm_grad);  // rms_norm's VJP: checked by rms_norm's case
   covered.insert(Op::fusion);  // made after differentiation (ir::fuse): differentiating one is an error (below)
   covered.insert(Op::stop_gradient);  // its derivative is zero by definition, not by differences: below
   for (int i = 0; i < kNumOps; ++i)

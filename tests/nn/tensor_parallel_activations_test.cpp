@@ -8,48 +8,44 @@
 //
 // Notation: s sequence, b microbatch, h = D the model width (= a·Dh here), a = H query heads, k = KV heads, Dh head
 // width, F MLP width, t the tensor degree, e the compute dtype's bytes (4 f32, 2 bf16). The norms compute in f32
-// (4 bytes whatever e is); float32_qk_product and float32_logits are on (configs/base.yml), so q and k enter
+// but keep no f32 array; float32_qk_product and float32_logits are on (configs/base.yml), so q and k enter
 // q·kᵀ in f32 and the scores are f32. Per device a rank holds a/t query heads and F/t of the MLP; k/t kv heads
 // when t divides k, else one (Megatron's replication: the kv head its query heads read).
 //
 // remat none (everything_saveable), per layer, elements x bytes:
 //   term (read by)                                               elements        bytes each   without SP | with SP
-//   each RMSNorm (2 per layer: the layer input, the residual after attention):
-//     its input in f32 (x·rsqrt's VJP; f32: the value itself)    s·b·h           4            1          | 1/t
-//     mean square + eps, rsqrt (rsqrt's and the mean's VJPs)     2·s·b           4            1          | 1/t
-//     rsqrt broadcast to [b,s,h] (*)                             s·b·h           4            1          | 1/t
-//     x·rsqrt (the scale's VJP)                                  s·b·h           4            1          | 1/t
+//   each RMSNorm (2 per layer: the layer input, the residual after attention; one op, whose VJP recomputes
+//   the row statistics from its input):
+//     its input in the compute dtype (rms_norm_grad's x)         s·b·h           e            1          | 1/t
 //     the normed output in the compute dtype (the block's
-//       column-parallel matmuls' weight VJPs)                    s·b·h           e            1          | 1 (**)
+//       column-parallel matmuls' weight VJPs)                    s·b·h           e            1          | 1 (*)
 //   attention:
 //     q after RoPE, k after RoPE repeated to a heads, in f32
-//       (q·kᵀ's VJPs) (***)                                      2·s·b·a·Dh      4            1/t        | 1/t
+//       (q·kᵀ's VJPs) (**)                                       2·s·b·a·Dh      4            1/t        | 1/t
 //     v repeated to a heads (probs·v's VJP)                      s·b·a·Dh        e            1/t        | 1/t
 //     masked scores (the softmax's VJP) and softmax output       a·s²·b each     4 and e      1/t        | 1/t
 //     context (the output projection's weight VJP)               s·b·a·Dh        e            1/t        | 1/t
 //   SwiGLU MLP: gate, up, sigmoid(gate), silu(gate), silu·up     5·s·b·F         e            1/t        | 1/t
-//   (*) Megatron keeps no broadcast: remat saves the [b,s,h] broadcast of the [b,s] statistic because
-//       everything_saveable saves every value the backward reads, the broadcast included.
-//   (**) Under SP the norm runs on s/t and its output is all-gathered before the block's matmuls; the weight
+//   (*) Under SP the norm runs on s/t and its output is all-gathered before the block's matmuls; the weight
 //       VJPs read the gathered [b,s,h] copy, which remat saves (Megatron saves the s/t slice and gathers again in
 //       the backward): this term does not shrink with t.
-//   (***) with a = k (no GQA) the repeat is the identity and k itself (named key_proj) is saved.
+//   (**) with a = k (no GQA) the repeat is the identity and k itself (named key_proj) is saved.
 // In Korthikanti's form (h = a·Dh), bf16 (e = 2), without SP:
-//   s·b·h·(28 + (12 + 10·F/h)/t + 6·a·s/(h·t)) + 16·s·b
+//   s·b·h·(8 + (12 + 10·F/h)/t + 6·a·s/(h·t))
 // with SP:
-//   s·b·h·(24/t + 4 + (12 + 10·F/h)/t + 6·a·s/(h·t)) + 16·s·b/t
-// (f32, e = 4: 32 + (16 + 20·F/h)/t + 8·a·s/(h·t) without SP; the norms' f32 input is then the layer input itself.)
+//   s·b·h·(4/t + 4 + (12 + 10·F/h)/t + 6·a·s/(h·t))
+// (f32, e = 4: 16 + (16 + 20·F/h)/t + 8·a·s/(h·t) without SP.)
 //
 // attention recomputed (minimal: save_only_these_names query_proj, key_proj, value_proj, out_proj, mlpwi_0,
 // mlpwi_1), per layer:
 //   the layer input (the region's input, always kept)            s·b·h           e            1          | 1/t
 //   query_proj (q after RoPE)                                    s·b·a·Dh        e            1/t        | 1/t
-//   key_proj, value_proj (this rank's kv heads)                  2·s·b·k·Dh      e            1/t (****) | 1/t (****)
+//   key_proj, value_proj (this rank's kv heads)                  2·s·b·k·Dh      e            1/t (***)  | 1/t (***)
 //   out_proj (the attention block's output summed over tensor,
-//     as the layer adds it) (*****)                              s·b·h           e            1          | 1/t
+//     as the layer adds it) (****)                               s·b·h           e            1          | 1/t
 //   mlpwi_0, mlpwi_1                                             2·s·b·F         e            1/t        | 1/t
-//   (****) max(k/t, 1)/k: the replicated kv heads when t > k.
-//   (*****) Megatron saves no output projection. remat's out_proj is the value after the all-reduce or
+//   (***) max(k/t, 1)/k: the replicated kv heads when t > k.
+//   (****) Megatron saves no output projection. remat's out_proj is the value after the all-reduce or
 //       reduce-scatter (the logical value JAX names): under SP a rank keeps its s/t slice of the sum, and saving it
 //       spares the recomputation that collective.
 // In Korthikanti's form (h = a·Dh, k = a): s·b·h·e·(2 + (3 + 2·F/h)/t) without SP, s·b·h·e·(5 + 2·F/h)/t with SP.
@@ -90,7 +86,7 @@ double expected_saved_per_layer(const Layer& l, const Case& c) {
   const double kv = static_cast<double>(std::max<int64_t>(l.k / c.t, 1));  // this rank's kv heads
   if (c.policy == "minimal")
     return e * (s * b * h * sp + s * b * a * dh / t + 2 * s * b * kv * dh + s * b * h * sp + 2 * s * b * f / t);
-  const double norm = 4 * (3 * s * b * h + 2 * s * b) * sp + e * s * b * h;
+  const double norm = e * s * b * h * sp + e * s * b * h;
   const double attention = (2 * s * b * a * dh * 4 + 2 * s * b * a * dh * e + a * s * s * b * (4 + e)) / t;
   const double mlp = 5 * s * b * f * e / t;
   return 2 * norm + attention + mlp;

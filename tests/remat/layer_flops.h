@@ -1,6 +1,7 @@
 // FLOPs of a decoder layer's pieces (tests/support/models.h's layer, dot_product attention), derived from the
 // model's and the batch's sizes in ir::flops' convention: 2 per multiply-add of a contraction, 1 per element of
-// an elementwise op or of a reduction's input, 5 per softmax element, 3 per rope element; layout ops (slice, broadcast, transpose,
+// an elementwise op or of a reduction's input, 5 per softmax element, 3 per rope element, 4 per
+// rms_norm element; layout ops (slice, broadcast, transpose,
 // concatenate, convert) none. The tests that check recompute FLOPs sum the pieces a placement recomputes.
 #pragma once
 
@@ -24,8 +25,8 @@ struct LayerFlops {
   double context_gemm() const { return 2 * S * Dh; }                      // probs·v: B·H·T·Dh outputs, T each
   double out_gemm() const { return 2 * N * Q * D; }                       // context·Wo
   double wi_gemm() const { return 2 * N * D * F; }                        // gate or up
-  // RMSNorm: x·x, its sum, ·(1/D), +eps and rsqrt over the N rows, x·r, ·scale.
-  double norm() const { return 4 * N * D + 3 * N; }
+  // RMSNorm, one op: x·x, its sum, ·r, ·scale per element.
+  double norm() const { return 4 * N * D; }
   // RoPE of a [N, width] projection, one op: ·cos, ·sin, add per element.
   double rope(double width) const { return 3 * N * width; }
   double probs() const { return 7 * S; }                                  // ·scale, select (mask), softmax (5)

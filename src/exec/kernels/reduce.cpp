@@ -3,6 +3,7 @@
 // results combined in order: the result depends on the window alone, and the threads share the chunks (a
 // whole-tensor sum, the global norm's sum_of_squares, has one output).
 #include "exec/kernels/kernels.h"
+#include "exec/kernels/rows.h"
 
 #include <algorithm>
 #include <array>
@@ -53,24 +54,6 @@ int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
   return off;
 }
 
-// One contiguous window in kLanes accumulators, lane j taking elements j, j + kLanes, ..., then the lanes
-// combined pairwise in a fixed order: independent chains the core runs side by side (one accumulator waits on
-// each combine), and a result that depends on the window alone, not on threads. (A max over +0 and -0, or over
-// NaNs of different payloads, may pick another of them than a sequential scan would.)
-template <class T, class Acc, class Combine, class Pre>
-Acc reduce_window(const T* x, int64_t n, Acc init, Combine combine, Pre pre) {
-  constexpr int64_t kLanes = 8;
-  std::array<Acc, kLanes> lane;
-  lane.fill(init);
-  int64_t r = 0;
-  for (; r + kLanes <= n; r += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) lane[j] = combine(lane[j], static_cast<Acc>(pre(load(x[r + j]))));
-  for (int64_t j = 0; r < n; ++r, ++j) lane[j] = combine(lane[j], static_cast<Acc>(pre(load(x[r]))));
-  for (int64_t w = kLanes / 2; w > 0; w /= 2)
-    for (int64_t j = 0; j < w; ++j) lane[j] = combine(lane[j], lane[j + w]);
-  return lane[0];
-}
-
 // `pre` maps each element (in the compute type) before it is accumulated: the identity, or sum_of_squares' square
 // (of the quotient by its divisor) rounded to T. Outputs [lo, hi) when x is not viewed as [window, outputs].
 template <class T, class Acc, class Combine, class Pre>
@@ -79,7 +62,7 @@ void reduce_outputs(const T* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc
     const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
     Acc acc = init;
     if (p.contiguous) {
-      acc = reduce_window<T, Acc>(base, p.window, init, combine, pre);
+      acc = reduce_window<Acc>(p.window, init, combine, [&](int64_t r) { return pre(load(base[r])); });
     } else {
       for (int64_t r = 0; r < p.window; ++r)
         acc = combine(acc, static_cast<Acc>(pre(load(base[unravel(r, p.red_shape, p.red_strides)]))));
@@ -117,7 +100,8 @@ void reduce_chunks(const T* a, const Plan& p, Acc* partial, int64_t lo, int64_t 
   for (int64_t k = lo; k < hi; ++k) {
     const int64_t c = k % chunks, first = c * kChunk;
     const T* base = a + unravel(k / chunks, p.kept_shape, p.kept_strides) + first;
-    partial[k] = reduce_window<T, Acc>(base, std::min(kChunk, p.window - first), init, combine, pre);
+    partial[k] = reduce_window<Acc>(std::min(kChunk, p.window - first), init, combine,
+                                    [&](int64_t r) { return pre(load(base[r])); });
   }
 }
 template <class T, class Acc, class Combine>

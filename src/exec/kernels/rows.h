@@ -2,13 +2,14 @@
 // (mod kRowLanes) of the row's full groups, the tail's elements lanes 0, 1, ... in turn; the lanes are then
 // combined pairwise. A fixed count, so every target (and thread count) sums in the same order, and wide enough
 // to vectorise at any width. softmax and its VJPs (softmax.cpp) and flash attention's online softmax
-// (attention.cpp) take their rows' statistics here.
+// (attention.cpp) take their rows' statistics here; reductions and the norms their windows' sums (reduce_window).
 #pragma once
 
 #include "exec/kernels/exp.h"
 #include "exec/kernels/kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -55,6 +56,25 @@ A row_sum(int64_t w, F f) {
     for (int64_t i = 0; i < kRowLanes; ++i) lane[i] += f(j0 + i);
   for (int64_t j = j0; j < w; ++j) lane[j - j0] += f(j);
   return combine_lanes(lane);
+}
+
+// A window of n elements f(0), ..., f(n − 1) reduced in 8 accumulators (reduce_sum's and sum_of_squares' contiguous
+// windows, reduce.cpp; the norms' row sums, norm.cpp): lane j takes elements j, j + 8, ..., the tail's elements
+// lanes 0, 1, ... in turn, then the lanes are combined pairwise in a fixed order: independent chains the core runs
+// side by side, and a result that depends on the window alone, not on threads. (A max over +0 and -0, or over NaNs
+// of different payloads, may pick another of them than a sequential scan would.)
+template <class Acc, class Combine, class F>
+Acc reduce_window(int64_t n, Acc init, Combine combine, F f) {
+  constexpr int64_t kLanes = 8;
+  std::array<Acc, kLanes> lane;
+  lane.fill(init);
+  int64_t r = 0;
+  for (; r + kLanes <= n; r += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = combine(lane[j], static_cast<Acc>(f(r + j)));
+  for (int64_t j = 0; r < n; ++r, ++j) lane[j] = combine(lane[j], static_cast<Acc>(f(r)));
+  for (int64_t w = kLanes / 2; w > 0; w /= 2)
+    for (int64_t j = 0; j < w; ++j) lane[j] = combine(lane[j], lane[j + w]);
+  return lane[0];
 }
 
 // The maximum of the row x[0, w) over its non-NaN elements (−inf when there are none). A NaN needs no care
