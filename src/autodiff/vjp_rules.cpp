@@ -247,6 +247,17 @@ std::vector<Cot> vjp_log_softmax_grad(Builder&, size_t, const Node& n, Cots, Con
   return {};
 }
 
+// From the logits: the backward recomputes each row's statistics, so it keeps x (no log-probabilities array).
+std::vector<Cot> vjp_target_log_prob(Builder& b, size_t, const Node& n, Cots c, Context&) {
+  if (!c[0]) return {std::nullopt, std::nullopt};
+  return {target_log_prob_grad(in(b, n, 0), in(b, n, 1), *c[0], n.attrs.dtype("dtype")), std::nullopt};
+}
+std::vector<Cot> vjp_target_log_prob_grad(Builder&, size_t, const Node& n, Cots, Context&) {
+  CHECK(false, "cannot differentiate target_log_prob_grad (scope '{}'): second derivatives of the loss are not built",
+        n.scope);
+  return {};
+}
+
 // From the norm's input and scale: r is recomputed row by row (ops.h), so the backward keeps x (no f32 copy of it,
 // no normalized array) and gives dx and dw in one op.
 std::vector<Cot> vjp_rms_norm(Builder& b, size_t, const Node& n, Cots c, Context& ctx) {

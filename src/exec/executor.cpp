@@ -41,7 +41,9 @@ class Cpu final : public Backend {
       case ir::Op::fusion: return workspace_fusion(n, in);
       case ir::Op::softmax:
       case ir::Op::softmax_grad:
-      case ir::Op::log_softmax: return workspace_softmax(n, in);
+      case ir::Op::log_softmax:
+      case ir::Op::target_log_prob:
+      case ir::Op::target_log_prob_grad: return workspace_softmax(n, in);
       case ir::Op::rms_norm:
       case ir::Op::rms_norm_grad: return workspace_rms_norm(n, in);
       case ir::Op::reduce_sum:

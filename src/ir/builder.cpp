@@ -145,6 +145,12 @@ std::array<Tensor, 2> rms_norm_grad(Tensor x, Tensor w, Tensor g, double eps) {
   std::vector<Tensor> out = x.b->emit(Op::rms_norm_grad, std::array{x, w, g}, Attrs().set("eps", eps));
   return {out[0], out[1]};
 }
+Tensor target_log_prob(Tensor x, Tensor targets, DType dtype) {
+  return x.b->emit1(Op::target_log_prob, std::array{x, targets}, Attrs().set("dtype", dtype));
+}
+Tensor target_log_prob_grad(Tensor x, Tensor targets, Tensor g, DType dtype) {
+  return x.b->emit1(Op::target_log_prob_grad, std::array{x, targets, g}, Attrs().set("dtype", dtype));
+}
 Tensor softmax_grad(Tensor x, Tensor g) { return x.b->emit1(Op::softmax_grad, std::array{x, g}, Attrs()); }
 Tensor log_softmax_grad(Tensor y, Tensor g) { return y.b->emit1(Op::log_softmax_grad, std::array{y, g}, Attrs()); }
 

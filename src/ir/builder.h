@@ -111,6 +111,9 @@ Tensor rope(Tensor x, Tensor cos, Tensor sin);
 // (dx, dw).
 Tensor rms_norm(Tensor x, Tensor w, double eps, std::optional<DType> dtype = std::nullopt);
 std::array<Tensor, 2> rms_norm_grad(Tensor x, Tensor w, Tensor g, double eps);
+// log_softmax(convert(x, dtype))[targets] along the last axis, without an array of x's size (ir/ops.h); its VJP.
+Tensor target_log_prob(Tensor x, Tensor targets, DType dtype);
+Tensor target_log_prob_grad(Tensor x, Tensor targets, Tensor g, DType dtype);
 // Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T] (f32, f64 for f64); its VJP.
 std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
 Tensor softmax_grad(Tensor x, Tensor g);  // softmax's VJP from its input x and the cotangent g

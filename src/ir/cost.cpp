@@ -15,6 +15,8 @@ double flops_per_element(Op op) {
     case Op::rope: return 3;
     case Op::rms_norm: return 4;
     case Op::rms_norm_grad: return 10;
+    case Op::target_log_prob: return 5;
+    case Op::target_log_prob_grad: return 6;
     default: ASSERT(false);
   }
   return 0;

@@ -94,6 +94,15 @@ namespace remat::ir {
   /* g·(x·r) in row order — the bits of the composition's VJP, its sums as reduce_sum's. Not differentiable. 10 */   \
   /* flops per element: g·w, ·x, Σ, ·r, c·x twice, two adds, x·r·g */                                                \
   X(rms_norm_grad, 3, reduction, pure, counted)                                                                      \
+  /* (x [..., V], targets [...] i32), attribute dtype: log_softmax(convert(x, dtype))[target] along the last axis */ \
+  /* (the loss's log-probability of each target) without an array of x's size: the row's max and log Σ exp as */   \
+  /* log_softmax has them, (x_t − max) − log Σ rounded to `dtype`; 0 where the target is outside [0, V). The bits */ \
+  /* of that log_softmax picked by a one-hot reduce_sum. 5 flops per element, as log_softmax */                    \
+  X(target_log_prob, 2, reduction, pure, counted)                                                                    \
+  /* (x, targets, g) -> dx in x's dtype: target_log_prob's VJP, the row statistics recomputed; dx = [j = t]·g − */  \
+  /* exp(y)·g with y the log-probabilities in `dtype` (g summed over the one-hot row as log_softmax_grad sums */    \
+  /* it), rounded to `dtype`, then to x's (the composition's convert). Not differentiable. 6 flops per element */   \
+  X(target_log_prob_grad, 3, reduction, pure, counted)                                                               \
   /* (x [B,T,N,Dh], cos and sin [T,Dh/2] of x's dtype): the rotary position embedding (RoFormer; HF Llama's */      \
   /* rotate_half), element i of each head paired with element i + Dh/2 and the pair rotated by its position's */    \
   /* angle: y₁ = x₁·cos − x₂·sin, y₂ = x₂·cos + x₁·sin, each product and the sum rounded to x's dtype (the bits */   \

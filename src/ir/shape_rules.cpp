@@ -327,6 +327,28 @@ std::vector<Type> rule_rms_norm_grad(const Ctx& c) {
   return {c.in[0], c.in[1]};
 }
 
+// x [..., V] a float, targets [...] i32; dtype a float (the log-probabilities').
+std::vector<Type> rule_target_log_prob(const Ctx& c) {
+  const Type &x = c.in[0], &t = c.in[1];
+  CHECK(is_float(x.dtype) && x.rank() >= 1 && t.dtype == DType::i32 &&
+            t.shape == Shape(x.shape.begin(), x.shape.end() - 1),
+        "{}: target_log_prob takes logits x [..., V] of a float dtype and targets [...] i32, got {}", c.where,
+        types_str(c.in));
+  // The log-probabilities' dtype holds every value of x's (the kernel reads x as it is, not rounded to it).
+  const DType to = c.attrs.dtype("dtype");
+  const bool holds = to == x.dtype || (to == DType::f64 && is_float(x.dtype)) ||
+                     (to == DType::f32 && (x.dtype == DType::bf16 || x.dtype == DType::f16));
+  CHECK(holds, "{}: target_log_prob's dtype must be x's float dtype or wider, got {} for {}", c.where, dtype_name(to),
+        type_str(x));
+  return {Type{to, t.shape}};
+}
+std::vector<Type> rule_target_log_prob_grad(const Ctx& c) {
+  const std::vector<Type> forward = rule_target_log_prob(c);
+  CHECK(c.in[2] == forward[0], "{}: target_log_prob_grad takes x, targets and the cotangent {}, got {}", c.where,
+        type_str(forward[0]), types_str(c.in));
+  return {c.in[0]};
+}
+
 // p, m, v, g of one float type; scale, lr, bias1, bias2 f32 scalars; optionally finite, a bool scalar, and then
 // the loss scale, an f32 scalar.
 std::vector<Type> rule_adamw(const Ctx& c) {

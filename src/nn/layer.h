@@ -50,7 +50,8 @@ ir::Tensor embed(ir::Builder& b, const ModelConfig& c, ir::Tensor table, const P
 // The final norm and the logits [B,T,V] in f32.
 ir::Tensor head(ir::Builder& b, const ModelConfig& c, ir::Tensor x, ir::Tensor norm, const ParamSpec& norm_spec,
                 ir::Tensor out, const ParamSpec& out_spec);
-// Logits [..., V] in f32 from hidden states [..., D] and the output kernel [D,V] (the embedding [V,D] when tied).
+// Logits [..., V] as the matmul gives them (the compute dtype, f32 with logits_dot_in_fp32) from hidden states
+// [..., D] and the output kernel [D,V] (the embedding [V,D] when tied); the loss reads them in f32.
 ir::Tensor logits_of(const ModelConfig& c, ir::Tensor x, ir::Tensor out);
 // The loss (loss.cpp): the mean cross-entropy of logits [B,T,V] against targets i32[B,T]; and the same over
 // num_vocab_tiling chunks of the normed hidden states x [B,T,D] and the output kernel `out`, projected chunk by

@@ -13,18 +13,14 @@ namespace {
 
 constexpr DType kF32 = DType::f32;
 
-// log_softmax(logits)[target] in f32 along the last (vocabulary) axis, picked with a one-hot mask: the shape of
-// `targets` (under tensor parallelism from the rank's block of the vocabulary: tensor_parallel.h).
+// log_softmax(logits)[target] in f32 along the last (vocabulary) axis: the shape of `targets`. One op reading the
+// logits as the matmul gave them (target_log_prob), or under tensor parallelism from the rank's block of the
+// vocabulary (tensor_parallel.h).
 Tensor target_log_probs(Builder& b, const ModelConfig& c, Tensor logits, Tensor targets) {
   auto s = b.scope("loss");
-  if (tp::degree(c) > 1) return tp::target_log_probs(b, c, logits, targets);
-  const int64_t v = logits.rank() - 1;
-  Tensor logp = log_softmax(logits);
-  Tensor vocab = iota(b, DType::i32, logits.shape(), v);
-  IntList dims(static_cast<size_t>(v));
-  std::iota(dims.begin(), dims.end(), int64_t{0});
-  Tensor hot = compare(vocab, broadcast_in_dim(targets, logits.shape(), dims), "eq");
-  return reduce_sum(select(hot, logp, zeros_like(logp)), {v});
+  if (tp::degree(c) > 1) return tp::target_log_probs(b, c, convert(logits, kF32), targets);
+  if (logits.dtype() == DType::f64) logits = convert(logits, kF32);  // the loss of f64 models in f32, as all of it
+  return target_log_prob(logits, targets, kF32);
 }
 
 // packing=false: the log-probabilities of padding targets (< 0) zeroed, so a sum counts only real targets.

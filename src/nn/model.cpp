@@ -386,21 +386,28 @@ Tensor final_norm(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const
 // The output projection's matmul dtype: the compute dtype, or f32 with logits_dot_in_fp32.
 DType logits_dot(const ModelConfig& c) { return c.logits_dot_in_fp32 ? kF32 : compute_dtype(c); }
 
-// Logits [..., V] in f32 for the loss from hidden states [..., D] (the matmul in logits_dot, cast up). `out` is
-// the output kernel [D,V], or the embedding [V,D] when tied.
+// Logits [..., V] from hidden states [..., D], as the matmul gives them (in logits_dot): the loss reads them in f32
+// without an f32 copy (target_log_prob), the callers that return them cast them up. `out` is the output kernel
+// [D,V], or the embedding [V,D] when tied.
 Tensor logits_of(const ModelConfig& c, Tensor x, Tensor out) {
   const DType dot = logits_dot(c);
   const int64_t d = x.rank() - 1;
-  return convert(dot_general(convert(x, dot), convert(out, dot), DotDims{{d}, {c.logits_via_embedding ? 1 : 0}, {}, {}}),
-                 kF32);
+  return dot_general(convert(x, dot), convert(out, dot), DotDims{{d}, {c.logits_via_embedding ? 1 : 0}, {}, {}});
 }
 
-// The final norm and the logits [B,T,V] (this rank's [B,T,V/t] under tensor parallelism).
-Tensor head(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
-            const ParamSpec& out_spec) {
+// The final norm and the logits [B,T,V] in logits_dot (this rank's [B,T,V/t] under tensor parallelism): the loss's.
+Tensor head_logits(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
+                   const ParamSpec& out_spec) {
   x = final_norm(b, c, x, norm, norm_spec);
   auto s = b.scope("decoder/logits_dense");
   return logits_of(c, x, whole_param(c, out, out_spec, logits_dot(c)));
+}
+
+Tensor head(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
+            const ParamSpec& out_spec) {
+  Tensor logits = head_logits(b, c, x, norm, norm_spec, out, out_spec);
+  auto s = b.scope("decoder/logits_dense");
+  return convert(logits, kF32);
 }
 
 // The embedding and the layers: the hidden states [B,T,D] before the final norm.
@@ -421,7 +428,7 @@ Tensor trace_logits(Builder& b, const ModelConfig& c, std::span<const Tensor> p,
 // The head and the loss: untiled, the logits [B,T,V] and their mean cross-entropy; else tiled_cross_entropy.
 Tensor head_loss(Builder& b, const ModelConfig& c, Tensor x, Tensor norm, const ParamSpec& norm_spec, Tensor out,
                  const ParamSpec& out_spec, Tensor targets) {
-  if (c.num_vocab_tiling == 1) return cross_entropy(b, c, head(b, c, x, norm, norm_spec, out, out_spec), targets);
+  if (c.num_vocab_tiling == 1) return cross_entropy(b, c, head_logits(b, c, x, norm, norm_spec, out, out_spec), targets);
   x = final_norm(b, c, x, norm, norm_spec);
   const std::optional<DType> accumulate = out.dtype() == DType::f64 ? std::nullopt : std::optional(kF32);
   return tiled_cross_entropy(b, c, x, whole_param(c, out, out_spec, accumulate), targets);

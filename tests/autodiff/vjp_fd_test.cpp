@@ -116,6 +116,11 @@ std::vector<Case> cases() {
                  Tensor y = log_softmax(select(visible, x, full(b, x.type(), -std::numeric_limits<double>::infinity())));
                  return select(visible, y, zeros_like(y));
                }, -2, 2});
+  // The loss's target log-probabilities (its VJP is target_log_prob_grad), rows of 5, one target outside them.
+  c.push_back({"target_log_prob", [=](Builder& b) {
+                 Tensor targets = reshape(const_i32(b, {4, 0, 2, -1, 3, 1}), {2, 3});
+                 return target_log_prob(p(b, "x", {2, 3, 5}), targets, F) * p(b, "u", {2, 3});
+               }, -2, 2});
   // RMSNorm (its VJP is rms_norm_grad: dx and dw in one op), rows of 5, the scale a param too; eps large enough
   // to matter.
   c.push_back({"rms_norm", [=](Builder& b) {
@@ -274,6 +279,7 @@ TEST(VjpFiniteDifference, EveryOpHasACase) {
   covered.insert(Op::softmax_grad);    // softmax's VJP: checked by softmax's cases
   covered.insert(Op::log_softmax_grad);  // log_softmax's VJP: checked by log_softmax's cases
   covered.insert(Op::rms_norm_grad);  // rms_norm's VJP: checked by rms_norm's case
+  covered.insert(Op::target_log_prob_grad);  // target_log_prob's VJP: checked by its case
   covered.insert(Op::fusion);  // made after differentiation (ir::fuse): differentiating one is an error (below)
   covered.insert(Op::stop_gradient);  // its derivative is zero by definition, not by differences: below
   for (int i = 0; i < kNumOps; ++i)

@@ -147,6 +147,18 @@ TEST(Isa, EveryClonedKernelGivesTheBaselineBits) {
   for (DType d : {DType::f32, DType::bf16}) {
     Graph g;
     Builder b(g);
+    Tensor x = b.param("x", {d, {67, 333}}), t = b.param("t", {DType::i32, {67}}), gr = b.param("g", {DType::f32, {67}});
+    b.result(target_log_prob(x, t, DType::f32));
+    b.result(target_log_prob_grad(x, t, gr, DType::f32));
+    std::vector<exec::Array> args = params_of(g);
+    std::mt19937 rng(11);
+    fill(args[0], rng, -20, 20), fill(args[2], rng, -3, 3);
+    for (int64_t r = 0; r < 67; ++r) args[1].data<int32_t>()[r] = static_cast<int32_t>(r * 37 % 340) - 3;  // some outside
+    expect_graph_baseline_bits({"target_log_prob_rows", "target_log_prob_grad_rows"}, dtype_name(d), g, args);
+  }
+  for (DType d : {DType::f32, DType::bf16}) {
+    Graph g;
+    Builder b(g);
     // 2 x 31 x 5 heads of 74 (pairs of 37: vectors and an odd tail), 22940 elements
     const Type table{d, {31, 37}};
     Tensor x = b.param("x", {d, {2, 31, 5, 74}}), cos = b.param("cos", table), sin = b.param("sin", table);

@@ -4,6 +4,9 @@
 // the lanes of rows.h; then each exp divided by the sum. The VJP recomputes those probabilities the same
 // way (the same bits softmax had before rounding to its dtype), then dx = p·(g − Σ g·p). log_softmax: the row's
 // max and Σ exp(x − max) as softmax has them, then (x − max) − log Σ; its VJP g − exp(y)·Σ g from its result y.
+// target_log_prob: log_softmax's value at each row's target alone, and its VJP with the row's statistics recomputed
+// (the composition's bits: log_softmax of x in `dtype`, picked by a one-hot sum; log_softmax_grad of that one-hot
+// row; the convert back to x's dtype).
 #include "exec/kernels/kernels.h"
 #include "exec/kernels/rows.h"
 
@@ -20,12 +23,30 @@ void probabilities(const T* x, int64_t w, A* p) {
   for (int64_t j = 0; j < w; ++j) p[j] /= s;
 }
 
-// Rows of length w (the last dim) and the thread's row of the workspace.
+// The row x[0, w)'s max and log Σ exp(x − max) (p: the exps), as log_softmax has them. The log in f64, rounded
+// once to f32: glibc's logf differs between its FMA and plain variants (chosen per CPU), the f64 log far less, and
+// its rounding to f32 hides that. f64 rows keep f64 log's variance.
+template <class A>
+struct LogSum {
+  A max, log_sum;
+};
+template <class A, class T>
+LogSum<A> row_log_sum(const T* x, int64_t w, A* p) {
+  const A m = row_max<A>(x, w);
+  return {m, static_cast<A>(std::log(static_cast<double>(row_exps(x, w, m, p))))};
+}
+
+// Rows of length w (the last dim) and the thread's row of the workspace, of the arithmetic type A: f64 for f64 x,
+// or for target_log_prob's f64 log-probabilities.
 int64_t row_length(const ir::Type& t) { return t.shape.back(); }
-int64_t row_bytes(const ir::Type& t) { return aligned64(row_length(t) * (t.dtype == DType::f64 ? 8 : 4)); }
-std::byte* row_of(std::span<std::byte> workspace, const ir::Type& t) {
+bool wide(const ir::Node& n, const ir::Type& t) {
+  const bool target = n.op == ir::Op::target_log_prob || n.op == ir::Op::target_log_prob_grad;
+  return t.dtype == DType::f64 || (target && n.attrs.dtype("dtype") == DType::f64);
+}
+int64_t row_bytes(const ir::Node& n, const ir::Type& t) { return aligned64(row_length(t) * (wide(n, t) ? 8 : 4)); }
+std::byte* row_of(const ir::Node& n, std::span<std::byte> workspace, const ir::Type& t) {
   const int64_t thread = omp_in_parallel() ? omp_get_thread_num() : 0;
-  return workspace.data() + thread * row_bytes(t);
+  return workspace.data() + thread * row_bytes(n, t);
 }
 
 // Rows [lo, hi) of softmax: x (dtype xt) into y (dtype yt), through p, the thread's row of A.
@@ -89,10 +110,7 @@ void log_softmax_rows_body(const ir::Node& n, DType xt, const std::byte* x_bytes
     A* p = reinterpret_cast<A*>(p_bytes);
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = x + r * w;
-      const A m = row_max<A>(xr, w);
-      // The log in f64, rounded once to f32: glibc's logf differs between its FMA and plain variants (chosen per
-      // CPU), the f64 log far less, and its rounding to f32 hides that. f64 rows keep f64 log's variance.
-      const A log_sum = static_cast<A>(std::log(static_cast<double>(row_exps(xr, w, m, p))));
+      const auto [m, log_sum] = row_log_sum(xr, w, p);
 #pragma omp simd
       for (int64_t j = 0; j < w; ++j) {
         const A shifted = static_cast<A>(load(xr[j])) - m;
@@ -128,37 +146,95 @@ void log_softmax_grad_rows_body(const ir::Node& n, DType yt, const std::byte* y_
 
 REMAT_WIDEST_CLONES(log_softmax_grad_rows, log_softmax_grad_rows_body)
 
+// Rows [lo, hi) of target_log_prob: y[r] = (x_t − max) − log Σ exp(x − max) in A, rounded to the log-probabilities'
+// dtype dt (which holds x's values: the shape rule), 0 where t is outside [0, w); p: the thread's row of A.
+void target_log_prob_rows_body(const ir::Node& n, DType xt, DType dt, const std::byte* x_bytes,
+                               const int32_t* targets, std::byte* y_bytes, int64_t w, int64_t lo, int64_t hi,
+                               std::byte* p_bytes) {
+  dispatch_float(xt, n, [&](auto x_type) {
+    using T = decltype(x_type);
+    dispatch_float(dt, n, [&](auto d_type) {
+      using D = decltype(d_type);
+      using A = Acc<D>;
+      const T* x = reinterpret_cast<const T*>(x_bytes);
+      D* y = reinterpret_cast<D*>(y_bytes);
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* xr = x + r * w;
+        const auto [m, log_sum] = row_log_sum(xr, w, reinterpret_cast<A*>(p_bytes));
+        const int64_t t = targets[r];
+        const A picked = t >= 0 && t < w ? (static_cast<A>(load(xr[t])) - m) - log_sum : A(0);
+        y[r] = store<D>(static_cast<Compute<D>>(picked));
+      }
+    });
+  });
+}
+
+REMAT_WIDEST_CLONES(target_log_prob_rows, target_log_prob_rows_body)
+
+// Rows [lo, hi) of target_log_prob_grad: dx (dtype xt) from x, the targets and g (dtype dt, one per row).
+void target_log_prob_grad_rows_body(const ir::Node& n, DType xt, DType dt, const std::byte* x_bytes,
+                                    const int32_t* targets, const std::byte* g_bytes, std::byte* dx_bytes, int64_t w,
+                                    int64_t lo, int64_t hi, std::byte* p_bytes) {
+  dispatch_float(xt, n, [&](auto x_type) {
+    using T = decltype(x_type);
+    dispatch_float(dt, n, [&](auto d_type) {
+      using D = decltype(d_type);
+      using A = Acc<D>;
+      const T* x = reinterpret_cast<const T*>(x_bytes);
+      const D* g = reinterpret_cast<const D*>(g_bytes);
+      T* dx = reinterpret_cast<T*>(dx_bytes);
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* xr = x + r * w;
+        const auto [m, log_sum] = row_log_sum(xr, w, reinterpret_cast<A*>(p_bytes));
+        const int64_t t = targets[r];
+        const bool hit = t >= 0 && t < w;
+        const A gr = hit ? static_cast<A>(load(g[r])) : A(0);
+        const A s = gr + A(0);  // Σ of the one-hot row g·[j = t], as row_sum adds it to zeros (−0 becomes +0)
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) {
+          const Compute<D> y = load(store<D>(static_cast<Compute<D>>((static_cast<A>(load(xr[j])) - m) - log_sum)));
+          const A p = exp_nonpositive_of(static_cast<A>(y));
+          const Compute<D> d = load(store<D>(static_cast<Compute<D>>((j == t ? gr : A(0)) - p * s)));
+          dx[r * w + j] = store<T>(static_cast<Compute<T>>(d));
+        }
+      }
+    });
+  });
+}
+
+REMAT_WIDEST_CLONES(target_log_prob_grad_rows, target_log_prob_grad_rows_body)
+
 }  // namespace
 
-int64_t workspace_softmax(const ir::Node&, std::span<const ir::Type> in) {
-  return static_cast<int64_t>(omp_get_max_threads()) * row_bytes(in[0]);
+int64_t workspace_softmax(const ir::Node& n, std::span<const ir::Type> in) {
+  return static_cast<int64_t>(omp_get_max_threads()) * row_bytes(n, in[0]);
 }
 
 void kernel_softmax(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
-  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(t));  // a row per thread
+  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
-    softmax_rows(n, t.dtype, out[0].type().dtype, in[0].bytes(), out[0].bytes(), w, lo, hi, row_of(ctx.workspace, t));
+    softmax_rows(n, t.dtype, out[0].type().dtype, in[0].bytes(), out[0].bytes(), w, lo, hi, row_of(n, ctx.workspace, t));
   });
 }
 
 void kernel_softmax_grad(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
-  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(t));  // a row per thread
+  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
     softmax_grad_rows(n, t.dtype, in[1].type().dtype, in[0].bytes(), in[1].bytes(), out[0].bytes(), w, lo, hi,
-                      row_of(ctx.workspace, t));
+                      row_of(n, ctx.workspace, t));
   });
 }
 
 void kernel_log_softmax(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
-  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(t));  // a row per thread
+  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
-    log_softmax_rows(n, t.dtype, in[0].bytes(), out[0].bytes(), w, lo, hi, row_of(ctx.workspace, t));
+    log_softmax_rows(n, t.dtype, in[0].bytes(), out[0].bytes(), w, lo, hi, row_of(n, ctx.workspace, t));
   });
 }
 
@@ -167,6 +243,28 @@ void kernel_log_softmax_grad(const ir::Node& n, std::span<const Array> in, std::
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
     log_softmax_grad_rows(n, t.dtype, in[0].bytes(), in[1].bytes(), out[0].bytes(), w, lo, hi);
+  });
+}
+
+void kernel_target_log_prob(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
+                            const KernelContext& ctx) {
+  const ir::Type& t = in[0].type();
+  const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
+  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
+  parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
+    target_log_prob_rows(n, t.dtype, out[0].type().dtype, in[0].bytes(), in[1].data<int32_t>(), out[0].bytes(), w,
+                         lo, hi, row_of(n, ctx.workspace, t));
+  });
+}
+
+void kernel_target_log_prob_grad(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
+                                 const KernelContext& ctx) {
+  const ir::Type& t = in[0].type();
+  const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
+  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
+  parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
+    target_log_prob_grad_rows(n, t.dtype, in[2].type().dtype, in[0].bytes(), in[1].data<int32_t>(), in[2].bytes(),
+                              out[0].bytes(), w, lo, hi, row_of(n, ctx.workspace, t));
   });
 }
 
