@@ -271,6 +271,19 @@ std::vector<Cot> vjp_rms_norm_grad(Builder&, size_t, const Node& n, Cots, Contex
   return {};
 }
 
+// From gate and up, which the matmuls before it made (a policy saves them or not): the logistic is recomputed in
+// swiglu_grad, so the backward keeps no array of the logistic or of silu.
+std::vector<Cot> vjp_swiglu(Builder& b, size_t, const Node& n, Cots c, Context& ctx) {
+  if (!c[0]) return {std::nullopt, std::nullopt};
+  auto wanted = [&](size_t i) { return ctx.differentiable[static_cast<size_t>(n.inputs[i])]; };
+  const auto [dgate, dup] = swiglu_grad(in(b, n, 0), in(b, n, 1), *c[0]);
+  return {wanted(0) ? Cot(dgate) : std::nullopt, wanted(1) ? Cot(dup) : std::nullopt};
+}
+std::vector<Cot> vjp_swiglu_grad(Builder&, size_t, const Node& n, Cots, Context&) {
+  CHECK(false, "cannot differentiate swiglu_grad (scope '{}'): second derivatives of swiglu are not built", n.scope);
+  return {};
+}
+
 // The rotation back: dx = rope(g, cos, −sin). The tables' cotangents, only where they depend on a differentiated
 // value (the model's come from iota), sum over batch and heads: dcos = Σ g₁·x₁ + g₂·x₂, dsin = Σ g₂·x₁ − g₁·x₂.
 std::vector<Cot> vjp_rope(Builder& b, size_t, const Node& n, Cots c, Context& ctx) {

@@ -151,6 +151,11 @@ Tensor target_log_prob(Tensor x, Tensor targets, DType dtype) {
 Tensor target_log_prob_grad(Tensor x, Tensor targets, Tensor g, DType dtype) {
   return x.b->emit1(Op::target_log_prob_grad, std::array{x, targets, g}, Attrs().set("dtype", dtype));
 }
+Tensor swiglu(Tensor gate, Tensor up) { return gate.b->emit1(Op::swiglu, std::array{gate, up}, Attrs()); }
+std::array<Tensor, 2> swiglu_grad(Tensor gate, Tensor up, Tensor g) {
+  std::vector<Tensor> out = gate.b->emit(Op::swiglu_grad, std::array{gate, up, g}, Attrs());
+  return {out[0], out[1]};
+}
 Tensor softmax_grad(Tensor x, Tensor g) { return x.b->emit1(Op::softmax_grad, std::array{x, g}, Attrs()); }
 Tensor log_softmax_grad(Tensor y, Tensor g) { return y.b->emit1(Op::log_softmax_grad, std::array{y, g}, Attrs()); }
 

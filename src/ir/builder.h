@@ -114,6 +114,9 @@ std::array<Tensor, 2> rms_norm_grad(Tensor x, Tensor w, Tensor g, double eps);
 // log_softmax(convert(x, dtype))[targets] along the last axis, without an array of x's size (ir/ops.h); its VJP.
 Tensor target_log_prob(Tensor x, Tensor targets, DType dtype);
 Tensor target_log_prob_grad(Tensor x, Tensor targets, Tensor g, DType dtype);
+// SwiGLU's product silu(gate)·up as one op (ir/ops.h), and its VJP (dgate, dup) from gate, up and the cotangent.
+Tensor swiglu(Tensor gate, Tensor up);
+std::array<Tensor, 2> swiglu_grad(Tensor gate, Tensor up, Tensor g);
 // Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T] (f32, f64 for f64); its VJP.
 std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
 Tensor softmax_grad(Tensor x, Tensor g);  // softmax's VJP from its input x and the cotangent g

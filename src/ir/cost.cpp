@@ -14,6 +14,8 @@ double flops_per_element(Op op) {
     case Op::log_softmax_grad: return 4;
     case Op::rope: return 3;
     case Op::rms_norm: return 4;
+    case Op::swiglu: return 3;
+    case Op::swiglu_grad: return 10;
     case Op::rms_norm_grad: return 10;
     case Op::target_log_prob: return 5;
     case Op::target_log_prob_grad: return 6;

@@ -22,7 +22,7 @@ struct Group {
 };
 
 bool fusible(const Graph& g, const Node& n) {
-  return is_elementwise(n.op) && n.op != Op::adamw && n.outputs.size() == 1 &&
+  return is_fusible(n.op) && n.outputs.size() == 1 &&
          !(n.op == Op::div && g.type(n.inputs[0]).dtype == DType::i32);
 }
 

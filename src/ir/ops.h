@@ -103,6 +103,15 @@ namespace remat::ir {
   /* exp(y)·g with y the log-probabilities in `dtype` (g summed over the one-hot row as log_softmax_grad sums */    \
   /* it), rounded to `dtype`, then to x's (the composition's convert). Not differentiable. 6 flops per element */   \
   X(target_log_prob_grad, 3, reduction, pure, counted)                                                               \
+  /* (gate, up) of one float type: SwiGLU's product silu(gate)·up = (gate·logistic(gate))·up, each of the */         \
+  /* logistic and the two products rounded to that type (the bits of that composition of logistic and mul); */       \
+  /* its VJP recomputes logistic(gate), so no array of the logistic or of silu outlives the op. A kernel of its */   \
+  /* own, never fused. 3 flops per element: logistic, two products */                                                \
+  X(swiglu, 2, elementwise, pure, counted)                                                                           \
+  /* (gate, up, g) -> (dgate, dup): swiglu's VJP, s = logistic(gate) and a = gate·s recomputed; dup = g·a and, */    \
+  /* with t = g·up, dgate = t·s + (t·gate)·(s·(1 − s)), each operation rounded to the type in the composition's */   \
+  /* order (the bits of the VJPs of mul and logistic). Not differentiable. 10 flops per element */                   \
+  X(swiglu_grad, 3, elementwise, pure, counted)                                                                      \
   /* (x [B,T,N,Dh], cos and sin [T,Dh/2] of x's dtype): the rotary position embedding (RoFormer; HF Llama's */      \
   /* rotate_half), element i of each head paired with element i + Dh/2 and the pair rotated by its position's */    \
   /* angle: y₁ = x₁·cos − x₂·sin, y₂ = x₂·cos + x₁·sin, each product and the sum rounded to x's dtype (the bits */   \
@@ -202,12 +211,21 @@ std::optional<Op> parse_op(std::string_view text);
 constexpr int op_arity(Op op) { return op_traits(op).arity; }
 // Element i of the result depends only on element i of each operand (safe to compute in place).
 constexpr bool is_elementwise(Op op) { return op_traits(op).cls == OpClass::elementwise; }
+// The elementwise ops a fusion may hold: all but those that run as kernels of their own (adamw, swiglu and
+// swiglu_grad: several results, or a composition whose fused form would store its intermediates).
+constexpr bool is_fusible(Op op) {
+  return is_elementwise(op) && op != Op::adamw && op != Op::swiglu && op != Op::swiglu_grad;
+}
 // The operand whose storage the op's kernel may write its result over, when nothing reads it afterwards (the
 // planner's in-place reuse): softmax_grad's x, log_softmax's x and log_softmax_grad's y, since each row of that
 // operand is read whole (or element j before result element j is written) before that row of the result is
-// written; rope's x, whose pair (i, i + Dh/2) is read before that pair of the result is written. -1: none.
+// written; rope's x, whose pair (i, i + Dh/2) is read before that pair of the result is written; swiglu's and
+// swiglu_grad's gate (element i read before result i is written). -1: none.
 constexpr int in_place_operand(Op op) {
-  return op == Op::softmax_grad || op == Op::log_softmax || op == Op::log_softmax_grad || op == Op::rope ? 0 : -1;
+  return op == Op::softmax_grad || op == Op::log_softmax || op == Op::log_softmax_grad || op == Op::rope ||
+                 op == Op::swiglu || op == Op::swiglu_grad
+             ? 0
+             : -1;
 }
 // The result is the operand's storage, retyped: planned and executed without a buffer of its own.
 constexpr bool is_view(Op op) { return op_traits(op).cls == OpClass::view; }

@@ -390,7 +390,7 @@ std::vector<Type> rule_remat(const Ctx& c) {
   return out;
 }
 
-// A fusion's body (ir/ops.h) is what its kernel can run: every node elementwise (adamw aside), a broadcast of a
+// A fusion's body (ir/ops.h) is what its kernel can run: every node a fusible elementwise op (ir::is_fusible), a broadcast of a
 // param, an iota or a full, every node's result of the loop shape (the results' shape), elementwise operands too.
 std::vector<Type> rule_fusion(const Ctx& c) {
   std::vector<Type> out = call_types(c, "fusion");
@@ -410,7 +410,7 @@ std::vector<Type> rule_fusion(const Ctx& c) {
     const Node& m = body.nodes[i];
     const std::string where = fmt::format("{}: in @{}, {}", c.where, body.name, describe_node(body, i));
     const bool broadcast = m.op == Op::broadcast_in_dim;
-    CHECK((is_elementwise(m.op) && m.op != Op::adamw) || broadcast || m.op == Op::iota || m.op == Op::full,
+    CHECK(is_fusible(m.op) || broadcast || m.op == Op::iota || m.op == Op::full,
           "{}: a fusion holds elementwise ops, broadcasts of its params, iotas and fulls only", where);
     CHECK(m.outputs.size() == 1 && body.type(m.outputs[0]).shape == loop, "{}: every value a fusion computes has its loop shape {}",
           where, shape_str(loop));

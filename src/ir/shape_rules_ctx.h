@@ -32,6 +32,8 @@ std::vector<Type> rule_rms_norm(const Ctx& c);
 std::vector<Type> rule_rms_norm_grad(const Ctx& c);
 std::vector<Type> rule_target_log_prob(const Ctx& c);
 std::vector<Type> rule_target_log_prob_grad(const Ctx& c);
+std::vector<Type> rule_swiglu(const Ctx& c);
+std::vector<Type> rule_swiglu_grad(const Ctx& c);
 std::vector<Type> rule_adamw(const Ctx& c);
 
 }  // namespace remat::ir::shape_rules

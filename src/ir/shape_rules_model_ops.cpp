@@ -114,6 +114,16 @@ std::vector<Type> rule_target_log_prob_grad(const Ctx& c) {
   return {c.in[0]};
 }
 
+// gate, up (and swiglu_grad's g) of one float type.
+std::vector<Type> rule_swiglu(const Ctx& c) {
+  bool same = is_float(c.in[0].dtype);
+  for (const Type& t : c.in) same = same && t == c.in[0];
+  CHECK(same, "{}: {} takes {} of one float type, got {}", c.where, c.in.size() == 2 ? "swiglu" : "swiglu_grad",
+        c.in.size() == 2 ? "gate and up" : "gate, up and the product's cotangent g", types_str(c.in));
+  return {c.in[0]};
+}
+std::vector<Type> rule_swiglu_grad(const Ctx& c) { return {rule_swiglu(c)[0], c.in[0]}; }
+
 // p, m, v, g of one float type; scale, lr, bias1, bias2 f32 scalars; optionally finite, a bool scalar, and then
 // the loss scale, an f32 scalar.
 std::vector<Type> rule_adamw(const Ctx& c) {

@@ -162,7 +162,7 @@ Tensor mlp(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights& w) {
     }
   }
   auto s2 = b.scope("wo");
-  return project(c, silu(gate) * up, w.wo);
+  return project(c, swiglu(gate, up), w.wo);  // silu(gate)·up as one op: its VJP keeps no silu array
 }
 
 // The weights matmuls read in the compute dtype; the RMSNorm scales stay as they are (used in f32).

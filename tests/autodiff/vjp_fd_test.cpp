@@ -126,6 +126,10 @@ std::vector<Case> cases() {
   c.push_back({"rms_norm", [=](Builder& b) {
                  return rms_norm(p(b, "x", {2, 3, 5}), p(b, "w", {5}), 0.1) * p(b, "u", {2, 3, 5});
                }, -2, 2});
+  // SwiGLU's product (its VJP is swiglu_grad: dgate and dup in one op), gates across the logistic's bend.
+  c.push_back({"swiglu", [=](Builder& b) {
+                 return swiglu(p(b, "gate", {2, 3, 5}), p(b, "up", {2, 3, 5})) * p(b, "w", {2, 3, 5});
+               }, -3, 3});
   // RoPE (its VJP is rope with −sin), tables as params too: their cotangents sum over batch and heads.
   c.push_back({"rope", [=](Builder& b) {
                  return rope(p(b, "x", {2, 3, 2, 6}), p(b, "cos", {3, 3}), p(b, "sin", {3, 3})) * p(b, "w", {2, 3, 2, 6});
@@ -279,6 +283,7 @@ TEST(VjpFiniteDifference, EveryOpHasACase) {
   covered.insert(Op::softmax_grad);    // softmax's VJP: checked by softmax's cases
   covered.insert(Op::log_softmax_grad);  // log_softmax's VJP: checked by log_softmax's cases
   covered.insert(Op::rms_norm_grad);  // rms_norm's VJP: checked by rms_norm's case
+  covered.insert(Op::swiglu_grad);  // swiglu's VJP: checked by swiglu's case
   covered.insert(Op::target_log_prob_grad);  // target_log_prob's VJP: checked by its case
   covered.insert(Op::fusion);  // made after differentiation (ir::fuse): differentiating one is an error (below)
   covered.insert(Op::stop_gradient);  // its derivative is zero by definition, not by differences: below

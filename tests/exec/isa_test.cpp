@@ -147,6 +147,21 @@ TEST(Isa, EveryClonedKernelGivesTheBaselineBits) {
   for (DType d : {DType::f32, DType::bf16}) {
     Graph g;
     Builder b(g);
+    const Type type{d, {n}};
+    Tensor gate = b.param("gate", type), up = b.param("up", type), gr = b.param("g", type);
+    b.result(swiglu(gate, up));
+    for (Tensor r : swiglu_grad(gate, up, gr)) b.result(r);
+    std::vector<exec::Array> args = params_of(g);
+    std::mt19937 rng(12);
+    for (uint32_t k = 0; k < 3; ++k) {
+      if (d == DType::f32) fill_special(args[k], 20 + k);
+      else fill(args[k], rng, k == 0 ? -100 : -3, k == 0 ? 100 : 3);
+    }
+    expect_graph_baseline_bits({"swiglu_range", "swiglu_grad_range"}, dtype_name(d), g, args);
+  }
+  for (DType d : {DType::f32, DType::bf16}) {
+    Graph g;
+    Builder b(g);
     Tensor x = b.param("x", {d, {67, 333}}), t = b.param("t", {DType::i32, {67}}), gr = b.param("g", {DType::f32, {67}});
     b.result(target_log_prob(x, t, DType::f32));
     b.result(target_log_prob_grad(x, t, gr, DType::f32));

@@ -25,16 +25,17 @@
 //     v repeated to a heads (probs·v's VJP)                      s·b·a·Dh        e            1/t        | 1/t
 //     masked scores (the softmax's VJP) and softmax output       a·s²·b each     4 and e      1/t        | 1/t
 //     context (the output projection's weight VJP)               s·b·a·Dh        e            1/t        | 1/t
-//   SwiGLU MLP: gate, up, sigmoid(gate), silu(gate), silu·up     5·s·b·F         e            1/t        | 1/t
+//   SwiGLU MLP: gate and up (swiglu_grad's operands: it
+//     recomputes the logistic and silu), silu·up (wo's VJP)      3·s·b·F         e            1/t        | 1/t
 //   (*) Under SP the norm runs on s/t and its output is all-gathered before the block's matmuls; the weight
 //       VJPs read the gathered [b,s,h] copy, which remat saves (Megatron saves the s/t slice and gathers again in
 //       the backward): this term does not shrink with t.
 //   (**) with a = k (no GQA) the repeat is the identity and k itself (named key_proj) is saved.
 // In Korthikanti's form (h = a·Dh), bf16 (e = 2), without SP:
-//   s·b·h·(8 + (12 + 10·F/h)/t + 6·a·s/(h·t))
+//   s·b·h·(8 + (12 + 6·F/h)/t + 6·a·s/(h·t))
 // with SP:
-//   s·b·h·(4/t + 4 + (12 + 10·F/h)/t + 6·a·s/(h·t))
-// (f32, e = 4: 16 + (16 + 20·F/h)/t + 8·a·s/(h·t) without SP.)
+//   s·b·h·(4/t + 4 + (12 + 6·F/h)/t + 6·a·s/(h·t))
+// (f32, e = 4: 16 + (16 + 12·F/h)/t + 8·a·s/(h·t) without SP.)
 //
 // attention recomputed (minimal: save_only_these_names query_proj, key_proj, value_proj, out_proj, mlpwi_0,
 // mlpwi_1), per layer:
@@ -88,7 +89,7 @@ double expected_saved_per_layer(const Layer& l, const Case& c) {
     return e * (s * b * h * sp + s * b * a * dh / t + 2 * s * b * kv * dh + s * b * h * sp + 2 * s * b * f / t);
   const double norm = e * s * b * h * sp + e * s * b * h;
   const double attention = (2 * s * b * a * dh * 4 + 2 * s * b * a * dh * e + a * s * s * b * (4 + e)) / t;
-  const double mlp = 5 * s * b * f * e / t;
+  const double mlp = 3 * s * b * f * e / t;
   return 2 * norm + attention + mlp;
 }
 

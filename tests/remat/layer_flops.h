@@ -31,7 +31,7 @@ struct LayerFlops {
   double rope(double width) const { return 3 * N * width; }
   double probs() const { return 7 * S; }                                  // ·scale, select (mask), softmax (5)
   double residual_add() const { return N * D; }
-  double silu_times_up() const { return 3 * N * F; }                      // logistic, ·gate, ·up
+  double silu_times_up() const { return 3 * N * F; }                      // swiglu, one op: logistic, ·gate, ·up
 };
 
 }  // namespace remat::testing_support
