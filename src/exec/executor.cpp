@@ -46,6 +46,8 @@ class Cpu final : public Backend {
       case ir::Op::target_log_prob_grad: return workspace_softmax(n, in);
       case ir::Op::rms_norm:
       case ir::Op::rms_norm_grad: return workspace_rms_norm(n, in);
+      case ir::Op::swiglu:
+      case ir::Op::swiglu_grad: return workspace_swiglu(n, in);
       case ir::Op::reduce_sum:
       case ir::Op::reduce_max:
       case ir::Op::sum_of_squares: return workspace_reduction(n, in);

@@ -133,7 +133,12 @@ void elementwise_range_body(const ir::Node& n, DType operand, DType result, std:
     case ir::Op::exp: return float_unary([](auto x) -> decltype(x) { return exp_of(x); });
     case ir::Op::log: return float_unary([](auto x) -> decltype(x) { return std::log(x); });
     case ir::Op::tanh: return float_unary([](auto x) -> decltype(x) { return std::tanh(x); });
-    case ir::Op::logistic: return float_unary([](auto x) -> decltype(x) { return logistic_of(x); });
+    case ir::Op::logistic:  // a NaN as it came: GCC may fold 1 + exp(−x)'s NaN into 1 − x's (another sign) in one
+                            // clone's loop and not in another's
+      return float_unary([](auto x) -> decltype(x) {
+        using C = decltype(x);
+        return x != x ? x : C(1) / (C(1) + exp_of(-x));
+      });
     case ir::Op::sqrt: return float_unary([](auto x) -> decltype(x) { return std::sqrt(x); });
     case ir::Op::rsqrt: return float_unary([](auto x) -> decltype(x) { return decltype(x)(1) / std::sqrt(x); });
     case ir::Op::sin: return float_unary([](auto x) -> decltype(x) { return std::sin(x); });

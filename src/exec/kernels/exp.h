@@ -101,11 +101,4 @@ inline double exp_of(double x) { return std::exp(x); }
 inline float exp_nonpositive_of(float x) { return exp_nonpositive(x); }
 inline double exp_nonpositive_of(double x) { return std::exp(x); }
 
-// logistic(x) = 1 / (1 + exp(−x)), a NaN as it came: GCC may fold 1 + exp(−x)'s NaN into 1 − x's (another sign) in
-// one clone's loop and not in another's. The logistic op's and swiglu's.
-template <class C>
-C logistic_of(C x) {
-  return x != x ? x : C(1) / (C(1) + exp_of(-x));
-}
-
 }  // namespace remat::exec

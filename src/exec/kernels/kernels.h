@@ -129,6 +129,7 @@ int64_t workspace_attention(const ir::Node& n, std::span<const ir::Type> in);  /
 int64_t workspace_softmax(const ir::Node& n, std::span<const ir::Type> in);  // per thread: one row of probabilities
 int64_t workspace_rms_norm(const ir::Node& n, std::span<const ir::Type> in);  // the scale in f32 (and rows' r, dw's sums)
 int64_t workspace_fusion(const ir::Node& n, std::span<const ir::Type> in);  // per thread: its body's tiles
+int64_t workspace_swiglu(const ir::Node& n, std::span<const ir::Type> in);  // its composition's fusion's
 int64_t workspace_all_reduce(const ir::Node& n, std::span<const ir::Type> in);  // every rank's copy of a chunk
 int64_t workspace_all_gather(const ir::Node& n, std::span<const ir::Type> in);
 int64_t workspace_reduce_scatter(const ir::Node& n, std::span<const ir::Type> in);
