@@ -1,7 +1,7 @@
-// The fusion kernel over the medium config's SwiGLU bodies (4 x 512 tokens x 3072): the forward
-// silu(a) · b (three ops, one exp) and its VJP as the step fuses it (eight ops: the cotangents of a and of b
-// summed as the autodiff writes them), in GB/s of their operands and results, bf16 and f32, on all threads, the
-// arrays and workspace allocated (and faulted in) once.
+// The SwiGLU ops of the medium config (4 x 512 tokens x 3072), which run as the fusions of their compositions:
+// swiglu, silu(a) · b (three ops, one exp), and swiglu_grad (eleven ops: the logistic and silu recomputed, then
+// the cotangents of a and of b), in GB/s of their operands and results, bf16 and f32, on all threads, the arrays
+// and workspace allocated (and faulted in) once.
 // Run: build/remat_bench --benchmark_filter=Fusion
 #include "exec/exec.h"
 #include "exec/kernels/kernels.h"
@@ -14,38 +14,39 @@ namespace {
 using namespace ir;
 
 void SwiGlu(benchmark::State& state, DType dtype, bool backward) {
-  const Shape shape{4, 512, 3072};
-  const Type t{dtype, shape};
+  const Type t{dtype, {4, 512, 3072}};
   Graph g;
   Builder b(g);
   Tensor x = b.param("a", t), y = b.param("b", t);
-  if (backward) {  // the step's fused VJP: d = g · b · σ + g · a · σ(1 − σ)... in the autodiff's order
-    Tensor dh = b.param("g", t), s = b.param("s", t), one = b.param("one", {dtype, {}});
-    Tensor gb = dh * y;
-    b.result(gb * s + gb * x * (s * (broadcast_in_dim(one, shape, {}) - s)));
+  if (backward) {
+    for (Tensor r : swiglu_grad(x, y, b.param("g", t))) b.result(r);
   } else {
-    b.result(x * logistic(x) * y);
+    b.result(swiglu(x, y));
   }
-  fuse(g);
-  ASSERT(g.nodes.size() == 1 && g.nodes[0].op == Op::fusion);
-  const Node& n = g.nodes[0];
-  std::vector<exec::Array> args, out{exec::Array::zeros(t)};
+  const Node& n = g.nodes.back();
+  std::vector<exec::Array> args, out;
   std::vector<Type> types;
-  for (ValueId p : n.inputs) {  // the fusion's operands in its order (not the graph's params')
+  for (ValueId p : n.inputs) {
     types.push_back(g.type(p));
     args.push_back(exec::Array::zeros(g.type(p)));
     for (int64_t i = 0; i < args.back().size(); ++i) args.back().set(i, static_cast<double>(i % 17) / 8 - 1);
   }
-  std::vector<std::byte> workspace(static_cast<size_t>(exec::workspace_fusion(n, types)), std::byte{1});
+  for (ValueId r : n.outputs) out.push_back(exec::Array::zeros(g.type(r)));
+  std::vector<std::byte> workspace(static_cast<size_t>(exec::workspace_swiglu(n, types)), std::byte{1});
   const exec::Options options;
   const exec::KernelContext ctx{options, workspace};
-  exec::kernel_fusion(n, args, out, ctx);
+  auto run = [&] {
+    if (backward) exec::kernel_swiglu_grad(n, args, out, ctx);
+    else exec::kernel_swiglu(n, args, out, ctx);
+  };
+  run();
   for (auto _ : state) {
-    exec::kernel_fusion(n, args, out, ctx);
+    run();
     benchmark::DoNotOptimize(out[0].bytes());
   }
-  int64_t bytes = out[0].size() * dtype_size(dtype);
-  for (const exec::Array& a : args) bytes += a.size() * dtype_size(a.type().dtype);
+  int64_t bytes = 0;
+  for (const std::vector<exec::Array>* v : {&args, &out})
+    for (const exec::Array& a : *v) bytes += a.size() * dtype_size(a.type().dtype);
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 

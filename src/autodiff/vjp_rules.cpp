@@ -226,11 +226,14 @@ std::vector<Cot> vjp_sum_of_squares(Builder& b, size_t, const Node& n, Cots c, C
   return {broadcast_in_dim(*c[0], x.shape(), kept_dims(x.rank(), n.attrs.ints("axes"))) * (x + x)};
 }
 
-// From softmax's input: the probabilities are recomputed row by row (ops.h), so the backward keeps x and reads the
-// cotangent in the probabilities' dtype.
+// From softmax's input: the probabilities are recomputed row by row (ops.h), so the backward keeps x (the raw
+// scores of a masked softmax, whose mask and scale it reads again) and reads the cotangent in the probabilities'
+// dtype. The mask, a bool, has no cotangent.
 std::vector<Cot> vjp_softmax(Builder& b, size_t, const Node& n, Cots c, Context&) {
-  if (!c[0]) return {std::nullopt};
-  return {softmax_grad(in(b, n, 0), *c[0])};
+  const bool masked = n.inputs.size() == 2;
+  if (!c[0]) return std::vector<Cot>(n.inputs.size(), std::nullopt);
+  if (!masked) return {softmax_grad(in(b, n, 0), *c[0])};
+  return {softmax_grad(in(b, n, 0), *c[0], in(b, n, 1), n.attrs.real("scale")), std::nullopt};
 }
 std::vector<Cot> vjp_softmax_grad(Builder&, size_t, const Node& n, Cots, Context&) {
   CHECK(false, "cannot differentiate softmax_grad (scope '{}'): second derivatives of softmax are not built", n.scope);

@@ -156,7 +156,10 @@ std::array<Tensor, 2> swiglu_grad(Tensor gate, Tensor up, Tensor g) {
   std::vector<Tensor> out = gate.b->emit(Op::swiglu_grad, std::array{gate, up, g}, Attrs());
   return {out[0], out[1]};
 }
-Tensor softmax_grad(Tensor x, Tensor g) { return x.b->emit1(Op::softmax_grad, std::array{x, g}, Attrs()); }
+Tensor softmax_grad(Tensor x, Tensor g, std::optional<Tensor> mask, double scale) {
+  if (!mask) return x.b->emit1(Op::softmax_grad, std::array{x, g}, Attrs());
+  return x.b->emit1(Op::softmax_grad, std::array{x, g, *mask}, Attrs().set("scale", scale));
+}
 Tensor log_softmax_grad(Tensor y, Tensor g) { return y.b->emit1(Op::log_softmax_grad, std::array{y, g}, Attrs()); }
 
 std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor context, Tensor lse, Tensor dcontext,
@@ -341,6 +344,9 @@ Tensor mean(Tensor x, const IntList& axes) {
 
 Tensor softmax(Tensor x, std::optional<DType> dtype) {
   return x.b->emit1(Op::softmax, std::array{x}, Attrs().set("dtype", dtype.value_or(x.dtype())));
+}
+Tensor masked_softmax(Tensor x, Tensor mask, double scale, DType dtype) {
+  return x.b->emit1(Op::softmax, std::array{x, mask}, Attrs().set("dtype", dtype).set("scale", scale));
 }
 
 Tensor log_softmax(Tensor x) { return x.b->emit1(Op::log_softmax, std::array{x}, Attrs()); }

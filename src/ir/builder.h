@@ -119,7 +119,8 @@ Tensor swiglu(Tensor gate, Tensor up);
 std::array<Tensor, 2> swiglu_grad(Tensor gate, Tensor up, Tensor g);
 // Flash attention (ir/ops.h): the context [B,T,H,Dh] and the log-sum-exp [B,H,T] (f32, f64 for f64); its VJP.
 std::array<Tensor, 2> attention(Tensor q, Tensor k, Tensor v, bool causal, double scale);
-Tensor softmax_grad(Tensor x, Tensor g);  // softmax's VJP from its input x and the cotangent g
+// softmax's VJP from its input x and the cotangent g (and a masked softmax's mask and scale)
+Tensor softmax_grad(Tensor x, Tensor g, std::optional<Tensor> mask = std::nullopt, double scale = 1);
 Tensor log_softmax_grad(Tensor y, Tensor g);  // log_softmax's VJP from its result y and the cotangent g
 std::array<Tensor, 3> attention_grad(Tensor q, Tensor k, Tensor v, Tensor context, Tensor lse, Tensor dcontext,
                                      bool causal, double scale);
@@ -207,6 +208,9 @@ Tensor square(Tensor x);
 Tensor mean(Tensor x, const IntList& axes);
 // softmax along the last axis (the `softmax` op), its result in `dtype` (x's when unset).
 Tensor softmax(Tensor x, std::optional<DType> dtype = std::nullopt);
+// Megatron's scaled masked softmax (the `softmax` op with a mask): softmax(select(mask, x·scale, −inf)), the mask
+// bool [S, T] for x [..., S, T]: attention's probabilities from the raw scores, in `dtype`.
+Tensor masked_softmax(Tensor x, Tensor mask, double scale, DType dtype);
 Tensor log_softmax(Tensor x);  // along the last axis (the `log_softmax` op), in x's dtype
 
 }  // namespace remat::ir

@@ -6,10 +6,11 @@ namespace remat::ir {
 namespace {
 
 // The operations per element of the ops whose cost is `counted`, as ops.h counts them.
-double flops_per_element(Op op) {
-  switch (op) {
-    case Op::softmax: return 5;
-    case Op::softmax_grad: return 9;
+double flops_per_element(const Node& n) {
+  const bool masked = n.inputs.size() == (n.op == Op::softmax ? 2u : 3u);  // a softmax's scale and mask
+  switch (n.op) {
+    case Op::softmax: return masked ? 7 : 5;
+    case Op::softmax_grad: return masked ? 11 : 9;
     case Op::log_softmax: return 5;
     case Op::log_softmax_grad: return 4;
     case Op::rope: return 3;
@@ -44,7 +45,7 @@ double flops(const Graph& g, const Node& n) {
       const double pairs = n.attrs.boolean("causal") ? T * (T + 1) / 2 : T * S;
       return (n.op == Op::attention ? 4 : 10) * static_cast<double>(q[0] * q[2] * q[3]) * pairs;
     }
-    case OpCost::counted: return flops_per_element(n.op) * elements(n.inputs[0]);
+    case OpCost::counted: return flops_per_element(n) * elements(n.inputs[0]);
     case OpCost::body: return (n.op == Op::scan ? static_cast<double>(scan_attrs(n.attrs).length) : 1.0) * flops(*n.body);
   }
   return 0;

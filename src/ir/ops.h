@@ -68,15 +68,19 @@ namespace remat::ir {
   /* (x[, d]): reduce_sum(x·x) over `axes`, the square rounded to x's dtype and summed as reduce_sum sums; with d */ \
   /* (an f32 scalar: the loss scale) of x / d, the quotient in x's compute type rounded to x's dtype */              \
   X(sum_of_squares, -1, reduction, pure, per_input)                                                                  \
-  /* (x): exp(x − max) / Σ exp(x − max) over the last axis in f32 (f64 for f64 x), the result in `dtype` */          \
+  /* (x[, mask]): exp(x − max) / Σ exp(x − max) over the last axis in f32 (f64 for f64 x), the result in `dtype` */  \
   /* (attention's probabilities straight in the matmul's dtype); a row all −inf gives NaN, as the primitives do. */  \
-  /* 5 flops per element: max, subtract, exp, sum, divide */                                                         \
-  X(softmax, 1, reduction, pure, counted)                                                                            \
-  /* (x, g): softmax's VJP from its input, p recomputed as softmax computes it, then p·(g − Σ g·p) in x's dtype; */  \
-  /* g (in the probabilities' dtype) read as it is: no f32 copy of a bf16 cotangent. The max held constant, as */    \
-  /* jax.nn.softmax's stop_gradient (its cotangent is zero up to rounding). Not differentiable. 9 flops per */       \
-  /* element: softmax's 5, g·p summed, g − Σ, times p */                                                             \
-  X(softmax_grad, 2, reduction, pure, counted)                                                                       \
+  /* With a mask (bool [S, T], x [..., S, T]; attribute scale), Megatron's scaled masked softmax: the row is first */\
+  /* select(mask, x·scale, −inf), the product rounded to x's dtype (the bits of that mul and select); a row's */     \
+  /* hidden tail (past its last visible key: causal attention's upper triangle) is not exponentiated. 5 flops per */ \
+  /* element (7 with a mask: the product and the select) */                                                          \
+  X(softmax, -1, reduction, pure, counted)                                                                           \
+  /* (x, g[, mask]): softmax's VJP from its input, p recomputed as softmax computes it, then p·(g − Σ g·p) in x's */ \
+  /* dtype; with a mask, that rounded to x's dtype where visible (+0 where hidden), times scale, rounded again (the */\
+  /* VJPs of select and mul). g (in the probabilities' dtype) read as it is: no f32 copy of a bf16 cotangent. The */ \
+  /* max held constant, as jax.nn.softmax's stop_gradient (its cotangent is zero up to rounding). Not */             \
+  /* differentiable. 9 flops per element: softmax's 5, g·p summed, g − Σ, times p (11 with a mask) */                \
+  X(softmax_grad, -1, reduction, pure, counted)                                                                      \
   /* (x): (x − max) − log Σ exp(x − max) over the last axis in f32 (f64 for f64 x), the result in x's dtype (the */  \
   /* loss's log-probabilities: one pass, no exp array). 5 flops per element: max, subtract, exp, sum, minus log */   \
   X(log_softmax, 1, reduction, pure, counted)                                                                        \

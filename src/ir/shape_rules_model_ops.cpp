@@ -4,6 +4,9 @@
 
 #include "base/check.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace remat::ir::shape_rules {
 namespace {
 
@@ -53,17 +56,36 @@ std::vector<Type> rule_attention_grad(const Ctx& c) {
   return {c.in[0], c.in[1], c.in[2]};
 }
 
+// softmax's optional mask, operand k: bool [S, T], x's last two dims, and then a finite scale; none: no scale.
+void check_softmax_mask(const Ctx& c, size_t k) {
+  if (c.in.size() <= k) {
+    CHECK(!c.attrs.has("scale"), "{}: {}'s scale comes with a mask; give the mask (bool [S, T]) or no scale", c.where,
+          k == 1 ? "softmax" : "softmax_grad");
+    return;
+  }
+  const Type &x = c.in[0], &mask = c.in[k];
+  CHECK(mask.dtype == DType::pred && mask.rank() == 2 && x.rank() >= 2 &&
+            std::equal(mask.shape.begin(), mask.shape.end(), x.shape.end() - 2),
+        "{}: {}'s mask must be bool [S, T] for x [..., S, T], got {}", c.where, k == 1 ? "softmax" : "softmax_grad",
+        types_str(c.in));
+  CHECK(std::isfinite(c.attrs.real("scale")), "{}: softmax's scale must be finite, got {}", c.where,
+        c.attrs.real("scale"));
+}
 std::vector<Type> rule_softmax(const Ctx& c) {
-  CHECK(is_float(c.in[0].dtype) && c.in[0].rank() >= 1, "{}: softmax needs a floating-point operand of rank >= 1, got {}",
-        c.where, type_str(c.in[0]));
+  CHECK(c.in.size() <= 2 && is_float(c.in[0].dtype) && c.in[0].rank() >= 1,
+        "{}: softmax takes a floating-point x of rank >= 1 and optionally its mask, got {}", c.where, types_str(c.in));
+  check_softmax_mask(c, 1);
   const DType to = c.attrs.dtype("dtype");
   CHECK(is_float(to), "{}: softmax's dtype must be a floating-point type, got {}", c.where, dtype_name(to));
   return {Type{to, c.in[0].shape}};
 }
 std::vector<Type> rule_softmax_grad(const Ctx& c) {
-  CHECK(is_float(c.in[0].dtype) && is_float(c.in[1].dtype) && c.in[0].rank() >= 1 && c.in[0].shape == c.in[1].shape,
-        "{}: softmax_grad takes softmax's input x and the probabilities' cotangent, floats of one shape, got {}",
+  CHECK((c.in.size() == 2 || c.in.size() == 3) && is_float(c.in[0].dtype) && is_float(c.in[1].dtype) &&
+            c.in[0].rank() >= 1 && c.in[0].shape == c.in[1].shape,
+        "{}: softmax_grad takes softmax's input x, the probabilities' cotangent (floats of one shape) and optionally "
+        "the mask, got {}",
         c.where, types_str(c.in));
+  check_softmax_mask(c, 2);
   return {c.in[0]};
 }
 std::vector<Type> rule_log_softmax(const Ctx& c) {

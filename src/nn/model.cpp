@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -129,11 +128,9 @@ Tensor attention(Builder& b, const ModelConfig& c, Tensor h, const LayerWeights&
     const DType qk = c.float32_qk_product ? kF32 : compute_dtype(c);
     Tensor scores = dot_general(convert(q, qk), convert(kk, qk), DotDims{{3}, {3}, {0, 2}, {0, 2}});
     if (c.float32_logits) scores = convert(scores, kF32);
-    scores = scores * (1.0 / std::sqrt(double(c.head_dim)));
-    Tensor visible = broadcast_in_dim(k.mask, scores.shape(), {2, 3});
-    Tensor hidden = full(b, scores.type(), -std::numeric_limits<double>::infinity());
-    Tensor masked = select(visible, scores, hidden);
-    Tensor probs = softmax(masked, compute_dtype(c));  // computed in f32 (f64), rounded once to the matmul's dtype
+    // softmax(select(mask, scores / sqrt(Dh), −inf)) as one op (Megatron's scaled masked softmax): computed in f32
+    // (f64), rounded once to the matmul's dtype; its VJP reads the raw scores again
+    Tensor probs = masked_softmax(scores, k.mask, 1.0 / std::sqrt(double(c.head_dim)), compute_dtype(c));
     // ctx[b,h,s,:] = sum_t probs[b,h,s,t] v[b,t,h,:], then [B,T,H,Dh]
     Tensor ctx = dot_general(probs, vv, DotDims{{3}, {1}, {0, 1}, {0, 2}});
     context = named(transpose(ctx, {0, 2, 1, 3}), names::kContext, c.checkpoint_naming);

@@ -107,6 +107,13 @@ std::vector<Case> cases() {
                  Tensor visible = compare(iota(b, DType::i32, {2, 4}, 1), iota(b, DType::i32, {2, 4}, 0), "le");
                  return softmax(select(visible, x, full(b, x.type(), -std::numeric_limits<double>::infinity())));
                }, -2, 2});
+  // Megatron's scaled masked softmax (the op with a mask: its VJP is softmax_grad with the mask and scale), scores
+  // [2, 3, 4] under a causal mask [3, 4] (rows of 1, 2 and 3 visible keys) and a scale.
+  c.push_back({"softmax_scaled_masked", [=](Builder& b) {
+                 Tensor x = p(b, "x", {2, 3, 4});
+                 Tensor visible = compare(iota(b, DType::i32, {3, 4}, 1), iota(b, DType::i32, {3, 4}, 0), "le");
+                 return masked_softmax(x, visible, 0.7, x.dtype()) * p(b, "w", {2, 3, 4});
+               }, -2, 2});
   // log_softmax over the last axis (its VJP is log_softmax_grad): rows of 6, and a row with masked (-inf) entries
   // whose log-probabilities are -inf (weighted by zero: their cotangent is zero, as the loss's one-hot gives).
   c.push_back({"log_softmax", [=](Builder& b) { return log_softmax(p(b, "x", {3, 6})) * p(b, "w", {3, 6}); }, -2, 2});

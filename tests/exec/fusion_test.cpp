@@ -89,18 +89,18 @@ TEST(FusionKernel, APlanWithoutItsWorkspaceIsRefusedUpFront) {
 
 class FusedStep : public testing::TestWithParam<std::vector<std::string>> {};
 
-TEST_P(FusedStep, IsBitIdenticalToTheUnfusedStepAndPlansLess) {
+// The layer's elementwise chains are ops of their own (rms_norm, swiglu, the masked softmax), so what fuses is the
+// rest (the RoPE tables, the sum of the q, k, v projections' input cotangents, the optimizer's scalars): bits
+// unchanged, and a plan no larger.
+TEST_P(FusedStep, IsBitIdenticalToTheUnfusedStepAndPlansNoMore) {
   std::vector<std::string> on = GetParam(), off = GetParam();
   off.push_back("fusion=false");
   const StepRun fused = train_steps(on, 2), unfused = train_steps(off, 2);
   EXPECT_EQ(unfused.fusions, 0);
-  EXPECT_GT(fused.fusions, 10);
+  EXPECT_GT(fused.fusions, 5);
   ASSERT_EQ(fused.results.size(), unfused.results.size());
   for (size_t i = 0; i < fused.results.size(); ++i) EXPECT_TRUE(same_bits(fused.results[i], unfused.results[i])) << "result " << i;
   EXPECT_LE(fused.peak, unfused.peak);
-  if (GetParam().size() == 1) {
-    EXPECT_LT(fused.peak, unfused.peak) << "tiny peaks in a layer's backward";
-  }
   std::printf("planned arena: fused %lld B, unfused %lld B; %d fusions\n", static_cast<long long>(fused.peak),
               static_cast<long long>(unfused.peak), fused.fusions);
 }

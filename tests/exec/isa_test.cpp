@@ -136,6 +136,10 @@ TEST(Isa, EveryClonedKernelGivesTheBaselineBits) {
     b.result(softmax_grad(x, gr));
     b.result(y);
     b.result(log_softmax_grad(y, gr));
+    Tensor mask = compare(iota(b, DType::i32, {67, 333}, 1), iota(b, DType::i32, {67, 333}, 0), "le");  // causal
+    Tensor wide = reshape(x, {1, 67, 333});  // [1, S, T] under the [S, T] mask
+    b.result(masked_softmax(wide, mask, 0.3, DType::bf16));
+    b.result(softmax_grad(wide, reshape(gr, {1, 67, 333}), mask, 0.3));
     std::vector<exec::Array> args = params_of(g);
     std::mt19937 rng(6);
     fill(args[0], rng, -20, 20), fill(args[1], rng, -3, 3);

@@ -156,7 +156,9 @@ TEST(Softmax, RefusesAnIntegerOperandNamingTheOp) {
   Builder b(g);
   Tensor x = b.param("x", {DType::i32, {2, 3}});
   const std::string error = testing_support::error_of([&] { softmax(x, DType::f32); });
-  EXPECT_NE(error.find("softmax needs a floating-point operand of rank >= 1, got i32[2,3]"), std::string::npos) << error;
+  EXPECT_NE(error.find("softmax takes a floating-point x of rank >= 1 and optionally its mask, got (i32[2,3])"),
+            std::string::npos)
+      << error;
 }
 
 }  // namespace

@@ -38,8 +38,9 @@ TEST(PrecisionKnobs, DefaultsKeepScoresSoftmaxInF32AndTheVocabularyDotInBf16) {
   // per layer: scores = q.k (f32), then ctx = probs.v (bf16)
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "self_attention/attention"),
             (std::vector<std::string>{"f32 f32 -> f32", "bf16 bf16 -> bf16", "f32 f32 -> f32", "bf16 bf16 -> bf16"}));
-  // the softmax reads f32 scores and gives the probabilities in bf16, for the bf16 matmul
-  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention"), (std::vector<std::string>{"f32 -> bf16", "f32 -> bf16"}));
+  // the softmax reads f32 scores (and the causal mask) and gives the probabilities in bf16, for the bf16 matmul
+  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention"),
+            (std::vector<std::string>{"f32 bool -> bf16", "f32 bool -> bf16"}));
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "logits_dense"), (std::vector<std::string>{"bf16 bf16 -> bf16"}));
 }
 
@@ -47,13 +48,13 @@ TEST(PrecisionKnobs, EachKnobMovesItsOwnComputation) {
   nn::ModelConfig c = bf16_model();
   c.float32_logits = false;  // q.k in f32 already: nothing casts the scores down, the softmax reads f32
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "self_attention/attention")[0], "f32 f32 -> f32");
-  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention")[0], "f32 -> bf16");
+  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention")[0], "f32 bool -> bf16");
   c.float32_logits = true;
   c.float32_qk_product = false;  // q.k in bf16, its scores cast up: the softmax reads f32
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "self_attention/attention")[0], "bf16 bf16 -> bf16");
-  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention")[0], "f32 -> bf16");
+  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention")[0], "f32 bool -> bf16");
   c.float32_logits = false;  // and the softmax of bf16 scores
-  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention")[0], "bf16 -> bf16");
+  EXPECT_EQ(dtypes(c, ir::Op::softmax, "self_attention/attention")[0], "bf16 bool -> bf16");
   c.logits_dot_in_fp32 = true;
   EXPECT_EQ(dtypes(c, ir::Op::dot_general, "logits_dense"), (std::vector<std::string>{"f32 f32 -> f32"}));
   c.logits_via_embedding = true;  // the tied projection follows the same knob

@@ -23,7 +23,7 @@
 //     q after RoPE, k after RoPE repeated to a heads, in f32
 //       (q·kᵀ's VJPs) (**)                                       2·s·b·a·Dh      4            1/t        | 1/t
 //     v repeated to a heads (probs·v's VJP)                      s·b·a·Dh        e            1/t        | 1/t
-//     masked scores (the softmax's VJP) and softmax output       a·s²·b each     4 and e      1/t        | 1/t
+//     scores (the masked softmax's VJP) and its output           a·s²·b each     4 and e      1/t        | 1/t
 //     context (the output projection's weight VJP)               s·b·a·Dh        e            1/t        | 1/t
 //   SwiGLU MLP: gate and up (swiglu_grad's operands: it
 //     recomputes the logistic and silu), silu·up (wo's VJP)      3·s·b·F         e            1/t        | 1/t

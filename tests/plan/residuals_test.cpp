@@ -48,7 +48,7 @@ TEST(PlanResiduals, EverythingSaveableMatchesTheHandFormula) {
   //   q, k, v projections' VJPs read                                                           D
   //   query_proj, and k and v repeated to H heads (the score and context dots read the repeats; grouped-
   //   query attention built from primitives saves H heads of k and v, not KV)                3 H Dh
-  //   attention, per head: the masked scores (the softmax's VJP reads them) and the probs      2 H T
+  //   attention, per head: the scores (the masked softmax's VJP reads them) and the probs      2 H T
   //   context                                                                                  H Dh
   //   x + out_proj                                                                             D
   //   post-attention RMSNorm's result                                                          D

@@ -29,7 +29,7 @@ struct LayerFlops {
   double norm() const { return 4 * N * D; }
   // RoPE of a [N, width] projection, one op: ·cos, ·sin, add per element.
   double rope(double width) const { return 3 * N * width; }
-  double probs() const { return 7 * S; }                                  // ·scale, select (mask), softmax (5)
+  double probs() const { return 7 * S; }  // the masked softmax, one op: ·scale, select (mask), softmax's 5
   double residual_add() const { return N * D; }
   double silu_times_up() const { return 3 * N * F; }                      // swiglu, one op: logistic, ·gate, ·up
 };

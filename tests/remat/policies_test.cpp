@@ -142,17 +142,13 @@ void expect_exact_gradients(Layout layout, bool bf16, const std::string& policy,
       }
     }
   }
-  // Values computed from weights alone (broadcast norm scales; under bf16 the layer's weight casts) are
-  // never saved or offloaded, whatever the policy says.
-  int weight_derived = 0, casts = 0;
+  // Values computed from weights alone (under bf16 the layer's weight casts; f32 layers have none since the norms,
+  // SwiGLU and the masked softmax became ops of their own) are never saved or offloaded, whatever the policy says.
+  int casts = 0;
   for (const rematerialize::ResidualRecord& r : decider.records()) {
     if (!r.parameter_derived || r.region_input) continue;
-    ++weight_derived;
     casts += r.what.rfind("convert_group @ ", 0) == 0;
     EXPECT_EQ(r.residency, rematerialize::Residency::recompute) << policy << ": " << r.what;
-  }
-  if (policy != "none") {
-    EXPECT_GT(weight_derived, 0) << policy;
   }
   if (policy != "none" && bf16) {
     EXPECT_GT(casts, 0) << policy << ": the layer's bf16 weight casts are residuals, recomputed";

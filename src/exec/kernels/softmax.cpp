@@ -10,7 +10,9 @@
 #include "exec/kernels/kernels.h"
 #include "exec/kernels/rows.h"
 
+#include <array>
 #include <cmath>
+#include <limits>
 
 namespace remat::exec {
 namespace {
@@ -21,6 +23,44 @@ void probabilities(const T* x, int64_t w, A* p) {
   const A s = row_exps(x, w, row_max<A>(x, w), p);
 #pragma omp simd
   for (int64_t j = 0; j < w; ++j) p[j] /= s;
+}
+
+// A masked softmax's mask (ir/ops.h): bool [S, w], row r of x reading mask row r % S, and the scale as x's dtype
+// holds it (the composition's mul reads a constant of that dtype). No mask: rows = 0.
+struct Mask {
+  const uint8_t* rows = nullptr;
+  int64_t count = 0;
+  double scale = 1;
+};
+
+// Row r of a masked softmax's input as the composition's select(mask, x·scale, −inf) has it, into q[0, end) (A),
+// the product rounded to x's dtype T; returns end, the length past the row's last visible element (what lies
+// beyond is −inf, whose exp is an exact 0: the row's sums over lanes j mod kRowLanes keep their bits without it).
+template <class A, class T>
+int64_t masked_row(const T* x, const Mask& mask, int64_t r, int64_t w, A* q) {
+  const uint8_t* visible = mask.rows + r % mask.count * w;
+  int64_t end = w;
+  while (end > 0 && visible[end - 1] == 0) --end;
+  const auto scale = static_cast<Compute<T>>(mask.scale);
+#pragma omp simd
+  for (int64_t j = 0; j < end; ++j)
+    q[j] = visible[j] != 0 ? static_cast<A>(load(store<T>(load(x[j]) * scale))) : -std::numeric_limits<A>::infinity();
+  return end;
+}
+
+// Row r's probabilities into p[0, w): masked as masked_row has it when there is a mask (the hidden tail's
+// probabilities 0 / Σ: 0, or NaN as the row's sum); else probabilities().
+template <class A, class T>
+A* row_probabilities(const T* x, const Mask& mask, int64_t r, int64_t w, A* p) {
+  if (mask.rows == nullptr) {
+    probabilities(x + r * w, w, p);
+    return p;
+  }
+  const int64_t end = masked_row(x + r * w, mask, r, w, p);
+  const A s = row_exps(p, end, row_max<A>(p, end), p);
+#pragma omp simd
+  for (int64_t j = 0; j < w; ++j) p[j] = (j < end ? p[j] : A(0)) / s;
+  return p;
 }
 
 // The row x[0, w)'s max and log Σ exp(x − max) (p: the exps), as log_softmax has them. The log in f64, rounded
@@ -50,7 +90,7 @@ std::byte* row_of(const ir::Node& n, std::span<std::byte> workspace, const ir::T
 }
 
 // Rows [lo, hi) of softmax: x (dtype xt) into y (dtype yt), through p, the thread's row of A.
-void softmax_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* x_bytes,
+void softmax_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* x_bytes, const Mask& mask,
                        std::byte* y_bytes, int64_t w, int64_t lo, int64_t hi, std::byte* p_bytes) {
   dispatch_float(xt, n, [&](auto x_type) {
     using T = decltype(x_type);
@@ -60,8 +100,14 @@ void softmax_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* x
       const T* x = reinterpret_cast<const T*>(x_bytes);
       U* y = reinterpret_cast<U*>(y_bytes);
       A* p = reinterpret_cast<A*>(p_bytes);
-      for (int64_t r = lo; r < hi; ++r) {  // probabilities(), its division at the store
-        const T* xr = x + r * w;
+      for (int64_t r = lo; r < hi; ++r) {
+        if (mask.rows != nullptr) {
+          row_probabilities(x, mask, r, w, p);
+#pragma omp simd
+          for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>(p[j]));
+          continue;
+        }
+        const T* xr = x + r * w;  // probabilities(), its division at the store
         const A s = row_exps(xr, w, row_max<A>(xr, w), p);
 #pragma omp simd
         for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>(p[j] / s));
@@ -72,9 +118,11 @@ void softmax_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* x
 
 REMAT_WIDEST_CLONES(softmax_rows, softmax_rows_body)
 
-// Rows [lo, hi) of softmax_grad: dx (dtype xt) from x (xt) and g (gt), through p, the thread's row of A.
+// Rows [lo, hi) of softmax_grad: dx (dtype xt) from x (xt) and g (gt), through p, the thread's row of A. With a
+// mask, dx as the VJPs of select and mul continue it: p·(g − Σ) rounded to xt where visible, +0 where hidden, times
+// the scale, rounded again.
 void softmax_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::byte* x_bytes,
-                            const std::byte* g_bytes, std::byte* dx_bytes, int64_t w, int64_t lo,
+                            const std::byte* g_bytes, const Mask& mask, std::byte* dx_bytes, int64_t w, int64_t lo,
                             int64_t hi, std::byte* p_bytes) {
   dispatch_float(xt, n, [&](auto x_type) {
     using T = decltype(x_type);
@@ -85,13 +133,23 @@ void softmax_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::by
       const G* g = reinterpret_cast<const G*>(g_bytes);
       T* dx = reinterpret_cast<T*>(dx_bytes);
       A* p = reinterpret_cast<A*>(p_bytes);
+      const auto scale = static_cast<Compute<T>>(mask.scale);
       for (int64_t r = lo; r < hi; ++r) {
-        probabilities(x + r * w, w, p);
+        row_probabilities(x, mask, r, w, p);
         const G* gr = g + r * w;
         const A d = row_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])) * p[j]; });
+        if (mask.rows == nullptr) {
 #pragma omp simd
-        for (int64_t j = 0; j < w; ++j)
-          dx[r * w + j] = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
+          for (int64_t j = 0; j < w; ++j)
+            dx[r * w + j] = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
+          continue;
+        }
+        const uint8_t* visible = mask.rows + r % mask.count * w;
+#pragma omp simd
+        for (int64_t j = 0; j < w; ++j) {
+          const T dp = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
+          dx[r * w + j] = store<T>((visible[j] != 0 ? load(dp) : Compute<T>(0)) * scale);
+        }
       }
     });
   });
@@ -210,12 +268,27 @@ int64_t workspace_softmax(const ir::Node& n, std::span<const ir::Type> in) {
   return static_cast<int64_t>(omp_get_max_threads()) * row_bytes(n, in[0]);
 }
 
+namespace {
+
+// Operand k's mask when the node has one, with the scale as x's dtype rounds it.
+Mask mask_of(const ir::Node& n, std::span<const Array> in, size_t k) {
+  if (in.size() <= k) return {};
+  const DType xt = in[0].type().dtype;
+  std::array<std::byte, 8> scale{};
+  Array::set_element(xt, scale.data(), 0, n.attrs.real("scale"));  // as a constant of x's dtype holds it
+  return {in[k].data<uint8_t>(), in[k].type().shape[0], Array::element(xt, scale.data(), 0)};
+}
+
+}  // namespace
+
 void kernel_softmax(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const KernelContext& ctx) {
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
   ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
+  const Mask mask = mask_of(n, in, 1);
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
-    softmax_rows(n, t.dtype, out[0].type().dtype, in[0].bytes(), out[0].bytes(), w, lo, hi, row_of(n, ctx.workspace, t));
+    softmax_rows(n, t.dtype, out[0].type().dtype, in[0].bytes(), mask, out[0].bytes(), w, lo, hi,
+                 row_of(n, ctx.workspace, t));
   });
 }
 
@@ -223,9 +296,10 @@ void kernel_softmax_grad(const ir::Node& n, std::span<const Array> in, std::span
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
   ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
+  const Mask mask = mask_of(n, in, 2);
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
-    softmax_grad_rows(n, t.dtype, in[1].type().dtype, in[0].bytes(), in[1].bytes(), out[0].bytes(), w, lo, hi,
-                      row_of(n, ctx.workspace, t));
+    softmax_grad_rows(n, t.dtype, in[1].type().dtype, in[0].bytes(), in[1].bytes(), mask, out[0].bytes(), w, lo,
+                      hi, row_of(n, ctx.workspace, t));
   });
 }
 
