@@ -10,6 +10,7 @@
 #include "exec/kernels/kernels.h"
 #include "exec/kernels/rows.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -27,8 +28,13 @@ void probabilities(const T* x, int64_t w, A* p) {
 
 // A masked softmax's mask (ir/ops.h): bool [S, w], row r of x reading mask row r % S, and the scale as x's dtype
 // holds it (the composition's mul reads a constant of that dtype). No mask: rows = 0.
+struct MaskRow {
+  int64_t end;  // the length past the row's last visible element
+  bool prefix;  // every element before end visible (causal attention's rows)
+};
 struct Mask {
   const uint8_t* rows = nullptr;
+  const MaskRow* row = nullptr;  // per mask row
   int64_t count = 0;
   double scale = 1;
 };
@@ -39,9 +45,13 @@ struct Mask {
 template <class A, class T>
 int64_t masked_row(const T* x, const Mask& mask, int64_t r, int64_t w, A* q) {
   const uint8_t* visible = mask.rows + r % mask.count * w;
-  int64_t end = w;
-  while (end > 0 && visible[end - 1] == 0) --end;
+  const auto [end, prefix] = mask.row[r % mask.count];
   const auto scale = static_cast<Compute<T>>(mask.scale);
+  if (prefix) {
+#pragma omp simd
+    for (int64_t j = 0; j < end; ++j) q[j] = static_cast<A>(load(store<T>(load(x[j]) * scale)));
+    return end;
+  }
 #pragma omp simd
   for (int64_t j = 0; j < end; ++j)
     q[j] = visible[j] != 0 ? static_cast<A>(load(store<T>(load(x[j]) * scale))) : -std::numeric_limits<A>::infinity();
@@ -101,10 +111,11 @@ void softmax_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* x
       U* y = reinterpret_cast<U*>(y_bytes);
       A* p = reinterpret_cast<A*>(p_bytes);
       for (int64_t r = lo; r < hi; ++r) {
-        if (mask.rows != nullptr) {
-          row_probabilities(x, mask, r, w, p);
+        if (mask.rows != nullptr) {  // row_probabilities(), its division at the store
+          const int64_t end = masked_row(x + r * w, mask, r, w, p);
+          const A s = row_exps(p, end, row_max<A>(p, end), p);
 #pragma omp simd
-          for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>(p[j]));
+          for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>((j < end ? p[j] : A(0)) / s));
           continue;
         }
         const T* xr = x + r * w;  // probabilities(), its division at the store
@@ -264,19 +275,37 @@ REMAT_WIDEST_CLONES(target_log_prob_grad_rows, target_log_prob_grad_rows_body)
 
 }  // namespace
 
+// A row per thread; with a mask, then its rows' MaskRow.
 int64_t workspace_softmax(const ir::Node& n, std::span<const ir::Type> in) {
-  return static_cast<int64_t>(omp_get_max_threads()) * row_bytes(n, in[0]);
+  const size_t k = n.op == ir::Op::softmax ? 1 : 2;  // the mask's operand, where the op has one
+  const int64_t mask_rows = in.size() > k && (n.op == ir::Op::softmax || n.op == ir::Op::softmax_grad)
+                                ? in[k].shape[0] * static_cast<int64_t>(sizeof(MaskRow))
+                                : 0;
+  return static_cast<int64_t>(omp_get_max_threads()) * row_bytes(n, in[0]) + mask_rows;
 }
 
 namespace {
 
-// Operand k's mask when the node has one, with the scale as x's dtype rounds it.
-Mask mask_of(const ir::Node& n, std::span<const Array> in, size_t k) {
+// Operand k's mask when the node has one, with the scale as x's dtype rounds it and each mask row's end and
+// shape (found once a call: every row of x under that mask row shares it), kept in the workspace past the threads'
+// rows.
+Mask mask_of(const ir::Node& n, std::span<const Array> in, size_t k, std::span<std::byte> workspace) {
   if (in.size() <= k) return {};
+  const int64_t at = omp_get_max_threads() * row_bytes(n, in[0].type()), count = in[k].type().shape[0];
+  ASSERT(static_cast<int64_t>(workspace.size()) >= at + count * static_cast<int64_t>(sizeof(MaskRow)));
+  MaskRow* rows = reinterpret_cast<MaskRow*>(workspace.data() + at);
   const DType xt = in[0].type().dtype;
   std::array<std::byte, 8> scale{};
   Array::set_element(xt, scale.data(), 0, n.attrs.real("scale"));  // as a constant of x's dtype holds it
-  return {in[k].data<uint8_t>(), in[k].type().shape[0], Array::element(xt, scale.data(), 0)};
+  const int64_t w = in[k].type().shape[1];
+  const uint8_t* visible = in[k].data<uint8_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    const uint8_t* v = visible + i * w;
+    int64_t end = w;
+    while (end > 0 && v[end - 1] == 0) --end;
+    rows[i] = {end, std::all_of(v, v + end, [](uint8_t b) { return b != 0; })};
+  }
+  return {visible, rows, count, Array::element(xt, scale.data(), 0)};
 }
 
 }  // namespace
@@ -285,7 +314,7 @@ void kernel_softmax(const ir::Node& n, std::span<const Array> in, std::span<Arra
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
   ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
-  const Mask mask = mask_of(n, in, 1);
+  const Mask mask = mask_of(n, in, 1, ctx.workspace);
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
     softmax_rows(n, t.dtype, out[0].type().dtype, in[0].bytes(), mask, out[0].bytes(), w, lo, hi,
                  row_of(n, ctx.workspace, t));
@@ -296,7 +325,7 @@ void kernel_softmax_grad(const ir::Node& n, std::span<const Array> in, std::span
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
   ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
-  const Mask mask = mask_of(n, in, 2);
+  const Mask mask = mask_of(n, in, 2, ctx.workspace);
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
     softmax_grad_rows(n, t.dtype, in[1].type().dtype, in[0].bytes(), in[1].bytes(), mask, out[0].bytes(), w, lo,
                       hi, row_of(n, ctx.workspace, t));
