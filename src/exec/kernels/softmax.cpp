@@ -26,12 +26,14 @@ void probabilities(const T* x, int64_t w, A* p) {
   for (int64_t j = 0; j < w; ++j) p[j] /= s;
 }
 
-// A masked softmax's mask (ir/ops.h): bool [S, w], row r of x reading mask row r % S, and the scale as x's dtype
-// holds it (the composition's mul reads a constant of that dtype). No mask: rows = 0.
+// A mask row's extent: the length past its last visible element, and whether every element before that is visible
+// (causal attention's rows).
 struct MaskRow {
-  int64_t end;  // the length past the row's last visible element
-  bool prefix;  // every element before end visible (causal attention's rows)
+  int64_t end;
+  bool prefix;
 };
+// A masked softmax's mask (ir/ops.h): bool [S, w], row r of x reading mask row r % S, with its rows' extents and the
+// scale as x's dtype holds it (the composition's mul reads a constant of that dtype). No mask: rows null.
 struct Mask {
   const uint8_t* rows = nullptr;
   const MaskRow* row = nullptr;  // per mask row
@@ -61,16 +63,12 @@ int64_t masked_row(const T* x, const Mask& mask, int64_t r, int64_t w, A* q) {
 // Row r's probabilities into p[0, w): masked as masked_row has it when there is a mask (the hidden tail's
 // probabilities 0 / Σ: 0, or NaN as the row's sum); else probabilities().
 template <class A, class T>
-A* row_probabilities(const T* x, const Mask& mask, int64_t r, int64_t w, A* p) {
-  if (mask.rows == nullptr) {
-    probabilities(x + r * w, w, p);
-    return p;
-  }
+void row_probabilities(const T* x, const Mask& mask, int64_t r, int64_t w, A* p) {
+  if (mask.rows == nullptr) return probabilities(x + r * w, w, p);
   const int64_t end = masked_row(x + r * w, mask, r, w, p);
   const A s = row_exps(p, end, row_max<A>(p, end), p);
 #pragma omp simd
   for (int64_t j = 0; j < w; ++j) p[j] = (j < end ? p[j] : A(0)) / s;
-  return p;
 }
 
 // The row x[0, w)'s max and log Σ exp(x − max) (p: the exps), as log_softmax has them. The log in f64, rounded
