@@ -57,12 +57,20 @@ Tensor dot_transpose(Tensor g, Tensor o, int64_t a_rank, const IntList& a_contra
   return perm == identity ? raw : transpose(raw, perm);
 }
 
+// The cotangent that reads the larger operand comes first: that operand (a layer's activation, next to a weight)
+// often dies there, before the other cotangent is allocated — never a higher peak than the other order.
 std::vector<Cot> vjp_dot_general(Builder& b, size_t, const Node& n, Cots c, Context&) {
   const IntLists& ct = n.attrs.int_lists("contract");
   const IntLists& bt = n.attrs.int_lists("batch");
   Tensor x = in(b, n, 0), y = in(b, n, 1);
-  return {dot_transpose(*c[0], y, x.rank(), ct[0], ct[1], bt[0], bt[1], true),
-          dot_transpose(*c[0], x, y.rank(), ct[1], ct[0], bt[1], bt[0], false)};
+  auto of_x = [&] { return dot_transpose(*c[0], y, x.rank(), ct[0], ct[1], bt[0], bt[1], true); };
+  auto of_y = [&] { return dot_transpose(*c[0], x, y.rank(), ct[1], ct[0], bt[1], bt[0], false); };
+  if (x.type().bytes() > y.type().bytes()) {
+    Tensor dy = of_y();
+    return {of_x(), dy};
+  }
+  Tensor dx = of_x();
+  return {dx, of_y()};
 }
 
 std::vector<Cot> vjp_add(Builder&, size_t, const Node&, Cots c, Context&) { return {c[0], c[0]}; }

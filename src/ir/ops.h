@@ -220,14 +220,16 @@ constexpr bool is_elementwise(Op op) { return op_traits(op).cls == OpClass::elem
 constexpr bool is_fusible(Op op) {
   return is_elementwise(op) && op != Op::adamw && op != Op::swiglu && op != Op::swiglu_grad;
 }
-// The operand whose storage the op's kernel may write its result over, when nothing reads it afterwards (the
+// The operand whose storage the op's kernel may write result `k` over, when nothing reads it afterwards (the
 // planner's in-place reuse): softmax_grad's x, log_softmax's x and log_softmax_grad's y, since each row of that
 // operand is read whole (or element j before result element j is written) before that row of the result is
-// written; rope's x, whose pair (i, i + Dh/2) is read before that pair of the result is written; swiglu's and
-// swiglu_grad's gate (element i read before result i is written). -1: none.
-constexpr int in_place_operand(Op op) {
-  return op == Op::softmax_grad || op == Op::log_softmax || op == Op::log_softmax_grad || op == Op::rope ||
-                 op == Op::swiglu || op == Op::swiglu_grad
+// written; rope's x, whose pair (i, i + Dh/2) is read before that pair of the result is written; swiglu's gate,
+// and swiglu_grad's gate (dgate) and up (dup): element i of every operand is read before result i is written.
+// -1: none.
+constexpr int in_place_operand(Op op, size_t k = 0) {
+  if (op == Op::swiglu_grad) return k < 2 ? static_cast<int>(k) : -1;
+  return k == 0 && (op == Op::softmax_grad || op == Op::log_softmax || op == Op::log_softmax_grad || op == Op::rope ||
+                    op == Op::swiglu)
              ? 0
              : -1;
 }

@@ -21,8 +21,11 @@ int64_t aligned(int64_t bytes) { return (std::max<int64_t>(bytes, 1) + kAlignmen
 // them alone: constants and weight broadcasts then live for one step instead of the whole forward; in a
 // scan body only the consts are invariant, the carries and slices change every iteration), and
 // recomputes (a rematerialized value is rebuilt just in time for the backward that reads it) unless the
-// whole graph is a recompute (the body of a recomputed scan: there it keeps its order).
-std::vector<int> schedule(const Graph& g, size_t invariant, bool float_recomputes) {
+// whole graph is a recompute (the body of a recomputed scan: there it keeps its order). And a node whose
+// every result is a stacked result (from `stacked`: made in its slice of the scan's output, no arena bytes)
+// moves up to just after its operands are made: a layer's weight gradient widened to f32 then ends its
+// bf16 operand's life at once, where the VJP of the layer's first node would widen it at the body's end.
+std::vector<int> schedule(const Graph& g, size_t invariant, bool float_recomputes, size_t stacked) {
   const int n = static_cast<int>(g.nodes.size());
   std::vector<int> producer(g.types.size(), -1);
   for (int i = 0; i < n; ++i)
@@ -46,15 +49,35 @@ std::vector<int> schedule(const Graph& g, size_t invariant, bool float_recompute
   for (int i = 0; i < n; ++i)
     for (ValueId v : g.nodes[static_cast<size_t>(i)].inputs)
       if (int p = producer[static_cast<size_t>(v)]; p >= 0) consumers[static_cast<size_t>(p)].push_back(i);
+  std::vector<bool> early(static_cast<size_t>(n), false);
+  for (int i = 0; i < n; ++i) {
+    const Node& node = g.nodes[static_cast<size_t>(i)];
+    bool all = !node.outputs.empty() && !node.body && !ir::is_effectful(node.op) && !ir::is_view(node.op) &&
+               node.op != Op::convert_group && !floating[static_cast<size_t>(i)];
+    for (ValueId v : node.outputs)
+      all = all && std::count(g.results.begin() + static_cast<std::ptrdiff_t>(std::min(stacked, g.results.size())),
+                              g.results.end(), v) == 1 &&
+            std::count(g.results.begin(), g.results.end(), v) == 1;
+    early[static_cast<size_t>(i)] = all;
+  }
   std::vector<bool> placed(static_cast<size_t>(n), false);
   std::vector<int> order;
-  // Place a floating node (and, first, its floating inputs) right before node `before` needs it.
+  auto ready = [&](int i) {
+    for (ValueId v : g.nodes[static_cast<size_t>(i)].inputs)
+      if (int p = producer[static_cast<size_t>(v)]; p >= 0 && !placed[static_cast<size_t>(p)]) return false;
+    return true;
+  };
+  // Place a node (and, first, its floating inputs) where the order reaches it or its first consumer needs it;
+  // then each early node it made ready.
   std::function<void(int)> place = [&](int i) {
     if (placed[static_cast<size_t>(i)]) return;
     for (ValueId v : g.nodes[static_cast<size_t>(i)].inputs)
       if (int p = producer[static_cast<size_t>(v)]; p >= 0) place(p);
+    if (placed[static_cast<size_t>(i)]) return;  // an early node, placed as its last operand was made
     placed[static_cast<size_t>(i)] = true;
     order.push_back(i);
+    for (int c : consumers[static_cast<size_t>(i)])
+      if (early[static_cast<size_t>(c)] && !placed[static_cast<size_t>(c)] && ready(c)) place(c);
   };
   for (int i = 0; i < n; ++i) {
     bool used = !consumers[static_cast<size_t>(i)].empty();
@@ -193,23 +216,28 @@ void write_in_place(const Graph& g, Plan& p, Lifetimes& t, int end) {
   std::vector<int>& def = t.def;
   std::vector<int>& last = t.last;
   const std::vector<Space>& space = t.space;
-  // In place: a kernel that may write its result over an operand (ir::in_place_operand) does, when that operand's
+  // In place: a kernel that may write a result over an operand (ir::in_place_operand) does, when that operand's
   // storage is a plain temporary of the result's size that nothing reads afterwards. The result (and its views)
   // then takes the operand's storage, whose buffer lives on to the result's last use.
   for (int s = 0; s < end; ++s) {
     const Node& node = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])];
-    const int k = ir::in_place_operand(node.op);
-    if (k < 0) continue;
-    const ValueId out = node.outputs[0], from = p.root[static_cast<size_t>(node.inputs[static_cast<size_t>(k)])];
-    const int d = def[static_cast<size_t>(from)];
-    if (d < 0 || last[static_cast<size_t>(from)] != s || g.type(from).bytes() != g.type(out).bytes() ||
-        space[static_cast<size_t>(from)] != Space::device)
-      continue;
-    const Op made_by = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(d)])].op;
-    if (made_by == Op::convert_group || made_by == Op::scan) continue;  // shared or stacked storage
-    for (ValueId& r : p.root)
-      if (r == out) r = from;
-    last[static_cast<size_t>(from)] = std::max(s, last[static_cast<size_t>(out)]);  // a result nobody reads: its step
+    std::vector<ValueId> taken;  // storage a result of this node already took (one operand read twice)
+    for (size_t r = 0; r < node.outputs.size(); ++r) {
+      const int k = ir::in_place_operand(node.op, r);
+      if (k < 0) continue;
+      const ValueId out = node.outputs[r], from = p.root[static_cast<size_t>(node.inputs[static_cast<size_t>(k)])];
+      const int d = def[static_cast<size_t>(from)];
+      if (std::find(taken.begin(), taken.end(), from) != taken.end()) continue;
+      taken.push_back(from);
+      if (d < 0 || last[static_cast<size_t>(from)] != s || g.type(from).bytes() != g.type(out).bytes() ||
+          space[static_cast<size_t>(from)] != Space::device)
+        continue;
+      const Op made_by = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(d)])].op;
+      if (made_by == Op::convert_group || made_by == Op::scan) continue;  // shared or stacked storage
+      for (ValueId& v : p.root)
+        if (v == out) v = from;
+      last[static_cast<size_t>(from)] = std::max(s, last[static_cast<size_t>(out)]);  // a result nobody reads: its step
+    }
   }
 }
 
@@ -388,7 +416,8 @@ Plan build(const Graph& g, const Options& options, BodyPlans& known) {
   const int n = static_cast<int>(g.nodes.size());
   for (const Node& node : g.nodes)
     CHECK(node.op != Op::remat, "plan::build: graph @{} still has remat regions; inline them first", g.name);
-  p.schedule = schedule(g, std::min(options.invariant_params, g.params.size()), options.float_recomputes);
+  p.schedule = schedule(g, std::min(options.invariant_params, g.params.size()), options.float_recomputes,
+                        options.stacked_results_from);
   p.position.assign(static_cast<size_t>(n), -1);
   for (int s = 0; s < static_cast<int>(p.schedule.size()); ++s) p.position[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])] = s;
   const int end = static_cast<int>(p.schedule.size());  // results live through the last step

@@ -67,20 +67,32 @@ TEST(Swiglu, GivesTheBitsOfItsPrimitivesForwardAndBackward) {
 
 // gate made by a multiply: when nothing reads it after swiglu (and swiglu_grad) their first result takes its buffer,
 // and the run keeps the reference executor's bits.
-TEST(Swiglu, WritesOverItsDyingGate) {
-  for (bool gate_read_later : {false, true})
+// dgate (and swiglu's product) over a dying gate, dup over a dying up: one buffer each, and the bits of the
+// reference executor.
+TEST(Swiglu, WritesOverItsDyingGateAndUp) {
+  for (bool operands_read_later : {false, true})
     for (bool backward : {false, true}) {
       Graph g;
       Builder b(g);
-      Tensor x = b.param("x", {DType::bf16, {64, 96}}), up = b.param("up", {DType::bf16, {64, 96}});
-      Tensor gate = x * 1.5f;  // a temporary of the plan
-      Tensor y = backward ? swiglu_grad(gate, up, x)[0] : swiglu(gate, up);
-      b.result(gate_read_later ? y + gate : exp(y));
+      Tensor x = b.param("x", {DType::bf16, {64, 96}});
+      Tensor gate = x * 1.5f, up = x * 0.75f;  // temporaries of the plan
+      std::vector<Tensor> ys{swiglu(gate, up)};
+      if (backward) {
+        const std::array<Tensor, 2> d = swiglu_grad(gate, up, x);
+        ys = {d[0], d[1]};
+      }
+      const std::array<Tensor, 2> over = {gate, up};
+      Tensor sum = ys[0];
+      for (size_t k = 1; k < ys.size(); ++k) sum = sum + ys[k];
+      b.result(operands_read_later ? sum + gate * up : exp(sum));
       const plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
-      const int bg = p.buffer_of[static_cast<size_t>(gate.id)], by = p.buffer_of[static_cast<size_t>(y.id)];
-      ASSERT_GE(bg, 0);
-      EXPECT_EQ(bg == by, !gate_read_later) << (backward ? "swiglu_grad" : "swiglu")
-                                            << (gate_read_later ? ": gate is read after it" : ": gate dies at it");
+      for (size_t k = 0; k < ys.size(); ++k) {
+        const int bo = p.buffer_of[static_cast<size_t>(over[k].id)], by = p.buffer_of[static_cast<size_t>(ys[k].id)];
+        ASSERT_GE(bo, 0);
+        EXPECT_EQ(bo == by, !operands_read_later)
+            << (backward ? "swiglu_grad" : "swiglu") << " result " << k
+            << (operands_read_later ? ": its operand is read after it" : ": its operand dies at it");
+      }
       const std::vector<exec::Array> args = inputs(g, 6, false);
       exec::Executable e(g, p);
       EXPECT_TRUE(same_bits(e.run(args)[0], testing_support::reference_run(g, args)[0]));

@@ -383,6 +383,44 @@ TEST(Plan, AResultWrittenInPlaceAndStackedByItsScanIsMadeInItsSlice) {
   expect_planned_run_is_exact(g, p, args, "in place, in its slice");
 }
 
+// A body node whose every result is a stacked result (made in its slice: no arena bytes) runs as soon as its
+// operands are made, wherever the body lists it: here a layer's bf16 value widened into an f32 stack, listed
+// after a chain of carry work, runs right after the value is made, whose buffer then ends there.
+TEST(Plan, AStackedResultIsMadeAsSoonAsItsOperandsAre) {
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor s = b.param("s", {DType::f32, {3, 512}}), c = b.param("c", {DType::f32, {512}});
+  auto body = [](ir::Builder&, std::span<const ir::Tensor>, std::span<const ir::Tensor> carries,
+                 std::span<const ir::Tensor> xs) {
+    ir::Tensor narrow = ir::convert(ir::tanh(xs[0]), DType::bf16);
+    ir::Tensor carry = carries[0];
+    for (int k = 0; k < 4; ++k) carry = ir::exp(carry * 0.25f);  // temporaries while narrow waits
+    return std::vector<ir::Tensor>{carry, ir::convert(narrow, DType::f32)};
+  };
+  for (ir::Tensor r : ir::scan(b, 3, std::span<const ir::Tensor>{}, std::array{c}, std::array{s}, body)) b.result(r);
+  const plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
+  const ir::Graph& scanned = *g.nodes.back().body;
+  const plan::Plan& inner = p.bodies.begin()->second;
+  const auto made = [&](ir::ValueId v) {
+    for (size_t i = 0; i < scanned.nodes.size(); ++i)
+      if (scanned.nodes[i].outputs[0] == v) return inner.position[i];
+    return -1;
+  };
+  const ir::ValueId widened = scanned.results[1];
+  const ir::ValueId narrow = scanned.nodes[static_cast<size_t>(std::find_if(scanned.nodes.begin(), scanned.nodes.end(), [&](const ir::Node& n) {
+                                                return n.outputs[0] == widened;
+                                              }) - scanned.nodes.begin())].inputs[0];
+  EXPECT_EQ(made(widened), made(narrow) + 1) << "widened right after the narrow value is made";
+  EXPECT_EQ(inner.buffer_of[static_cast<size_t>(widened)], plan::kInSlice);
+  EXPECT_EQ(inner.buffers[static_cast<size_t>(inner.buffer_of[static_cast<size_t>(narrow)])].end, made(widened));
+  expect_no_overlap(inner);
+  std::vector<exec::Array> args;
+  for (ir::ValueId v : g.params) args.emplace_back(g.type(v));
+  for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i)));
+  for (int64_t i = 0; i < args[1].size(); ++i) args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+  expect_planned_run_is_exact(g, p, args, "a stacked result made early");
+}
+
 // softmax_grad writes its result over x when nothing reads x afterwards (ir::in_place_operand): one buffer, live
 // from x's definition to dx's last read, and the run equals the reference executor's (every value its own
 // allocation) bit for bit. When x is read later, or is an argument, dx gets a buffer of its own.
