@@ -250,7 +250,8 @@ void Executable::run_graph(const Graph& g, const plan::Plan& p, int64_t device_b
         const ir::ScanAttrs scan = ir::scan_attrs(n.attrs);
         const int64_t length = scan.length;
         const size_t nc = static_cast<size_t>(scan.num_consts), nh = static_cast<size_t>(scan.num_carry);
-        for (size_t k = 0; k < nh; ++k) backend_.copy(f.ins[nc + k], f.outs[k]);
+        for (size_t k = 0; k < nh; ++k)  // a carry planned over its initial value is already there
+          if (f.ins[nc + k].bytes() != f.outs[k].bytes()) backend_.copy(f.ins[nc + k], f.outs[k]);
         for (int64_t step = 0; step < length; ++step) {
           const int64_t t = scan.reverse ? length - 1 - step : step;
           f.body_args.clear();

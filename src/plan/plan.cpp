@@ -212,18 +212,33 @@ Lifetimes lifetimes(const Graph& g, Plan& p, int end) {
   return t;
 }
 
+// The operand whose storage result `r` of `node` may take: ir::in_place_operand's, or for a scan's final carry its
+// initial value, when no other operand of the scan reads that storage (the loop updates the carry in place, while
+// a const or xs would still be read whole).
+int in_place_input(const Node& node, size_t r, const std::vector<ValueId>& root) {
+  if (node.op != Op::scan) return ir::in_place_operand(node.op, r);
+  const ir::ScanAttrs scan = ir::scan_attrs(node.attrs);
+  if (r >= static_cast<size_t>(scan.num_carry)) return -1;
+  const size_t k = static_cast<size_t>(scan.num_consts) + r;
+  const ValueId from = root[static_cast<size_t>(node.inputs[k])];
+  for (size_t q = 0; q < node.inputs.size(); ++q)
+    if (q != k && root[static_cast<size_t>(node.inputs[q])] == from) return -1;
+  return static_cast<int>(k);
+}
+
 void write_in_place(const Graph& g, Plan& p, Lifetimes& t, int end) {
   std::vector<int>& def = t.def;
   std::vector<int>& last = t.last;
   const std::vector<Space>& space = t.space;
-  // In place: a kernel that may write a result over an operand (ir::in_place_operand) does, when that operand's
-  // storage is a plain temporary of the result's size that nothing reads afterwards. The result (and its views)
+  // In place: a kernel that may write a result over an operand (ir::in_place_operand), or a scan its final carry
+  // over the initial one, does, when that operand's storage is a plain temporary of the result's size that nothing
+  // reads afterwards. The result (and its views)
   // then takes the operand's storage, whose buffer lives on to the result's last use.
   for (int s = 0; s < end; ++s) {
     const Node& node = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])];
     std::vector<ValueId> taken;  // storage a result of this node already took (one operand read twice)
     for (size_t r = 0; r < node.outputs.size(); ++r) {
-      const int k = ir::in_place_operand(node.op, r);
+      const int k = in_place_input(node, r, p.root);
       if (k < 0) continue;
       const ValueId out = node.outputs[r], from = p.root[static_cast<size_t>(node.inputs[static_cast<size_t>(k)])];
       const int d = def[static_cast<size_t>(from)];

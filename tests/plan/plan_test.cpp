@@ -421,6 +421,35 @@ TEST(Plan, AStackedResultIsMadeAsSoonAsItsOperandsAre) {
   expect_planned_run_is_exact(g, p, args, "a stacked result made early");
 }
 
+// A scan's final carry takes its initial value's storage when that value dies at the scan (the loop updates the
+// carry there, skipping the first copy): one buffer fewer. Not when the scan also reads that value as a const,
+// which every iteration reads whole.
+TEST(Plan, AScanCarriesInTheStorageOfItsDyingInitialValue) {
+  for (bool also_const : {false, true}) {
+    ir::Graph g;
+    ir::Builder b(g);
+    ir::Tensor s = b.param("s", {DType::f32, {3, 512}}), c = b.param("c", {DType::f32, {512}});
+    ir::Tensor init = ir::tanh(c) * 2.0f;  // a temporary of the plan
+    auto body = [](ir::Builder&, std::span<const ir::Tensor> consts, std::span<const ir::Tensor> carries,
+                   std::span<const ir::Tensor> xs) {
+      ir::Tensor next = ir::exp(carries[0] * 0.25f) + xs[0];
+      return std::vector<ir::Tensor>{consts.empty() ? next : next * consts[0], carries[0] * 0.5f};
+    };
+    const std::vector<ir::Tensor> consts = also_const ? std::vector<ir::Tensor>{init} : std::vector<ir::Tensor>{};
+    const std::vector<ir::Tensor> out = ir::scan(b, 3, consts, std::array{init}, std::array{s}, body);
+    for (ir::Tensor r : out) b.result(ir::exp(r));
+    const plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
+    EXPECT_EQ(p.buffer_of[static_cast<size_t>(out[0].id)] == p.buffer_of[static_cast<size_t>(init.id)], !also_const)
+        << (also_const ? "the initial carry is a const too" : "the initial carry dies at the scan");
+    expect_no_overlap(p);
+    std::vector<exec::Array> args;
+    for (ir::ValueId v : g.params) args.emplace_back(g.type(v));
+    for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i)));
+    for (int64_t i = 0; i < args[1].size(); ++i) args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+    expect_planned_run_is_exact(g, p, args, also_const ? "a const too" : "carried in place");
+  }
+}
+
 // softmax_grad writes its result over x when nothing reads x afterwards (ir::in_place_operand): one buffer, live
 // from x's definition to dx's last read, and the run equals the reference executor's (every value its own
 // allocation) bit for bit. When x is read later, or is an argument, dx gets a buffer of its own.

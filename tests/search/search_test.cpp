@@ -438,6 +438,7 @@ TEST(AutoPolicy, UnderAPipelineEachRanksAnswerEqualsTheBruteForceOverItsPlacemen
   const int64_t ranks = 2;
   std::vector<std::vector<search::Candidate>> all(ranks);
   std::set<int64_t> budgets;
+  bool bound_fails = false;  // on some rank, some placement's peak is below the memory bound
   for (int64_t r = 0; r < ranks; ++r) {
     compile::Request rank = in.request;
     rank.stage = r;
@@ -456,19 +457,20 @@ TEST(AutoPolicy, UnderAPipelineEachRanksAnswerEqualsTheBruteForceOverItsPlacemen
       for (size_t i = 0; i < names.size(); ++i) b += c.placement[i] == Residency::save ? bytes[i] / 4 * (2 - r) : 0;
       return b;
     };
-    // Why the search has no memory bound under a pipeline: some placement's peak is below it.
+    // Why the search has no memory bound under a pipeline: on some rank some placement's peak is below it.
     const search::Candidate& all_device = all[r][40];  // every name saved: the middle of 3^4 in this order
     ASSERT_TRUE(std::all_of(all_device.placement.begin(), all_device.placement.end(),
                             [](Residency x) { return x == Residency::save; }));
-    EXPECT_TRUE(std::any_of(all[r].begin(), all[r].end(), [&](const search::Candidate& c) {
+    bound_fails = bound_fails || std::any_of(all[r].begin(), all[r].end(), [&](const search::Candidate& c) {
       return static_cast<double>(c.peak) < static_cast<double>(all_device.peak) - device_bytes(all_device) + device_bytes(c);
-    })) << "rank " << r << ": the memory bound holds here; search.cpp may use it under a pipeline";
+    });
     std::vector<int64_t> peaks;
     for (const search::Candidate& c : all[r]) peaks.push_back(c.peak);
     std::sort(peaks.begin(), peaks.end());
     peaks.erase(std::unique(peaks.begin(), peaks.end()), peaks.end());
     budgets.insert({peaks.front(), peaks[peaks.size() / 2], peaks.back() - 1});
   }
+  EXPECT_TRUE(bound_fails) << "the memory bound holds on every rank; search.cpp may use it under a pipeline";
   auto best_of = [](const std::vector<search::Candidate>& candidates, int64_t budget) {
     const search::Candidate* want = nullptr;
     for (const search::Candidate& c : candidates)
