@@ -170,20 +170,25 @@ std::vector<Tensor*> kernels(LayerWeights& w) {
   return k;
 }
 
-// The layer's compute copy of its kernels (jmp's cast_to_compute on one layer's parameters), made as one
-// allocation right before the layer's first matmul and freed after its last: under a scan only one
-// layer's copy is ever live. Kernels already in the compute dtype (f32 runs, mp_cast=upfront) are used
-// as they are.
+// The layer's compute copy of its kernels (jmp's cast_to_compute on one layer's parameters), made as two
+// allocations, each right before its first matmul and freed after its last: the query, key and value
+// projections', and the rest (the output projection's and the MLP's). Under a scan only one layer's copies are
+// ever live; in the forward the first dies before the MLP, and in a backward that keeps the attention's
+// context the first is made only after the MLP's backward. Kernels already in the compute dtype (f32 runs,
+// mp_cast=upfront) are used as they are.
 LayerWeights cast_to_compute(const ModelConfig& c, LayerWeights w) {
   const DType d = compute_dtype(c);
-  std::vector<Tensor> from;
-  for (Tensor* k : kernels(w))
-    if (k->dtype() != d) from.push_back(*k);
-  if (from.empty()) return w;
-  std::vector<Tensor> to = convert_group(from, d);
-  size_t next = 0;
-  for (Tensor* k : kernels(w))
-    if (k->dtype() != d) *k = to[next++];
+  for (std::vector<Tensor*> group : {std::vector<Tensor*>{&w.query, &w.key, &w.value, &w.qkv},
+                                     std::vector<Tensor*>{&w.out, &w.wi0, &w.wi1, &w.wi, &w.wo}}) {
+    std::vector<Tensor*> cast;
+    for (Tensor* k : group)
+      if (k->b != nullptr && k->dtype() != d) cast.push_back(k);  // present under this config's fusions
+    if (cast.empty()) continue;
+    std::vector<Tensor> from;
+    for (Tensor* k : cast) from.push_back(*k);
+    std::vector<Tensor> to = convert_group(from, d);
+    for (size_t i = 0; i < cast.size(); ++i) *cast[i] = to[i];
+  }
   return w;
 }
 
