@@ -232,8 +232,8 @@ void write_in_place(const Graph& g, Plan& p, Lifetimes& t, int end) {
   const std::vector<Space>& space = t.space;
   // In place: a kernel that may write a result over an operand (ir::in_place_operand), or a scan its final carry
   // over the initial one, does, when that operand's storage is a plain temporary of the result's size that nothing
-  // reads afterwards. The result (and its views)
-  // then takes the operand's storage, whose buffer lives on to the result's last use.
+  // reads afterwards. The result (and its views) then takes the operand's storage, whose buffer lives on to the
+  // result's last use.
   for (int s = 0; s < end; ++s) {
     const Node& node = g.nodes[static_cast<size_t>(p.schedule[static_cast<size_t>(s)])];
     std::vector<ValueId> taken;  // storage a result of this node already took (one operand read twice)
