@@ -33,7 +33,7 @@ uint16_t random_bf16(std::mt19937& rng, int lo, int hi) {
 
 Case random_case(std::mt19937& rng, int lo, int hi) {
   auto pick = [&](int64_t a, int64_t b) { return std::uniform_int_distribution<int64_t>(a, b)(rng); };
-  Case c{pick(1, 9), pick(1, 70), pick(1, 40), (rng() & 1) != 0, {}, {}, {}};
+  Case c{pick(1, 14), pick(1, 70), pick(1, 40), (rng() & 1) != 0, {}, {}, {}};
   auto pair = [&] { return uint32_t{random_bf16(rng, lo, hi)} | uint32_t{random_bf16(rng, lo, hi)} << 16; };
   for (int64_t i = 0; i < c.rows * c.K; ++i) c.a.push_back(pair());
   for (int64_t i = 0; i < c.K * c.cols; ++i) c.b.push_back(pair());

@@ -38,25 +38,29 @@ __attribute__((noinline)) void scalar_columns(const PairProduct& p, int64_t rows
 #define REMAT_BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
 #define REMAT_FMA_TARGET __attribute__((target("avx2,fma")))
 
-// Rows [i, i + R), columns [c, c + 16·C) with the last vector's columns masked by `last`.
+// Rows [i, i + R), columns [c, c + 16·C) with the last vector's columns masked by `last`. The K pairs stream
+// through pointers stepped once per pair (a's column, b's row), so the loop's address arithmetic is a few adds.
 template <int64_t R, int64_t C>
 REMAT_BF16_TARGET inline void block_bf16(const PairProduct& p, int64_t i, int64_t c, __mmask16 last) {
   __m512 sum[R][C];
   auto mask = [&](int64_t v) { return v == C - 1 ? last : __mmask16(0xFFFF); };
+  float* out = p.out + i * p.lo + c;
+  const int64_t lo = p.lo, ai = p.ai, lb = p.lb, K = p.K;
 #pragma GCC unroll 8
   for (int64_t r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int64_t v = 0; v < C; ++v)
-      sum[r][v] = p.accumulate ? _mm512_maskz_loadu_ps(mask(v), p.out + (i + r) * p.lo + c + 16 * v) : _mm512_setzero_ps();
-  const uint32_t* a = p.a + i * p.ai;
+      sum[r][v] = p.accumulate ? _mm512_maskz_loadu_ps(mask(v), out + r * lo + 16 * v) : _mm512_setzero_ps();
+  const uint32_t* a = p.a + i * ai;  // row r's pair k at a[r·ai] once a has stepped k times
+  const uint32_t* b = p.b + c;       // pair k's row at b once it has stepped k times
 #pragma GCC unroll 2
-  for (int64_t k = 0; k < p.K; ++k) {
+  for (int64_t k = 0; k < K; ++k, ++a, b += lb) {
     __m512i row[C];
 #pragma GCC unroll 4
-    for (int64_t v = 0; v < C; ++v) row[v] = _mm512_maskz_loadu_epi32(mask(v), p.b + k * p.lb + c + 16 * v);
+    for (int64_t v = 0; v < C; ++v) row[v] = _mm512_maskz_loadu_epi32(mask(v), b + 16 * v);
 #pragma GCC unroll 8
     for (int64_t r = 0; r < R; ++r) {
-      const __m512i x = _mm512_set1_epi32(static_cast<int>(a[r * p.ai + k]));
+      const __m512i x = _mm512_set1_epi32(static_cast<int>(a[r * ai]));
 #pragma GCC unroll 4
       for (int64_t v = 0; v < C; ++v) sum[r][v] = _mm512_dpbf16_ps(sum[r][v], (__m512bh)x, (__m512bh)row[v]);
     }
@@ -64,7 +68,7 @@ REMAT_BF16_TARGET inline void block_bf16(const PairProduct& p, int64_t i, int64_
 #pragma GCC unroll 8
   for (int64_t r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int64_t v = 0; v < C; ++v) _mm512_mask_storeu_ps(p.out + (i + r) * p.lo + c + 16 * v, mask(v), sum[r][v]);
+    for (int64_t v = 0; v < C; ++v) _mm512_mask_storeu_ps(out + r * lo + 16 * v, mask(v), sum[r][v]);
 }
 template <int64_t R>
 REMAT_BF16_TARGET void rows_bf16(const PairProduct& p, int64_t i, int64_t cols) {
@@ -73,8 +77,10 @@ REMAT_BF16_TARGET void rows_bf16(const PairProduct& p, int64_t i, int64_t cols) 
   for (; c + 16 <= cols; c += 16) block_bf16<R, 1>(p, i, c, 0xFFFF);
   if (c < cols) block_bf16<R, 1>(p, i, c, static_cast<__mmask16>((1u << (cols - c)) - 1));
 }
+// Blocks of 6 rows: 24 sums of 4 vectors, 4 rows of b and a broadcast in 29 of the 32 registers.
 REMAT_BF16_TARGET void product_bf16(const PairProduct& p, int64_t rows, int64_t cols) {
   int64_t i = 0;
+  for (; i + 6 <= rows; i += 6) rows_bf16<6>(p, i, cols);
   for (; i + 4 <= rows; i += 4) rows_bf16<4>(p, i, cols);
   for (; i < rows; ++i) rows_bf16<1>(p, i, cols);
 }
