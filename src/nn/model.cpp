@@ -178,11 +178,11 @@ std::vector<Tensor*> kernels(LayerWeights& w) {
 // mp_cast=upfront) are used as they are.
 LayerWeights cast_to_compute(const ModelConfig& c, LayerWeights w) {
   const DType d = compute_dtype(c);
-  for (std::vector<Tensor*> group : {std::vector<Tensor*>{&w.query, &w.key, &w.value, &w.qkv},
-                                     std::vector<Tensor*>{&w.out, &w.wi0, &w.wi1, &w.wi, &w.wo}}) {
-    std::vector<Tensor*> cast;
-    for (Tensor* k : group)
-      if (k->b != nullptr && k->dtype() != d) cast.push_back(k);  // present under this config's fusions
+  const std::vector<Tensor*> attention_inputs = {&w.query, &w.key, &w.value, &w.qkv};
+  std::vector<Tensor*> groups[2];  // kernels(w) split: the query, key and value kernels, then the rest
+  for (Tensor* k : kernels(w))
+    if (k->dtype() != d) groups[std::ranges::count(attention_inputs, k) > 0 ? 0 : 1].push_back(k);
+  for (const std::vector<Tensor*>& cast : groups) {
     if (cast.empty()) continue;
     std::vector<Tensor> from;
     for (Tensor* k : cast) from.push_back(*k);

@@ -77,6 +77,15 @@ std::vector<exec::Array> random_args(const ir::Graph& g, std::mt19937& rng) {
   return args;
 }
 
+// The arguments of a graph of two params: the first's elements sin(0.37 i), the second's cos(0.11 i).
+std::vector<exec::Array> sin_cos_args(const ir::Graph& g) {
+  std::vector<exec::Array> args;
+  for (ir::ValueId v : g.params) args.emplace_back(g.type(v));
+  for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i)));
+  for (int64_t i = 0; i < args[1].size(); ++i) args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+  return args;
+}
+
 std::vector<exec::Array> deep_copy(std::span<const exec::Array> v) {
   std::vector<exec::Array> out;
   for (const exec::Array& a : v) out.push_back(a.clone());
@@ -376,10 +385,7 @@ TEST(Plan, AResultWrittenInPlaceAndStackedByItsScanIsMadeInItsSlice) {
   const ir::ValueId x = grad->inputs[0], dx = grad->outputs[0];
   EXPECT_EQ(inner.root[static_cast<size_t>(dx)], inner.root[static_cast<size_t>(x)]) << "written over x";
   EXPECT_EQ(inner.buffer_of[static_cast<size_t>(x)], plan::kInSlice) << "x made in the y's slice";
-  std::vector<exec::Array> args;
-  for (ir::ValueId v : g.params) args.emplace_back(g.type(v));
-  for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i)));
-  for (int64_t i = 0; i < args[1].size(); ++i) args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+  std::vector<exec::Array> args = sin_cos_args(g);
   expect_planned_run_is_exact(g, p, args, "in place, in its slice");
 }
 
@@ -414,10 +420,7 @@ TEST(Plan, AStackedResultIsMadeAsSoonAsItsOperandsAre) {
   EXPECT_EQ(inner.buffer_of[static_cast<size_t>(widened)], plan::kInSlice);
   EXPECT_EQ(inner.buffers[static_cast<size_t>(inner.buffer_of[static_cast<size_t>(narrow)])].end, made(widened));
   expect_no_overlap(inner);
-  std::vector<exec::Array> args;
-  for (ir::ValueId v : g.params) args.emplace_back(g.type(v));
-  for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i)));
-  for (int64_t i = 0; i < args[1].size(); ++i) args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+  std::vector<exec::Array> args = sin_cos_args(g);
   expect_planned_run_is_exact(g, p, args, "a stacked result made early");
 }
 
@@ -442,10 +445,7 @@ TEST(Plan, AScanCarriesInTheStorageOfItsDyingInitialValue) {
     EXPECT_EQ(p.buffer_of[static_cast<size_t>(out[0].id)] == p.buffer_of[static_cast<size_t>(init.id)], !also_const)
         << (also_const ? "the initial carry is a const too" : "the initial carry dies at the scan");
     expect_no_overlap(p);
-    std::vector<exec::Array> args;
-    for (ir::ValueId v : g.params) args.emplace_back(g.type(v));
-    for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i)));
-    for (int64_t i = 0; i < args[1].size(); ++i) args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+    std::vector<exec::Array> args = sin_cos_args(g);
     expect_planned_run_is_exact(g, p, args, also_const ? "a const too" : "carried in place");
   }
 }
@@ -472,8 +472,7 @@ TEST(Plan, SoftmaxGradWritesOverItsDyingInput) {
       EXPECT_EQ(p.buffers[static_cast<size_t>(bx)].end, p.position[static_cast<size_t>(exp_node - g.nodes.begin())]);
     }
     expect_no_overlap(p);
-    std::vector<exec::Array> args{exec::Array({DType::f32, {6, 37}}), exec::Array({DType::bf16, {6, 37}})};
-    for (int64_t i = 0; i < 6 * 37; ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i))), args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+    std::vector<exec::Array> args = sin_cos_args(g);
     expect_planned_run_is_exact(g, p, args, x_read_later ? "x read later" : "in place");
     exec::Executable e(g, p);
     e.run(args);
@@ -518,8 +517,7 @@ TEST(Plan, LogSoftmaxAndItsGradWriteOverTheirDyingOperands) {
     EXPECT_EQ(by == bx, c != x_read_later) << c;
     EXPECT_EQ(p.buffer_of[static_cast<size_t>(dx.id)] == by, c != y_read_later) << c;
     expect_no_overlap(p);
-    std::vector<exec::Array> args{exec::Array({dt, {6, 37}}), exec::Array({dt, {6, 37}})};
-    for (int64_t i = 0; i < 6 * 37; ++i) args[0].set(i, std::sin(0.37 * static_cast<double>(i))), args[1].set(i, std::cos(0.11 * static_cast<double>(i)));
+    std::vector<exec::Array> args = sin_cos_args(g);
     expect_planned_run_is_exact(g, p, args, fmt::format("case {}", static_cast<int>(c)));
   }
 }
