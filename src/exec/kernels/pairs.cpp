@@ -70,12 +70,22 @@ REMAT_BF16_TARGET inline void block_bf16(const PairProduct& p, int64_t i, int64_
 #pragma GCC unroll 4
     for (int64_t v = 0; v < C; ++v) _mm512_mask_storeu_ps(out + r * lo + 16 * v, mask(v), sum[r][v]);
 }
+// Rows [i, i + R): blocks of 64 columns, then the last 1-63 as one block of 1-4 vectors, its last one masked (a
+// block of single vectors would hold R sums only, too few to hide vdpbf16ps's latency: flash attention's
+// products end on a partial block of keys at every tile of the diagonal).
 template <int64_t R>
 REMAT_BF16_TARGET void rows_bf16(const PairProduct& p, int64_t i, int64_t cols) {
   int64_t c = 0;
   for (; c + 64 <= cols; c += 64) block_bf16<R, 4>(p, i, c, 0xFFFF);
-  for (; c + 16 <= cols; c += 16) block_bf16<R, 1>(p, i, c, 0xFFFF);
-  if (c < cols) block_bf16<R, 1>(p, i, c, static_cast<__mmask16>((1u << (cols - c)) - 1));
+  const int64_t rest = cols - c;
+  const __mmask16 last = rest % 16 == 0 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << (rest % 16)) - 1);
+  switch ((rest + 15) / 16) {
+    case 4: return block_bf16<R, 4>(p, i, c, last);
+    case 3: return block_bf16<R, 3>(p, i, c, last);
+    case 2: return block_bf16<R, 2>(p, i, c, last);
+    case 1: return block_bf16<R, 1>(p, i, c, last);
+    default: return;  // no columns left
+  }
 }
 // Blocks of 6 rows: 24 sums of 4 vectors, 4 rows of b and a broadcast in 29 of the 32 registers.
 REMAT_BF16_TARGET void product_bf16(const PairProduct& p, int64_t rows, int64_t cols) {
