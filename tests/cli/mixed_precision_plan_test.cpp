@@ -40,8 +40,8 @@ int64_t layer_kernel_bytes(const nn::ModelConfig& m) {
 // upfront: the stacked bf16 copy of all 4 layers (2 MiB) is live from before the forward scan to the end
 //   of the backward scan, which holds the peak (the backward body's sub-arena).
 // per_layer: the backward body casts its layer's kernels into two buffers (convert_groups: q, k and v's, and the
-//   rest), 512 KiB together, both live across the body's peak under remat full; nothing else differs (the weight gradients leave the backward body in f32 in
-//   both modes, and the RMSNorm scales are not cast).
+//   rest), 512 KiB together, both live across the body's peak under remat full; nothing else differs (the
+//   weight gradients leave the backward body in f32 in both modes, and the RMSNorm scales are not cast).
 // Difference at the peak: 4 x 524,288 - 524,288 = 3 x 524,288 = 1,572,864 B.
 TEST(MixedPrecisionPlan, UpfrontCastKeepsLMinusOneLayersOfBf16WeightsMoreAtThePeak) {
   Config per_layer = tiny_bf16("per_layer"), upfront = tiny_bf16("upfront");
