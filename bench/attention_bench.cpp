@@ -3,11 +3,13 @@
 // halved, causal. The medium config's shape (12 heads of 64, 4 x 512 tokens) and long sequences (4096, 8192).
 // Run: build/remat_bench --benchmark_filter=Attention. REMAT_BENCH_ISA=avx2 (or default, x86-64-v4) runs the
 // kernels for that ISA (exec::IsaOverride): e.g. the bf16 kernels' FMA path on a CPU with AVX512_BF16.
+#include "bench/compiled.h"
 #include "exec/exec.h"
 #include "exec/kernels/kernels.h"
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <random>
@@ -27,6 +29,18 @@ bool override_isa(std::optional<exec::IsaOverride>& isa) {
   return false;
 }
 
+// Uniform in [-1, 1), one array per param of g.
+std::vector<exec::Array> random_args(const Graph& g) {
+  std::mt19937 rng(0);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<exec::Array> args;
+  for (ValueId p : g.params) {
+    args.push_back(exec::Array::zeros(g.type(p)));
+    for (int64_t i = 0; i < args.back().size(); ++i) args.back().set(i, dist(rng));
+  }
+  return args;
+}
+
 void Attention(benchmark::State& state, DType dtype, bool backward) {
   std::optional<exec::IsaOverride> isa;
   if (!override_isa(isa)) return state.SkipWithError("REMAT_BENCH_ISA names no ISA this build and CPU run");
@@ -42,18 +56,34 @@ void Attention(benchmark::State& state, DType dtype, bool backward) {
   } else {
     b.result(context);
   }
-  std::mt19937 rng(0);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<exec::Array> args;
-  for (ValueId p : g.params) {
-    args.push_back(exec::Array::zeros(g.type(p)));
-    for (int64_t i = 0; i < args.back().size(); ++i) args.back().set(i, dist(rng));
-  }
-  exec::run(g, args);  // warm up
-  for (auto _ : state) benchmark::DoNotOptimize(exec::run(g, args));
+  const std::vector<exec::Array> args = random_args(g);
+  exec::Executable e = compiled(g);
+  e.run(args);  // warm up: oneDNN's primitives made
+  for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
   const double flops = (backward ? 14.0 : 4.0) * static_cast<double>(B * H * T * T * D) / 2;  // causal: half
   state.counters["GFLOP/s"] =
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
+// What flash's rate is measured against: oneDNN's batched products of the same heads, q·kᵀ then p·v, each head's
+// operands as [B,H,T,D], over at most 1024 positions (exec::matmul_floor's attention rate), at 4·B·H·T·T·D (no
+// causal half: the products compute every score). Run interleaved with the flash benches, so that both rates come
+// from the same minutes of a noisy machine:
+//   build/remat_bench --benchmark_filter='Attention.*Bf16/4/512' --benchmark_repetitions=5
+//   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+void Products(benchmark::State& state, DType dtype) {
+  const int64_t B = state.range(0), T = std::min<int64_t>(state.range(1), 1024), H = state.range(2), D = state.range(3);
+  Graph g;
+  Builder b(g);
+  const Type heads{dtype, {B, H, T, D}};
+  Tensor scores = dot_general(b.param("q", heads), b.param("k", heads), {{3}, {3}, {0, 1}, {0, 1}});
+  b.result(dot_general(scores, b.param("v", heads), {{3}, {2}, {0, 1}, {0, 1}}));
+  const std::vector<exec::Array> args = random_args(g);
+  exec::Executable e = compiled(g);
+  e.run(args);
+  for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * static_cast<double>(B * H * T * T * D),
+                                                 benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
 void AttentionForwardF32(benchmark::State& s) { Attention(s, DType::f32, false); }
@@ -67,6 +97,10 @@ BENCHMARK(AttentionForwardF32)->ATTENTION_SHAPES;
 BENCHMARK(AttentionBackwardF32)->ATTENTION_SHAPES;
 BENCHMARK(AttentionForwardBf16)->ATTENTION_SHAPES;
 BENCHMARK(AttentionBackwardBf16)->ATTENTION_SHAPES;
+void AttentionProductsOneDnnF32(benchmark::State& s) { Products(s, DType::f32); }
+void AttentionProductsOneDnnBf16(benchmark::State& s) { Products(s, DType::bf16); }
+BENCHMARK(AttentionProductsOneDnnF32)->ATTENTION_SHAPES;
+BENCHMARK(AttentionProductsOneDnnBf16)->ATTENTION_SHAPES;
 
 }  // namespace
 }  // namespace remat
