@@ -224,12 +224,14 @@ constexpr bool is_fusible(Op op) {
 // planner's in-place reuse): softmax_grad's x, log_softmax's x and log_softmax_grad's y, since each row of that
 // operand is read whole (or element j before result element j is written) before that row of the result is
 // written; rope's x, whose pair (i, i + Dh/2) is read before that pair of the result is written; swiglu's gate,
-// and swiglu_grad's gate (dgate) and up (dup): element i of every operand is read before result i is written.
+// and swiglu_grad's gate (dgate) and up (dup): element i of every operand is read before result i is written;
+// scatter_add's operand, which its kernel copies into the result before adding each update to its row there (in
+// place the copy is skipped: the embedding's gradient, a table of zeros, is not copied whole).
 // -1: none.
 constexpr int in_place_operand(Op op, size_t k = 0) {
   if (op == Op::swiglu_grad) return k < 2 ? static_cast<int>(k) : -1;
   return k == 0 && (op == Op::softmax_grad || op == Op::log_softmax || op == Op::log_softmax_grad || op == Op::rope ||
-                    op == Op::swiglu)
+                    op == Op::swiglu || op == Op::scatter_add)
              ? 0
              : -1;
 }
