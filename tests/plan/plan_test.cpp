@@ -496,6 +496,29 @@ TEST(Plan, SoftmaxGradWritesOverItsDyingInput) {
   EXPECT_GE(q.buffer_of[static_cast<size_t>(h.results[0])], 0);
 }
 
+// scatter_add writes over its dying operand (the embedding's gradient: a table of zeros, each token's row of the
+// cotangent added to its row): one buffer, and the planned run (poisoned, and with separate buffers) equals the
+// reference executor's bit for bit, rows added more than once included. Read afterwards, the operand keeps its own.
+TEST(Plan, ScatterAddWritesOverItsDyingOperand) {
+  for (bool operand_read_later : {false, true}) {
+    ir::Graph g;
+    ir::Builder b(g);
+    ir::Tensor s = b.param("s", {DType::f32, {5, 3}}), updates = b.param("updates", {DType::f32, {6, 3}});
+    ir::Tensor rows = b.param("rows", {DType::i32, {6}});
+    ir::Tensor table = ir::tanh(s) * 2.0f;  // a temporary of the plan
+    ir::Tensor sum = ir::scatter_add(table, rows, updates);
+    b.result(operand_read_later ? ir::exp(sum) + table : ir::exp(sum));
+    const plan::Plan p = plan::build(g, {.workspace = exec::workspace_of(exec::cpu())});
+    const int bt = p.buffer_of[static_cast<size_t>(table.id)], bs = p.buffer_of[static_cast<size_t>(sum.id)];
+    ASSERT_GE(bt, 0);
+    EXPECT_EQ(bt == bs, !operand_read_later) << (operand_read_later ? "read after scatter_add" : "dies at scatter_add");
+    expect_no_overlap(p);
+    std::vector<exec::Array> args = sin_cos_args(g);
+    for (int64_t i = 0; i < 6; ++i) args[2].set(i, static_cast<double>((3 * i + 1) % 5));  // rows 1, 4, 2, 0, 3, 1
+    expect_planned_run_is_exact(g, p, args, operand_read_later ? "operand read later" : "in place");
+  }
+}
+
 // log_softmax writes over its dying input and log_softmax_grad over its dying y: the loss's chain x -> y -> dx
 // takes one buffer (also in bf16, and with y as its own cotangent), and the planned run equals the reference
 // executor (separate buffers) bit for bit. x or y read later keeps its own buffer.
