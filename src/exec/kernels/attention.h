@@ -63,14 +63,6 @@ void transpose8(const T* x, int64_t lx, A* to, int64_t ld) {
   }
 }
 
-// Asks the caches for rows [from, to) of x (rows lx apart, D elements each): strided rows, which the hardware's
-// prefetchers miss, are the keys' and values' rows of one head (H·D or KV·D elements apart).
-template <class T>
-void prefetch_rows(const T* x, int64_t lx, int64_t from, int64_t to, int64_t D) {
-  for (int64_t j = from; j < to; ++j)
-    for (int64_t d = 0; d < D; d += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(x + j * lx + d);
-}
-
 // to[d·ld + j] = x(j, d) for the S x D matrix x (its rows lx apart): 8 x 8 blocks, then the edges element-wise.
 template <class A, class T>
 void transpose(const T* x, int64_t lx, A* to, int64_t ld, int64_t S, int64_t D) {

@@ -71,8 +71,6 @@ void reduce_outputs(const T* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc
   }
 }
 
-constexpr int64_t kRowsAhead = 8;
-
 // Outputs [lo, hi) when x is viewed as [outer, window, inner] (Plan::inner): their accumulators (acc, the
 // workspace's row) take the rows in order, vectorised along inner.
 template <class T, class Acc, class Combine, class Pre>
@@ -85,8 +83,7 @@ void reduce_rows(const T* a, T* o, const Plan& p, Acc* acc, int64_t lo, int64_t 
     Acc* run = acc + i;
     for (int64_t r = 0; r < p.window; ++r) {
       const T* row = block + r * p.inner;
-      if (r + kRowsAhead < p.window)  // the hardware's prefetchers lose each short run of a row
-        for (int64_t j = 0; j < n; j += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(row + kRowsAhead * p.inner + j);
+      if (r + kRowsAhead < p.window) prefetch_rows(row, p.inner, kRowsAhead, kRowsAhead + 1, n);
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) run[j] = combine(run[j], static_cast<Acc>(pre(load(row[j]))));
     }
