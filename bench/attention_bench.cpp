@@ -72,7 +72,8 @@ void Attention(benchmark::State& state, DType dtype, bool backward) {
 //   build/remat_bench --benchmark_filter='Attention.*Bf16/4/512' --benchmark_repetitions=5
 //   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
 void Products(benchmark::State& state, DType dtype) {
-  const int64_t B = state.range(0), T = std::min<int64_t>(state.range(1), 1024), H = state.range(2), D = state.range(3);
+  const int64_t B = state.range(0), H = state.range(2), D = state.range(3);
+  const int64_t T = std::min<int64_t>(state.range(1), 1024);
   Graph g;
   Builder b(g);
   const Type heads{dtype, {B, H, T, D}};

@@ -92,8 +92,8 @@ void RmsNormGrad(benchmark::State& state) {
   const DType t = state.range(0) == 0 ? DType::f32 : DType::bf16;
   ir::Graph g;
   ir::Builder b(g);
-  for (ir::Tensor r : rms_norm_grad(b.param("x", {t, {rows, d}}), b.param("w", {DType::f32, {d}}), b.param("g", {t, {rows, d}}), 1e-6))
-    b.result(r);
+  ir::Tensor x = b.param("x", {t, {rows, d}}), w = b.param("w", {DType::f32, {d}}), dy = b.param("g", {t, {rows, d}});
+  for (ir::Tensor r : rms_norm_grad(x, w, dy, 1e-6)) b.result(r);
   std::vector<exec::Array> args;
   for (ir::ValueId p : g.params) {
     args.emplace_back(g.type(p));
