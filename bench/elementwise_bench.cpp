@@ -63,7 +63,7 @@ void RowReduce(benchmark::State& state, ir::Op op) {
   const std::vector<float> v = random_floats(rows * cols, -5, 5);
   std::vector<exec::Array> args{exec::Array::from<float>({rows, cols}, v)};
   exec::Executable e = compiled(g);
-  e.run(args);  // warm up: oneDNN's primitives made
+  e.run(args);  // warm up
   for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
   state.SetItemsProcessed(state.iterations() * rows * cols);
 }
