@@ -60,6 +60,13 @@ int64_t masked_row(const T* x, const Mask& mask, int64_t r, int64_t w, A* q) {
   return end;
 }
 
+// Asks the caches for row r's visible prefix: the rows' ends move with r (causal attention's), and the hardware's
+// prefetchers lose the stream at each row's jump past its hidden tail.
+template <class T>
+void prefetch_visible(const T* x, const Mask& mask, int64_t r, int64_t w) {
+  prefetch_rows(x + r * w, w, 0, 1, mask.row[r % mask.count].end);
+}
+
 // Row r's probabilities into p[0, w): masked as masked_row has it when there is a mask (the hidden tail's
 // probabilities 0 / Σ: 0, or NaN as the row's sum); else probabilities().
 template <class A, class T>
@@ -110,6 +117,7 @@ void softmax_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* x
       A* p = reinterpret_cast<A*>(p_bytes);
       for (int64_t r = lo; r < hi; ++r) {
         if (mask.rows != nullptr) {  // row_probabilities(), its division at the store
+          if (r + kRowsAhead < hi) prefetch_visible(x, mask, r + kRowsAhead, w);
           const int64_t end = masked_row(x + r * w, mask, r, w, p);
           const A s = row_exps(p, end, row_max<A>(p, end), p);
 #pragma omp simd
@@ -144,6 +152,10 @@ void softmax_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::by
       A* p = reinterpret_cast<A*>(p_bytes);
       const auto scale = static_cast<Compute<T>>(mask.scale);
       for (int64_t r = lo; r < hi; ++r) {
+        if (mask.rows != nullptr && r + kRowsAhead < hi) {
+          prefetch_visible(x, mask, r + kRowsAhead, w);
+          prefetch_visible(g, mask, r + kRowsAhead, w);
+        }
         row_probabilities(x, mask, r, w, p);
         const G* gr = g + r * w;
         const A d = row_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])) * p[j]; });
