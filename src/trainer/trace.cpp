@@ -1,6 +1,7 @@
 #include "trainer/trace.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <map>
@@ -52,7 +53,14 @@ RankTrace rank_trace(const exec::Profile& profile, const std::vector<train::Acti
   };
   std::map<int, std::pair<double, double>> spans;  // action -> first start, last end of its kernel calls
   for (const exec::Profile::Call& c : profile.timeline) {
-    t.events.push_back(event(std::string(ir::op_name(c.node->op)), c.start, c.end, start, rank, {{"scope", c.node->scope}}));
+    nlohmann::json args{{"scope", c.node->scope}};
+    if (!c.operands.empty()) {  // a contraction: its operands' types and its rate, to set against the matmul floor
+      std::vector<std::string> types;
+      for (const ir::Type& o : c.operands) types.push_back(ir::type_str(o));
+      args["operands"] = fmt::format("{}", fmt::join(types, " "));
+      args["GFLOP/s"] = c.end > c.start ? c.flops / (c.end - c.start) / 1e9 : 0.0;
+    }
+    t.events.push_back(event(std::string(ir::op_name(c.node->op)), c.start, c.end, start, rank, std::move(args)));
     if (actions.empty()) {
       t.busy += c.end - c.start;
       continue;

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 
 namespace remat {
@@ -475,6 +476,27 @@ TEST(Cli, ProfilerBreakdownAddsUpToTheProgram) {
     sum += std::stoll((*it)[1].str());
   EXPECT_EQ(sum, calls) << table;
   EXPECT_NE(o.text.find("in matmuls and attention"), std::string::npos);
+  // The trace names each matmul call's operands, types the program's dot_generals have (found here by walking its
+  // graph and bodies), and its rate.
+  std::set<std::string> program_operands;
+  const std::function<void(const ir::Graph&)> walk = [&](const ir::Graph& g) {
+    for (const ir::Node& n : g.nodes) {
+      if (n.body) walk(*n.body);
+      if (n.op == ir::Op::dot_general)
+        program_operands.insert(ir::type_str(g.type(n.inputs[0])) + " " + ir::type_str(g.type(n.inputs[1])));
+    }
+  };
+  walk(step.program);
+  std::ifstream file(dir.path / "p" / "trace.json");
+  const nlohmann::json trace = nlohmann::json::parse(file);
+  int64_t matmuls = 0;
+  for (const nlohmann::json& e : trace.at("traceEvents")) {
+    if (e.value("name", "") != "dot_general") continue;
+    ++matmuls;
+    EXPECT_TRUE(program_operands.contains(e.at("args").at("operands").get<std::string>())) << e.dump();
+    EXPECT_GT(e.at("args").at("GFLOP/s").get<double>(), 0) << e.dump();
+  }
+  EXPECT_GT(matmuls, 0);
 }
 
 // What `remat ARGS` writes to stderr alone, in `folder`; the status is its exit status.
