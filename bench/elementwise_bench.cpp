@@ -3,8 +3,9 @@
 // the same loop over libm's expf (what they ran before exec/kernels/exp.h); a row max and sum over 512-element
 // rows (the attention's softmax) through the kernel, against one accumulator per row; softmax and its VJP over
 // the medium config's attention scores (4 x 12 heads x 512 x 512) on all threads, in GB/s of their operands and
-// results, their buffers allocated (and faulted in) once.
-// Run: build/remat_bench --benchmark_filter='Exp|Logistic|Row|Softmax'
+// results, their buffers allocated (and faulted in) once; the gradient norm's sum of squares, RMSNorm's VJP and the
+// loss (target_log_prob and its VJP over bf16 logits) at the medium config's shapes, through planned executables.
+// Run: build/remat_bench --benchmark_filter='Exp|Logistic|Row|Softmax|SumOfSquares|RmsNormGrad|TargetLogProb'
 #include "bench/compiled.h"
 #include "exec/exec.h"
 #include "exec/kernels/kernels.h"
@@ -106,6 +107,31 @@ void RmsNormGrad(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 3 * rows * d * static_cast<int64_t>(dtype_size(t)));
 }
 BENCHMARK(RmsNormGrad)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The loss of the medium config's bf16 step: each of 4 x 512 rows of 32000 bf16 logits to its target's f32
+// log-probability (arg 0), or that op's VJP (arg 1: dx from the rows' statistics recomputed), on all threads, in
+// GB/s of the logits read (and, for the VJP, written).
+void TargetLogProb(benchmark::State& state) {
+  const int64_t rows = 2048, vocab = 32000;
+  const bool grad = state.range(0) == 1;
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor x = b.param("logits", {DType::bf16, {rows, vocab}}), t = b.param("targets", {DType::i32, {rows}});
+  b.result(grad ? target_log_prob_grad(x, t, b.param("g", {DType::f32, {rows}}), DType::f32)
+                : target_log_prob(x, t, DType::f32));
+  std::vector<exec::Array> args;
+  for (ir::ValueId p : g.params) args.emplace_back(g.type(p));
+  const std::vector<float> v = random_floats(rows * vocab, -8, 8);
+  for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, v[static_cast<size_t>(i)]);
+  for (int64_t r = 0; r < rows; ++r) args[1].set(r, static_cast<double>(r * 7919 % vocab));
+  if (grad)
+    for (int64_t r = 0; r < rows; ++r) args[2].set(r, -1.0 / static_cast<double>(rows));
+  exec::Executable e = compiled(g);
+  e.run(args);
+  for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
+  state.SetBytesProcessed(state.iterations() * (grad ? 2 : 1) * rows * vocab * 2);
+}
+BENCHMARK(TargetLogProb)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void RowMaxKernel(benchmark::State& state) { RowReduce(state, ir::Op::reduce_max); }
 void RowSumKernel(benchmark::State& state) { RowReduce(state, ir::Op::reduce_sum); }
