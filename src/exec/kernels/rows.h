@@ -17,9 +17,9 @@
 namespace remat::exec {
 
 // Asks the caches for rows [from, to) of x (rows lx apart, D elements each). The hardware's prefetchers miss
-// short runs of strided rows: the keys' and values' rows of one head (H·D or KV·D elements apart), or a thread's
+// short runs of strided rows: the keys' and values' rows of one head (H·D or KV·D elements apart), a thread's
 // share of the columns of a reduction over rows (the gradient norm's partial sums of the embedding; RMSNorm's dw
-// pass, whose rows stay in the caches, gained nothing from it).
+// pass, whose rows stay in the caches, gained nothing from it), or the visible prefixes of a causal softmax's rows.
 template <class T>
 void prefetch_rows(const T* x, int64_t lx, int64_t from, int64_t to, int64_t D) {
   for (int64_t j = from; j < to; ++j)
