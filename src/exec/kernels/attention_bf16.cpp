@@ -29,9 +29,11 @@ struct Tiles {
   uint32_t q[kRows][kPairsD], dout[kRows][kPairsD];                  // pairs of head dims
   uint32_t q_t[kMaxDh][kRows / 2], dout_t[kMaxDh][kRows / 2];        // transposed: pairs of queries
   float acc[kRows][kMaxDh];                                          // the context, or dq
-  float s[kRows][kBlock], g[kRows][kBlock];                          // scores, then p; backward dout vᵀ, then ds
-  uint32_t along_keys[kRows][kBlock / 2], along_queries[kRows / 2][kBlock];  // p or ds in pairs
+  float s[kRows][kBlock], g[kRows][kBlock];                          // scores; the backward's dout vᵀ
+  uint32_t along_keys[kRows][kBlock / 2];  // p (forward) or ds (backward) in pairs of keys
+  uint32_t p_along_queries[kRows / 2][kBlock], ds_along_queries[kRows / 2][kBlock];  // the backward's, in pairs
   float m[kRows], l[kRows], delta[kRows];  // in base 2 (the backward's l: the log-sum-exp)
+  Floats16 l16[kRows];  // the forward's running sums l, lane by lane (summed once a row's keys are done)
   // pair_product's scratch, for the largest product: q kᵀ's (p v's and dq's need kBlock·(kRows + kMaxDh) floats at
   // most, dv's and dk's kRows·(kMaxDh + kBlock))
   float split[pair_scratch(kRows, kBlock, kMaxDh / 2)];
@@ -96,21 +98,6 @@ void load_rows(const bf16_t* x, uint32_t (*to)[kPairsD], uint32_t (*to_t)[kRows 
     for (int64_t d = 0; d < z.D; ++d) to_t[d][r / 2] = bf16_pair(row(r)[d], r + 1 < rows ? row(r + 1)[d] : bf16_t{0});
 }
 
-// The tile's f32 `x` (rows x cols) rounded to bf16 in pairs: along its keys (a last odd column paired with zero)
-// and, for the backward, along its queries (a last odd row paired with zero).
-void pairs_along_keys(const float (*x)[kBlock], uint32_t (*to)[kBlock / 2], int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t k = 0; k < cols / 2; ++k)  // indexed by the pair: GCC vectorises j / 2 as a scatter
-      to[r][k] = bf16_pair(float_to_bf16(x[r][2 * k]), float_to_bf16(x[r][2 * k + 1]));
-    if (cols % 2) to[r][cols / 2] = bf16_pair(float_to_bf16(x[r][cols - 1]), bf16_t{0});
-  }
-}
-void pairs_along_queries(const float (*x)[kBlock], uint32_t (*to)[kBlock], int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; r += 2)
-    for (int64_t j = 0; j < cols; ++j)
-      to[r / 2][j] = bf16_pair(float_to_bf16(x[r][j]), r + 1 < rows ? float_to_bf16(x[r + 1][j]) : bf16_t{0});
-}
-
 // q kᵀ for the tile into s. Its readers make it a score in base 2, (q·kᵀ)·scale·log2 e where the row sees the key
 // and -inf elsewhere, with the same operations (scores_scale, visible_keys), so the backward recomputes the
 // forward's scores bit for bit.
@@ -138,21 +125,49 @@ float max_lanes(const Floats16& x) {
   return max_of(max_of(m4[0], m4[1]), max_of(m4[2], m4[3]));
 }
 
-// The bf16 bits of two vectors of probabilities (float_to_bf16's arithmetic) in pairs of keys: pair i of the
-// result holds lanes 2i and 2i + 1 of (a, b).
-Bits16 pairs_of_keys(const Floats16& a, const Floats16& b) {
-  Bits16 x = std::bit_cast<Bits16>(a), y = std::bit_cast<Bits16>(b);
-  round_to_bf16_bits(x);
-  round_to_bf16_bits(y);
-  const Bits16 even = __builtin_shufflevector(x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const Bits16 odd = __builtin_shufflevector(x, y, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  return even | odd << 16;
+// The bf16 bits of x's lanes (float_to_bf16's arithmetic), in the low halves.
+Bits16 bf16_bits(const Floats16& x) {
+  Bits16 u = std::bit_cast<Bits16>(x);
+  round_to_bf16_bits(u);
+  return u;
+}
+
+// Rounding to bf16 pairs, with float_to_bf16's arithmetic (kNative false) or, where pair_product runs vdpbf16ps
+// (pair_product_native: AVX512_BF16 under the x86-64-v4 kernels), with vcvtne2ps2bf16, two vectors in one
+// instruction. That instruction also flushes subnormal values to zero, which vdpbf16ps (and its emulations, under
+// DAZ) reads as zero anyway: the products, and so every output bit, do not depend on which rounding ran.
+// x's lanes then y's, as 32 bf16 values: pair i holds lanes 2i and 2i + 1 of (x, y), pairs of keys of a row.
+template <bool kNative>
+Bits16 pairs_of_keys(const Floats16& x, const Floats16& y) {
+  if constexpr (kNative) {  // the low 16 bf16 values from the last operand (x), the high from the one before (y)
+    Bits16 pairs;
+    asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(pairs) : "v"(y), "v"(x));
+    return pairs;
+  } else {
+    const Bits16 a = bf16_bits(x), b = bf16_bits(y);
+    const Bits16 even = __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const Bits16 odd = __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return even | odd << 16;
+  }
+}
+// Lane i of x with lane i of y: pair i holds (x[i], y[i]), two queries' values of one key.
+template <bool kNative>
+Bits16 pairs_of_rows(const Floats16& x, const Floats16& y) {
+  if constexpr (kNative) {
+    typedef uint16_t Halves32 __attribute__((vector_size(64)));
+    const Halves32 h = std::bit_cast<Halves32>(pairs_of_keys<true>(x, y));  // x's 16 values, then y's
+    return std::bit_cast<Bits16>(__builtin_shufflevector(h, h, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7,
+                                                         23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+  } else {
+    return bf16_bits(x) | bf16_bits(y) << 16;
+  }
 }
 
 // Folds one block's scores into the tile's online softmax, each row in registers: each query's running maximum m,
 // sum l and context acc rescaled to the new maximum, and the block's probabilities 2^(s - m) rounded to bf16 pairs
 // along its keys (zeros past `cols`). Phase by phase over the rows, as attention.h's online_softmax, so that the
-// rows' dependency chains overlap; l sums in row_exps' lanes.
+// rows' dependency chains overlap. l sums lane by lane (l16), across the blocks: one sum of lanes per row, at its end.
+template <bool kNative>
 void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
   constexpr Bits16 kLanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -170,19 +185,23 @@ void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0
 #pragma omp simd
   for (int64_t r = 0; r < rows; ++r) correction[r] = exp2_nonpositive(t.m[r] - m_new[r]);  // 0 at the first block
   for (int64_t r = 0; r < rows; ++r) {
+    if (correction[r] != 1.0f) {  // a row whose maximum moved (x · 1 = x: the others keep their bits as they are)
 #pragma omp simd
-    for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] *= correction[r];
+      for (int64_t d = 0; d < z.D; ++d) t.acc[r][d] *= correction[r];
+      t.l16[r] *= correction[r];
+    }
     Row p;
     std::memcpy(p.data(), t.s[r], sizeof(p));
     for (Floats16& x : p) x = exp2_nonpositive(x - m_new[r]);
-    t.l[r] = t.l[r] * correction[r] + sum_lanes(((p[0] + p[1]) + p[2]) + p[3]);
+    t.l16[r] += ((p[0] + p[1]) + p[2]) + p[3];
     t.m[r] = m_new[r];
-    const Bits16 pairs[2] = {pairs_of_keys(p[0], p[1]), pairs_of_keys(p[2], p[3])};
+    const Bits16 pairs[2] = {pairs_of_keys<kNative>(p[0], p[1]), pairs_of_keys<kNative>(p[2], p[3])};
     std::memcpy(t.along_keys[r], pairs, sizeof(pairs));
   }
 }
 
 // Heads [lo, hi) of the (batch, head) pairs of attention, in the calling thread's tiles.
+template <bool kNative>
 void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Problem& z,
                 std::span<std::byte> workspace, int64_t bytes_per_thread, int64_t lo, int64_t hi) {
   const bf16_t *q = in[0].data<bf16_t>(), *k = in[1].data<bf16_t>(), *v = in[2].data<bf16_t>();
@@ -198,17 +217,18 @@ void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> o
       const int64_t rows = std::min(kRows, z.T - i0), keys = z.causal ? i0 + rows : z.S;
       load_rows(q, t.q, nullptr, z, b, h, i0, rows);
       for (int64_t r = 0; r < rows; ++r) {
-        t.m[r] = -std::numeric_limits<float>::infinity(), t.l[r] = 0;
+        t.m[r] = -std::numeric_limits<float>::infinity(), t.l16[r] = Floats16{};
         std::fill(t.acc[r], t.acc[r] + z.D, 0.0f);
       }
       for (int64_t s0 = 0; s0 < keys; s0 += kBlock) {  // the online softmax, one block of keys at a time
         const int64_t cols = std::min(kBlock, keys - s0);
         scores(t, kv, z, rows, s0, cols);
-        fold_block(t, z, i0, rows, s0, cols);
+        fold_block<kNative>(t, z, i0, rows, s0, cols);
         const int64_t key_pairs = (cols + 1) / 2;  // acc += p v
         product(t, {&t.along_keys[0][0], kBlock / 2, kv.vp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, key_pairs, true}, rows, z.D);
       }
       for (int64_t r = 0; r < rows; ++r) {
+        t.l[r] = sum_lanes(t.l16[r]);
         bf16_t* orow = o + ((b * z.T + i0 + r) * z.H + h) * z.D;
         for (int64_t d = 0; d < z.D; ++d) orow[d] = float_to_bf16(t.acc[r][d] / t.l[r]);
         lse[(b * z.H + h) * z.T + i0 + r] = (t.m[r] + std::log2(t.l[r])) * std::numbers::ln2_v<float>;
@@ -217,29 +237,61 @@ void heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> o
   }
 }
 
-REMAT_WIDEST_CLONES(heads, heads_body)
+// The kernels for target I: with vcvtne2ps2bf16 where I is x86-64-v4 and pair_product runs vdpbf16ps.
+template <Isa I, class... Args>
+void heads_isa(Args&&... a) {
+  if constexpr (I == Isa::x86_64_v4)
+    if (pair_product_native()) return heads_body<true>(std::forward<Args>(a)...);
+  heads_body<false>(std::forward<Args>(a)...);
+}
+REMAT_ISA_CLONES(heads, heads_isa)
 
-// One block of keys of the backward, for the tile's rows: dvᵀ += doutᵀ p, dkᵀ += qᵀ ds, dq (acc) += ds k.
-void block_grad(Tiles& t, const Keys& kv, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols,
-                float* dk_t, float* dv_t) {
+// The block's probabilities p = 2^(s - lse·log2 e) and score gradients ds = p (dout·v - delta)·scale from the
+// tile's scores s and dout vᵀ in g, two rows at a time in registers, rounded to bf16 pairs: p and ds along queries
+// (rows r and r + 1 in a pair, a last odd row paired with zero), ds along keys. Columns past `cols` are zero.
+template <bool kNative>
+void block_pairs(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
+  constexpr Bits16 kLanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const float scale = static_cast<float>(z.scale), to_base2 = scores_scale(z);
-  scores(t, kv, z, rows, s0, cols);
-  product(t, {&t.dout[0][0], kPairsD, kv.vt + s0 * z.D / 2, kBlock, &t.g[0][0], kBlock, z.D / 2, false}, rows, cols);
-  for (int64_t r = 0; r < rows; ++r) {  // p = 2^(s - lse·log2 e); ds = p (dout . v - delta) · scale
-    const int64_t visible = visible_keys(z, i0 + r, s0, cols);
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) {
-      const float score = j < visible ? t.s[r][j] * to_base2 : -std::numeric_limits<float>::infinity();
-      t.s[r][j] = exp2_nonpositive(score - t.l[r]);
-      t.g[r][j] = t.s[r][j] * (t.g[r][j] - t.delta[r]) * scale;
+  const Bits16 kMinusInf = Bits16{} + std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity());
+  // Selects below are bitwise: GCC 12 turned `mask ? a : b` on these vectors into code lane by lane here.
+  auto row = [&](int64_t r, Row& p, Row& ds) {
+    const uint32_t visible = static_cast<uint32_t>(visible_keys(z, i0 + r, s0, cols));
+    Row x, g;
+    std::memcpy(x.data(), t.s[r], sizeof(x));
+    std::memcpy(g.data(), t.g[r], sizeof(g));
+    for (int64_t v = 0; v < kVectors; ++v) {
+      const Bits16 lane = kLanes + static_cast<uint32_t>(16 * v);
+      const Bits16 seen = std::bit_cast<Bits16>(lane < visible), in_block = std::bit_cast<Bits16>(lane < static_cast<uint32_t>(cols));
+      const Bits16 score = (std::bit_cast<Bits16>(x[v] * to_base2) & seen) | (kMinusInf & ~seen);
+      p[v] = exp2_nonpositive(std::bit_cast<Floats16>(score) - t.l[r]);
+      ds[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(p[v] * (g[v] - t.delta[r]) * scale) & in_block);
+    }
+    const Bits16 pairs[2] = {pairs_of_keys<kNative>(ds[0], ds[1]), pairs_of_keys<kNative>(ds[2], ds[3])};
+    std::memcpy(t.along_keys[r], pairs, sizeof(pairs));
+  };
+  for (int64_t r = 0; r < rows; r += 2) {
+    Row p0, ds0, p1{}, ds1{};
+    row(r, p0, ds0);
+    if (r + 1 < rows) row(r + 1, p1, ds1);
+    for (int64_t v = 0; v < kVectors; ++v) {
+      const Bits16 p_pair = pairs_of_rows<kNative>(p0[v], p1[v]), ds_pair = pairs_of_rows<kNative>(ds0[v], ds1[v]);
+      std::memcpy(&t.p_along_queries[r / 2][16 * v], &p_pair, sizeof(p_pair));
+      std::memcpy(&t.ds_along_queries[r / 2][16 * v], &ds_pair, sizeof(ds_pair));
     }
   }
+}
+
+// One block of keys of the backward, for the tile's rows: dvᵀ += doutᵀ p, dkᵀ += qᵀ ds, dq (acc) += ds k.
+template <bool kNative>
+void block_grad(Tiles& t, const Keys& kv, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols,
+                float* dk_t, float* dv_t) {
+  scores(t, kv, z, rows, s0, cols);
+  product(t, {&t.dout[0][0], kPairsD, kv.vt + s0 * z.D / 2, kBlock, &t.g[0][0], kBlock, z.D / 2, false}, rows, cols);
+  block_pairs<kNative>(t, z, i0, rows, s0, cols);
   const int64_t query_pairs = (rows + 1) / 2, key_pairs = (cols + 1) / 2;
-  pairs_along_queries(t.s, t.along_queries, rows, cols);
-  product(t, {&t.dout_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dv_t + s0 * z.D, kBlock, query_pairs, true}, z.D, cols);
-  pairs_along_queries(t.g, t.along_queries, rows, cols);
-  product(t, {&t.q_t[0][0], kRows / 2, &t.along_queries[0][0], kBlock, dk_t + s0 * z.D, kBlock, query_pairs, true}, z.D, cols);
-  pairs_along_keys(t.g, t.along_keys, rows, cols);
+  product(t, {&t.dout_t[0][0], kRows / 2, &t.p_along_queries[0][0], kBlock, dv_t + s0 * z.D, kBlock, query_pairs, true}, z.D, cols);
+  product(t, {&t.q_t[0][0], kRows / 2, &t.ds_along_queries[0][0], kBlock, dk_t + s0 * z.D, kBlock, query_pairs, true}, z.D, cols);
   product(t, {&t.along_keys[0][0], kBlock / 2, kv.kp + s0 / 2 * z.D, z.D, &t.acc[0][0], kMaxDh, key_pairs, true}, rows, z.D);
 }
 
@@ -260,6 +312,7 @@ void write_keys(const float* x_t, bf16_t* to, Tiles& t, const Problem& z, int64_
 }
 
 // kv heads [lo, hi) of the (batch, kv head) pairs of attention_grad, in the calling thread's tiles.
+template <bool kNative>
 void grad_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out, const Problem& z,
                      std::span<std::byte> workspace, int64_t bytes_per_thread, int64_t lo, int64_t hi) {
   const bf16_t *q = in[0].data<bf16_t>(), *k = in[1].data<bf16_t>(), *v = in[2].data<bf16_t>();
@@ -290,7 +343,7 @@ void grad_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Arr
           std::fill(t.acc[r], t.acc[r] + z.D, 0.0f);
         }
         for (int64_t s0 = 0; s0 < keys; s0 += kBlock)
-          block_grad(t, kv, z, i0, rows, s0, std::min(kBlock, keys - s0), dk_t, dv_t);
+          block_grad<kNative>(t, kv, z, i0, rows, s0, std::min(kBlock, keys - s0), dk_t, dv_t);
         for (int64_t r = 0; r < rows; ++r) {
           bf16_t* dqr = dq + ((b * z.T + i0 + r) * z.H + h) * z.D;
           for (int64_t d = 0; d < z.D; ++d) dqr[d] = float_to_bf16(t.acc[r][d]);
@@ -301,7 +354,13 @@ void grad_heads_body(const ir::Node& n, std::span<const Array> in, std::span<Arr
   }
 }
 
-REMAT_WIDEST_CLONES(grad_heads, grad_heads_body)
+template <Isa I, class... Args>
+void grad_heads_isa(Args&&... a) {
+  if constexpr (I == Isa::x86_64_v4)
+    if (pair_product_native()) return grad_heads_body<true>(std::forward<Args>(a)...);
+  grad_heads_body<false>(std::forward<Args>(a)...);
+}
+REMAT_ISA_CLONES(grad_heads, grad_heads_isa)
 
 Problem even_problem_of(const ir::Node& n, std::span<const Array> in) {
   const Problem z = problem_of(n, in);

@@ -197,6 +197,8 @@ void pair_product(const PairProduct& p, int64_t rows, int64_t cols, std::span<fl
   }
 }
 
+bool pair_product_native() { return path() == Path::avx512_bf16; }
+
 const char* pair_product_path() {
   switch (path()) {
     case Path::avx512_bf16: return "avx512_bf16";

@@ -34,5 +34,7 @@ constexpr int64_t pair_scratch(int64_t rows, int64_t cols, int64_t K) { return 2
 
 // Which implementation pair_product runs under the current kernel_isa(): "avx512_bf16", "fma" or "scalar".
 const char* pair_product_path();
+// Whether that is "avx512_bf16": vdpbf16ps, under the x86-64-v4 kernels on a CPU with AVX512_BF16.
+bool pair_product_native();
 
 }  // namespace remat::exec
