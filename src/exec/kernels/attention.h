@@ -13,7 +13,7 @@
 namespace remat::exec::flash {
 
 constexpr int64_t kBlock = 64;   // keys per block
-constexpr int64_t kRows = 24;    // queries per block
+constexpr int64_t kRows = 48;    // queries per block
 constexpr int64_t kMaxDh = 256;  // head dims a tile row holds
 
 // The sizes of one call (q [B,T,H,D], k and v [B,S,KV,D]), its mask and scale.
