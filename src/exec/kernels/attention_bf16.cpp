@@ -163,6 +163,16 @@ Bits16 pairs_of_rows(const Floats16& x, const Floats16& y) {
   }
 }
 
+// A row of the block in pairs of keys, into `to` (one vector at a time: GCC copied an array of them through the
+// stack).
+template <bool kNative>
+void store_pairs_of_keys(const Row& x, uint32_t* to) {
+  for (int64_t v = 0; v < kVectors; v += 2) {
+    const Bits16 pairs = pairs_of_keys<kNative>(x[v], x[v + 1]);
+    std::memcpy(to + 8 * v, &pairs, sizeof(pairs));
+  }
+}
+
 // Folds one block's scores into the tile's online softmax, each row in registers: each query's running maximum m,
 // sum l and context acc rescaled to the new maximum, and the block's probabilities 2^(s - m) rounded to bf16 pairs
 // along its keys (zeros past `cols`). Phase by phase over the rows, as attention.h's online_softmax, so that the
@@ -195,8 +205,7 @@ void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0
     for (Floats16& x : p) x = exp2_nonpositive(x - m_new[r]);
     t.l16[r] += ((p[0] + p[1]) + p[2]) + p[3];
     t.m[r] = m_new[r];
-    const Bits16 pairs[2] = {pairs_of_keys<kNative>(p[0], p[1]), pairs_of_keys<kNative>(p[2], p[3])};
-    std::memcpy(t.along_keys[r], pairs, sizeof(pairs));
+    store_pairs_of_keys<kNative>(p, t.along_keys[r]);
   }
 }
 
@@ -267,8 +276,7 @@ void block_pairs(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s
       p[v] = exp2_nonpositive(std::bit_cast<Floats16>(score) - t.l[r]);
       ds[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(p[v] * (g[v] - t.delta[r]) * scale) & in_block);
     }
-    const Bits16 pairs[2] = {pairs_of_keys<kNative>(ds[0], ds[1]), pairs_of_keys<kNative>(ds[2], ds[3])};
-    std::memcpy(t.along_keys[r], pairs, sizeof(pairs));
+    store_pairs_of_keys<kNative>(ds, t.along_keys[r]);
   };
   for (int64_t r = 0; r < rows; r += 2) {
     Row p0, ds0, p1{}, ds1{};
