@@ -35,7 +35,8 @@ BENCHMARK(DotGeneralF32)->Args({4096, 768, 3072})->Args({1024, 1024, 1024})->Uni
 
 // A weight gradient, [tokens, m]^T x [tokens, n]: the contraction longer than both output sides, so it runs as
 // fixed output tiles (thread-count invariant); m = 3072 f32: the lhs rows 12 KiB apart, read from a copy. Args:
-// tokens, m, n, dtype (0 f32, 1 bf16).
+// tokens, m, n, dtype (0 f32, 1 bf16), cold (1: 64 MiB written between runs, untimed, so that the operands come
+// from memory as in a step, not from the caches as in the step's floor).
 void WeightGradient(benchmark::State& state) {
   const int64_t t = state.range(0), m = state.range(1), n = state.range(2);
   const DType dtype = state.range(3) ? DType::bf16 : DType::f32;
@@ -47,15 +48,26 @@ void WeightGradient(benchmark::State& state) {
     for (int64_t i = 0; i < a.size(); ++i) a.set(i, std::sin(0.37 * static_cast<double>(i)));
   exec::Executable e = compiled(g);
   e.run(args);  // warm up: oneDNN's primitives made
-  for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
+  std::vector<float> evict(state.range(4) ? 64 << 20 >> 2 : 0);
+  for (auto _ : state) {
+    if (!evict.empty()) {
+      state.PauseTiming();
+      for (float& v : evict) v += 1;
+      benchmark::DoNotOptimize(evict.data());
+      state.ResumeTiming();
+    }
+    benchmark::DoNotOptimize(e.run(args));
+  }
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * static_cast<double>(t * m * n), benchmark::Counter::kIsIterationInvariantRate,
                          benchmark::Counter::kIs1000);
 }
 
 BENCHMARK(WeightGradient)
-    ->ArgsProduct({{2048}, {768, 3072}, {768, 2048}, {0, 1}})
-    ->Args({32768, 16, 24, 0})
+    ->ArgsProduct({{2048}, {768, 3072}, {768, 2048}, {0, 1}, {0}})
+    ->ArgsProduct({{2048}, {768}, {3072}, {1}, {0, 1}})
+    ->ArgsProduct({{2048}, {3072}, {768}, {1}, {0, 1}})
+    ->Args({32768, 16, 24, 0, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -3,9 +3,9 @@
 // the same loop over libm's expf (what they ran before exec/kernels/exp.h); a row max and sum over 512-element
 // rows (the attention's softmax) through the kernel, against one accumulator per row; softmax and its VJP over
 // the medium config's attention scores (4 x 12 heads x 512 x 512) on all threads, in GB/s of their operands and
-// results, their buffers allocated (and faulted in) once; the gradient norm's sum of squares, RMSNorm's VJP and the
+// results, their buffers allocated (and faulted in) once; a layer's weight casts, the gradient norm's sum of squares, RMSNorm's VJP and the
 // loss (target_log_prob and its VJP over bf16 logits) at the medium config's shapes, through planned executables.
-// Run: build/remat_bench --benchmark_filter='Exp|Logistic|Row|Softmax|SumOfSquares|RmsNormGrad|TargetLogProb'
+// Run: build/remat_bench --benchmark_filter='Exp|Logistic|Row|Softmax|ConvertGroup|SumOfSquares|RmsNormGrad|TargetLogProb'
 #include "bench/compiled.h"
 #include "exec/exec.h"
 #include "exec/kernels/kernels.h"
@@ -85,6 +85,30 @@ void SumOfSquares(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * rows * cols * 4);
 }
 BENCHMARK(SumOfSquares)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The weight casts of one medium layer (its seven kernels, f32 to bf16, as one convert_group: what the bf16 step
+// runs before a layer's matmuls, forward and backward), on all threads, in GB/s of the f32 read and bf16 written.
+void ConvertGroup(benchmark::State& state) {
+  const int64_t d = 768, f = 3072;
+  const std::vector<ir::Shape> shapes = {{d, d}, {d, d}, {d, d}, {d, d}, {d, f}, {d, f}, {f, d}};
+  const char* names[] = {"query", "key", "value", "out", "wi_0", "wi_1", "wo"};
+  ir::Graph g;
+  ir::Builder b(g);
+  std::vector<ir::Tensor> kernels;
+  std::vector<exec::Array> args;
+  int64_t elements = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    kernels.push_back(b.param(names[i], {DType::f32, shapes[i]}));
+    args.push_back(exec::Array::from<float>(shapes[i], random_floats(ir::num_elements(shapes[i]), -1, 1)));
+    elements += ir::num_elements(shapes[i]);
+  }
+  for (ir::Tensor t : convert_group(kernels, DType::bf16)) b.result(t);
+  exec::Executable e = compiled(g);
+  e.run(args);
+  for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
+  state.SetBytesProcessed(state.iterations() * elements * 6);
+}
+BENCHMARK(ConvertGroup)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // RMSNorm's VJP over the medium config's 4 x 512 rows of 768, x and the cotangent f32 (arg 0) or bf16 (1), on all
 // threads: a pass over rows (dx), then one over each thread's columns (dw), in GB/s of x, g and dx.

@@ -4,7 +4,7 @@
 # f32 and bf16:
 #  - remat full, minimal and none, attention dot_product and flash: the step (the median of the steps after the
 #    first), peak RSS, its matmul floor (exec::matmul_floor: its matmuls' and
-#    attention's FLOPs at the rate oneDNN reaches on the same shapes run alone, in the same process) and a traced
+#    attention's FLOPs at the rate oneDNN reaches on the same shapes run alone, in the same process) and the median
 #    step of that process as a multiple of it, and the step over PyTorch's without checkpointing;
 #  - PyTorch (bench/torch_peer.py: the same architecture, 2 threads) with a checkpoint per layer and without;
 #  - remat_policy=auto with hbm_limit at PyTorch's checkpointed peak RSS, over PyTorch's checkpointed step. On a
@@ -55,10 +55,12 @@ torch_ms() { grep -o '[0-9]* ms/step' <<<"$1" | awk '{print $1}'; }
 torch_gib() { grep -o 'peak RSS [0-9.]* GiB' <<<"$1" | awk '{print $3}'; }
 
 # remat LABEL KEYS...: one row. The step and peak RSS come from a run of `steps` steps; the floor from a second
-# run of 3 steps that profiles its third and times the floor's shapes right after it (they would add to the first
-# run's peak RSS). The row's step / floor is that second run's: its traced step over the floor timed the next
-# seconds, both in one process, so that a slow or fast minute of a noisy machine moves both alike (across runs
-# minutes apart, the same binary's step moved by 12%). A profiled run that fails (at 8192 tokens the floor's own
+# run of 5 steps that profiles its third and times the floor's shapes right after it (they would add to the first
+# run's peak RSS). The row's step / floor is that second run's: the median of its steps 2 to 5 (the traced one
+# as the trace timed it: its log line also holds the floor's timing) over the floor timed amid them, all in one
+# process, so that a slow or fast minute of a noisy machine moves both alike (across runs minutes apart, the same
+# binary's step moved by 12%), and one step in a slow burst does not decide the row (a single traced step moved
+# its row's ratio from 1.18x to 1.35x between runs). A profiled run that fails (at 8192 tokens the floor's own
 # operands can exhaust the RAM) leaves the row without its floor rather than ending the bench.
 remat_row() {
   local label=$1 out profiled floor traced ratio=""
@@ -68,17 +70,20 @@ remat_row() {
   ms=$(ms_of "$out")
   gib=$(gib_of "$out")
   [ -n "$base_ms" ] && ratio=$(awk -v a="$ms" -v b="$base_ms" 'BEGIN {printf "%.2fx", a / b}')
-  profiled=$(cd "$work" && "$remat" train $width $run_keys steps=3 enable_profiler=true \
+  profiled=$(cd "$work" && "$remat" train $width $run_keys steps=5 enable_profiler=true \
     skip_first_n_steps_for_profiler=2 "$@" 2>&1) || true
   floor=$(grep -o 'matmul floor of step [0-9]*: [0-9.]* ms' <<<"$profiled" | awk '{print $6}') || true
   traced=$(grep -o 'the step took [0-9.]* ms' <<<"$profiled" | awk '{print $4}') || true
-  if [ -z "$floor" ] || [ -z "$traced" ]; then
+  around=$(grep -o '[0-9.]* ms/step' <<<"$profiled" | awk 'NR == 2 || NR >= 4 {print $1}') || true
+  if [ -z "$floor" ] || [ -z "$traced" ] || [ "$(wc -w <<<"$around")" != 3 ]; then
     awk -v l="$label" -v ms="$ms" -v g="$gib" -v r="$ratio" -v why="$(tail -1 <<<"$profiled")" \
       'BEGIN {printf "| %s | %.2f s | %.2f GiB | profiled run failed: %s | | %s |\n", l, ms / 1e3, g, why, r}'
     return
   fi
-  awk -v l="$label" -v ms="$ms" -v g="$gib" -v f="$floor" -v t="$traced" -v r="$ratio" \
-    'BEGIN {printf "| %s | %.2f s | %.2f GiB | %.2f s : %.2f s | %.2fx | %s |\n", l, ms / 1e3, g, t / 1e3, f / 1e3, t / f, r}'
+  median=$(printf '%s\n' $around "$traced" | sort -n | awk '{a[NR] = $1} END {print (a[2] + a[3]) / 2}')
+  awk -v l="$label" -v ms="$ms" -v g="$gib" -v f="$floor" -v t="$traced" -v m="$median" -v r="$ratio" \
+    'BEGIN {printf "| %s | %.2f s | %.2f GiB | %.2f s (traced %.2f s) : %.2f s | %.2fx | %s |\n", l, ms / 1e3, g, m / 1e3,
+            t / 1e3, f / 1e3, m / f, r}'
 }
 
 if [ $have_torch = 1 ]; then
@@ -105,7 +110,7 @@ for dtype in ${REMAT_BENCH_DTYPES:-float32 bfloat16}; do
     echo "$ckpt"
     base_ms=$(torch_ms "$none") ckpt_ms=$(torch_ms "$ckpt") ckpt_gib=$(torch_gib "$ckpt")
   fi
-  echo "| $dtype, 4 x 512 | step | peak RSS | traced step : matmul floor | step / floor | step / PyTorch without checkpointing |"
+  echo "| $dtype, 4 x 512 | step | peak RSS | profiled run's steps 2-5, median : matmul floor | step / floor | step / PyTorch without checkpointing |"
   echo "|---|---|---|---|---|---|"
   for policy in full minimal none; do
     for attention in dot_product flash; do
@@ -138,7 +143,7 @@ for seq in $long_lengths; do
     echo "no checkpoint, under 24 GiB: $(torch "$long_dtype" "$seq" 1 "" $((24 << 20)))"
     base_ms=$(torch_ms "$ckpt") ckpt_gib=$(torch_gib "$ckpt")
   fi
-  echo "| $short, 1 x $seq | step | peak RSS | traced step : matmul floor | step / floor | step / PyTorch checkpointed |"
+  echo "| $short, 1 x $seq | step | peak RSS | profiled run's steps 2-5, median : matmul floor | step / floor | step / PyTorch checkpointed |"
   echo "|---|---|---|---|---|---|"
   if [ -n "$ckpt_gib" ]; then
     for attention in flash dot_product; do
