@@ -33,10 +33,11 @@ void DotGeneralF32(benchmark::State& state) {
 
 BENCHMARK(DotGeneralF32)->Args({4096, 768, 3072})->Args({1024, 1024, 1024})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// A weight gradient, [tokens, m]^T x [tokens, n]: the contraction longer than both output sides, so it runs as
-// fixed output tiles (thread-count invariant); m = 3072 f32: the lhs rows 12 KiB apart, read from a copy. Args:
-// tokens, m, n, dtype (0 f32, 1 bf16), cold (1: 64 MiB written between runs, untimed, so that the operands come
-// from memory as in a step, not from the caches as in the step's floor).
+// A weight gradient, [tokens, m]^T x [tokens, n]: where the contraction is longer than both output sides it runs
+// as fixed output tiles (thread-count invariant), else as one oneDNN matmul (the medium MLP's 768 x 3072 and
+// 3072 x 768 in bf16); m = 3072 f32: the lhs rows 12 KiB apart, read from a copy. Args: tokens, m, n, dtype (0 f32,
+// 1 bf16), cold (1: 64 MiB written between runs, untimed, so that the operands come from memory as in a step, not
+// from the caches as in the step's floor).
 void WeightGradient(benchmark::State& state) {
   const int64_t t = state.range(0), m = state.range(1), n = state.range(2);
   const DType dtype = state.range(3) ? DType::bf16 : DType::f32;
@@ -48,7 +49,7 @@ void WeightGradient(benchmark::State& state) {
     for (int64_t i = 0; i < a.size(); ++i) a.set(i, std::sin(0.37 * static_cast<double>(i)));
   exec::Executable e = compiled(g);
   e.run(args);  // warm up: oneDNN's primitives made
-  std::vector<float> evict(state.range(4) ? 64 << 20 >> 2 : 0);
+  std::vector<float> evict(state.range(4) ? (64 << 20) / sizeof(float) : 0);
   for (auto _ : state) {
     if (!evict.empty()) {
       state.PauseTiming();

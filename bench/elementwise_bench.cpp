@@ -3,8 +3,9 @@
 // the same loop over libm's expf (what they ran before exec/kernels/exp.h); a row max and sum over 512-element
 // rows (the attention's softmax) through the kernel, against one accumulator per row; softmax and its VJP over
 // the medium config's attention scores (4 x 12 heads x 512 x 512) on all threads, in GB/s of their operands and
-// results, their buffers allocated (and faulted in) once; a layer's weight casts, the gradient norm's sum of squares, RMSNorm's VJP and the
-// loss (target_log_prob and its VJP over bf16 logits) at the medium config's shapes, through planned executables.
+// results, their buffers allocated (and faulted in) once; a layer's weight casts, the gradient norm's sum of
+// squares, RMSNorm's VJP and the loss (target_log_prob and its VJP over bf16 logits) at the medium config's shapes,
+// through planned executables.
 // Run: build/remat_bench --benchmark_filter='Exp|Logistic|Row|Softmax|ConvertGroup|SumOfSquares|RmsNormGrad|TargetLogProb'
 #include "bench/compiled.h"
 #include "exec/exec.h"
