@@ -37,9 +37,13 @@ inline Floats16 pow2(const Ints16& k) { return std::bit_cast<Floats16>(std::bit_
 // fitted by Remez exchange to the relative error (5.6e-9 with its coefficients in f32; the degree-7 Taylor polynomial
 // it replaced: 6e-9, two operations more). k is read from the bits of its rounding sum (1.5 * 2^23 + k), not
 // converted from a float: a NaN goes through the arithmetic to the result without a test of its own.
+// F: float, or Floats16 (each lane the scalar's operations); IntsOf<F>: its integer lanes.
+template <class F>
+using IntsOf = std::conditional_t<std::is_same_v<F, float>, int32_t, Ints16>;
+template <class F>
 struct ExpParts {
-  float p;
-  int32_t k;
+  F p;
+  IntsOf<F> k;
 };
 inline constexpr float kExpRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer, kept in the low bits
 inline constexpr float kExpLog2e = 1.44269504088896341f;
@@ -47,18 +51,14 @@ inline constexpr float kExpLn2High = 0.693145751953125f, kExpLn2Low = 1.42860682
 inline constexpr float kExpPoly[7] = {1.389340730e-03f, 8.370299824e-03f, 4.166709259e-02f, 1.666650623e-01f,
                                       4.999999702e-01f, 1.0f, 1.0f};  // highest degree first
 inline constexpr float kExpLow = -104.0f, kExpHigh = 89.0f;  // exp_f32's clamps
-inline ExpParts exp_parts(float c) {
-  const float shifted = c * kExpLog2e + kExpRound;
-  const float n = shifted - kExpRound;
-  const float r = (c - n * kExpLn2High) - n * kExpLn2Low;
-  float p = kExpPoly[0];
-  p = p * r + kExpPoly[1];
-  p = p * r + kExpPoly[2];
-  p = p * r + kExpPoly[3];
-  p = p * r + kExpPoly[4];
-  p = p * r + kExpPoly[5];
-  p = p * r + kExpPoly[6];
-  return {p, std::bit_cast<int32_t>(shifted) - std::bit_cast<int32_t>(kExpRound)};
+template <class F>
+ExpParts<F> exp_parts(const F& c) {
+  const F shifted = c * kExpLog2e + kExpRound;
+  const F n = shifted - kExpRound;
+  const F r = (c - n * kExpLn2High) - n * kExpLn2Low;
+  F p = F{} + kExpPoly[0];
+  for (int i = 1; i < 7; ++i) p = p * r + kExpPoly[i];
+  return {p, std::bit_cast<IntsOf<F>>(shifted) - std::bit_cast<int32_t>(kExpRound)};
 }
 
 // exp(x), with 2^k applied in two halves, each a normal float, so a subnormal result is rounded once. The clamps
@@ -75,8 +75,9 @@ inline float exp_f32(float x) {
 // exp_f32 gives a subnormal < 2^-126), which the clamp at -88 keeps k at (exp(-inf) = 0). Such a probability is
 // below half an ulp of its row's sum (>= 1), so a sum keeps its bits. The callers' x never exceeds 0; beyond 88,
 // 2^k would overflow.
-inline float exp_nonpositive(float x) {
-  const auto [p, k] = exp_parts(std::max(x, -88.0f));
+template <class F>
+F exp_nonpositive(const F& x) {
+  const auto [p, k] = exp_parts(max_of(x, F{} - 88.0f));
   return p * pow2(k);
 }
 
@@ -92,8 +93,7 @@ F exp2_nonpositive(const F& x) {
   const F c = max_of(x, F{} - 127.0f), shifted = c + kExpRound, n = shifted - kExpRound, f = c - n;
   F p = F{} + kExp2Poly[0];
   for (int i = 1; i < 6; ++i) p = p * f + kExp2Poly[i];
-  using K = std::conditional_t<std::is_same_v<F, float>, int32_t, Ints16>;
-  return p * pow2(std::bit_cast<K>(shifted) - std::bit_cast<int32_t>(kExpRound));
+  return p * pow2(std::bit_cast<IntsOf<F>>(shifted) - std::bit_cast<int32_t>(kExpRound));
 }
 
 inline float exp_of(float x) { return exp_f32(x); }

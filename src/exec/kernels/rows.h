@@ -59,11 +59,17 @@ A combine_lanes(const A (&lane)[kRowLanes]) {
   return sum_lanes(v);
 }
 
-// Σ f(j) over j in [0, w).
-template <class A, class F>
-A row_sum(int64_t w, F f) {
+// Σ f(j) over j in [0, w); f16(j0), where given, is f(j0), ..., f(j0 + 15) as one vector (A float).
+template <class A, class F, class F16 = std::nullptr_t>
+A row_sum(int64_t w, F f, F16 f16 = nullptr) {
   A lane[kRowLanes] = {};
   int64_t j0 = 0;
+  if constexpr (!std::is_null_pointer_v<F16>) {
+    static_assert(std::is_same_v<A, float>);
+    Floats16 sum{};
+    for (; j0 + kRowLanes <= w; j0 += kRowLanes) sum += f16(j0);
+    std::memcpy(lane, &sum, sizeof(sum));
+  }
   for (; j0 + kRowLanes <= w; j0 += kRowLanes)
 #pragma omp simd
     for (int64_t i = 0; i < kRowLanes; ++i) lane[i] += f(j0 + i);
@@ -90,6 +96,66 @@ Acc reduce_window(int64_t n, Acc init, Combine combine, F f) {
   return lane[0];
 }
 
+// Sixteen elements of a row as f32 lanes, for the row kernels' whole groups: the lanes' own operations, so the bits
+// are the scalar loop's at any vector width (the omp simd loops stayed 256 bits wide under AVX-512; these take one
+// zmm there). T: float, bf16 or f16.
+typedef uint16_t Halves16 __attribute__((vector_size(32)));
+// x[0, 16), widened.
+template <class T>
+Floats16 load16(const T* x) {
+  Floats16 v;
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(&v, x, sizeof(v));
+  } else if constexpr (std::is_same_v<T, bf16_t>) {
+    Halves16 h;
+    std::memcpy(&h, x, sizeof(h));
+    v = std::bit_cast<Floats16>(__builtin_convertvector(h, Bits16) << 16);
+  } else {
+    for (int i = 0; i < 16; ++i) v[i] = load(x[i]);
+  }
+  return v;
+}
+// to[0, 16) = v rounded to T (store<T>).
+template <class T>
+void store16(T* to, const Floats16& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(to, &v, sizeof(v));
+  } else if constexpr (std::is_same_v<T, bf16_t>) {
+    Bits16 u = std::bit_cast<Bits16>(v);
+    round_to_bf16_bits(u);
+    const Halves16 h = __builtin_convertvector(u, Halves16);
+    std::memcpy(to, &h, sizeof(h));
+  } else {
+    for (int i = 0; i < 16; ++i) to[i] = store<T>(v[i]);
+  }
+}
+// v rounded to T and widened back: load(store<T>(v)) in each lane.
+template <class T>
+Floats16 round16(const Floats16& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, bf16_t>) {
+    Bits16 u = std::bit_cast<Bits16>(v);
+    round_to_bf16_bits(u);
+    return std::bit_cast<Floats16>(u << 16);
+  } else {
+    Floats16 r;
+    for (int i = 0; i < 16; ++i) r[i] = load(store<T>(v[i]));
+    return r;
+  }
+}
+// The lanes of j0, ..., j0 + 15 that are below end (all bits set), as a vector condition.
+inline Ints16 lanes_below(int64_t j0, int64_t end) {
+  return Ints16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} <
+         static_cast<int32_t>(std::clamp<int64_t>(end - j0, 0, 16));
+}
+
+// The lane of j0, ..., j0 + 15 that is j (all bits set), if any, as a vector condition.
+inline Ints16 lane_at(int64_t j0, int64_t j) {
+  return Ints16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} ==
+         static_cast<int32_t>(std::clamp<int64_t>(j - j0, -1, 16));
+}
+
 // The maximum of the row x[0, w) over its non-NaN elements (−inf when there are none). A NaN needs no care
 // here: its exp makes the row's sum NaN, and so every probability, as the primitives give.
 template <class A, class T>
@@ -97,9 +163,15 @@ A row_max(const T* x, int64_t w) {
   A lane[kRowLanes];
   std::fill(lane, lane + kRowLanes, -std::numeric_limits<A>::infinity());
   int64_t j0 = 0;
-  for (; j0 + kRowLanes <= w; j0 += kRowLanes)
+  if constexpr (std::is_same_v<A, float>) {  // whole groups as one vector: the lanes' own operations, any width
+    Floats16 v = Floats16{} - std::numeric_limits<A>::infinity();
+    for (; j0 + kRowLanes <= w; j0 += kRowLanes) v = max_of(v, load16(x + j0));
+    std::memcpy(lane, &v, sizeof(v));
+  } else {
+    for (; j0 + kRowLanes <= w; j0 += kRowLanes)
 #pragma omp simd
-    for (int64_t i = 0; i < kRowLanes; ++i) lane[i] = std::max(lane[i], static_cast<A>(load(x[j0 + i])));
+      for (int64_t i = 0; i < kRowLanes; ++i) lane[i] = std::max(lane[i], static_cast<A>(load(x[j0 + i])));
+  }
   for (int64_t j = j0; j < w; ++j) lane[j - j0] = std::max(lane[j - j0], static_cast<A>(load(x[j])));
   for (int64_t w = kRowLanes / 2; w > 0; w /= 2)  // pairwise: no chain of 15 dependent compares
     for (int64_t i = 0; i < w; ++i) lane[i] = std::max(lane[i], lane[i + w]);
@@ -111,9 +183,20 @@ template <class A, class T>
 A row_exps(const T* x, int64_t w, A m, A* p) {
   A lane[kRowLanes] = {};
   int64_t j0 = 0;
-  for (; j0 + kRowLanes <= w; j0 += kRowLanes)
+  if constexpr (std::is_same_v<A, float>) {
+    Floats16 sum{};
+    for (; j0 + kRowLanes <= w; j0 += kRowLanes) {
+      const Floats16 e = exp_nonpositive(load16(x + j0) - m);
+      std::memcpy(p + j0, &e, sizeof(e));
+      sum += e;
+    }
+    std::memcpy(lane, &sum, sizeof(sum));
+  } else {
+    for (; j0 + kRowLanes <= w; j0 += kRowLanes)
 #pragma omp simd
-    for (int64_t i = 0; i < kRowLanes; ++i) lane[i] += p[j0 + i] = exp_nonpositive_of(static_cast<A>(load(x[j0 + i])) - m);
+      for (int64_t i = 0; i < kRowLanes; ++i)
+        lane[i] += p[j0 + i] = exp_nonpositive_of(static_cast<A>(load(x[j0 + i])) - m);
+  }
   for (int64_t j = j0; j < w; ++j) lane[j - j0] += p[j] = exp_nonpositive_of(static_cast<A>(load(x[j])) - m);
   return combine_lanes(lane);
 }

@@ -22,8 +22,10 @@ namespace {
 template <class A, class T>
 void probabilities(const T* x, int64_t w, A* p) {
   const A s = row_exps(x, w, row_max<A>(x, w), p);
-#pragma omp simd
-  for (int64_t j = 0; j < w; ++j) p[j] /= s;
+  int64_t j = 0;
+  if constexpr (std::is_same_v<A, float>)
+    for (; j + 16 <= w; j += 16) store16(p + j, load16(p + j) / s);
+  for (; j < w; ++j) p[j] /= s;
 }
 
 // A mask row's extent: the length past its last visible element, and whether every element before that is visible
@@ -50,8 +52,10 @@ int64_t masked_row(const T* x, const Mask& mask, int64_t r, int64_t w, A* q) {
   const auto [end, prefix] = mask.row[r % mask.count];
   const auto scale = static_cast<Compute<T>>(mask.scale);
   if (prefix) {
-#pragma omp simd
-    for (int64_t j = 0; j < end; ++j) q[j] = static_cast<A>(load(store<T>(load(x[j]) * scale)));
+    int64_t j = 0;
+    if constexpr (std::is_same_v<A, float>)
+      for (; j + 16 <= end; j += 16) store16(q + j, round16<T>(load16(x + j) * scale));
+    for (; j < end; ++j) q[j] = static_cast<A>(load(store<T>(load(x[j]) * scale)));
     return end;
   }
 #pragma omp simd
@@ -67,6 +71,18 @@ void prefetch_visible(const T* x, const Mask& mask, int64_t r, int64_t w) {
   prefetch_rows(x + r * w, w, 0, 1, mask.row[r % mask.count].end);
 }
 
+// to[j] = (j < end ? p[j] : 0) / s for j in [0, w), rounded to U (to may be p).
+template <class A, class U>
+void store_visible(const A* p, int64_t end, int64_t w, A s, U* to) {
+  int64_t j = 0;
+  if constexpr (std::is_same_v<A, float>) {
+    for (; j < end && j + 16 <= w; j += 16) store16(to + j, (lanes_below(j, end) ? load16(p + j) : Floats16{}) / s);
+    const Floats16 hidden = Floats16{} / s;  // 0 / Σ, as every hidden lane has it
+    for (; j + 16 <= w; j += 16) store16(to + j, hidden);
+  }
+  for (; j < w; ++j) to[j] = store<U>(static_cast<Compute<U>>((j < end ? p[j] : A(0)) / s));
+}
+
 // Row r's probabilities into p[0, w): masked as masked_row has it when there is a mask (the hidden tail's
 // probabilities 0 / Σ: 0, or NaN as the row's sum); else probabilities().
 template <class A, class T>
@@ -74,8 +90,7 @@ void row_probabilities(const T* x, const Mask& mask, int64_t r, int64_t w, A* p)
   if (mask.rows == nullptr) return probabilities(x + r * w, w, p);
   const int64_t end = masked_row(x + r * w, mask, r, w, p);
   const A s = row_exps(p, end, row_max<A>(p, end), p);
-#pragma omp simd
-  for (int64_t j = 0; j < w; ++j) p[j] = (j < end ? p[j] : A(0)) / s;
+  store_visible(p, end, w, s, p);
 }
 
 // The row x[0, w)'s max and log Σ exp(x − max) (p: the exps), as log_softmax has them. The log in f64, rounded
@@ -119,15 +134,11 @@ void softmax_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* x
         if (mask.rows != nullptr) {  // row_probabilities(), its division at the store
           if (r + kRowsAhead < hi) prefetch_visible(x, mask, r + kRowsAhead, w);
           const int64_t end = masked_row(x + r * w, mask, r, w, p);
-          const A s = row_exps(p, end, row_max<A>(p, end), p);
-#pragma omp simd
-          for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>((j < end ? p[j] : A(0)) / s));
+          store_visible(p, end, w, row_exps(p, end, row_max<A>(p, end), p), y + r * w);
           continue;
         }
         const T* xr = x + r * w;  // probabilities(), its division at the store
-        const A s = row_exps(xr, w, row_max<A>(xr, w), p);
-#pragma omp simd
-        for (int64_t j = 0; j < w; ++j) y[r * w + j] = store<U>(static_cast<Compute<U>>(p[j] / s));
+        store_visible(p, w, w, row_exps(xr, w, row_max<A>(xr, w), p), y + r * w);
       }
     });
   });
@@ -158,16 +169,28 @@ void softmax_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::by
         }
         row_probabilities(x, mask, r, w, p);
         const G* gr = g + r * w;
-        const A d = row_sum<A>(w, [&](int64_t j) { return static_cast<A>(load(gr[j])) * p[j]; });
+        const auto f = [&](int64_t j) { return static_cast<A>(load(gr[j])) * p[j]; };
+        A d;
+        if constexpr (std::is_same_v<A, float>)
+          d = row_sum<A>(w, f, [&](int64_t j0) { return load16(gr + j0) * load16(p + j0); });
+        else
+          d = row_sum<A>(w, f);
         if (mask.rows == nullptr) {
-#pragma omp simd
-          for (int64_t j = 0; j < w; ++j)
-            dx[r * w + j] = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
+          int64_t j = 0;
+          if constexpr (std::is_same_v<A, float>)
+            for (; j + 16 <= w; j += 16) store16(dx + r * w + j, load16(p + j) * (load16(gr + j) - d));
+          for (; j < w; ++j) dx[r * w + j] = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
           continue;
         }
         const uint8_t* visible = mask.rows + r % mask.count * w;
-#pragma omp simd
-        for (int64_t j = 0; j < w; ++j) {
+        const auto [end, prefix] = mask.row[r % mask.count];
+        int64_t j = 0;
+        if constexpr (std::is_same_v<A, float>)
+          for (; prefix && j + 16 <= w; j += 16) {
+            const Floats16 dp = round16<T>(load16(p + j) * (load16(gr + j) - d));
+            store16(dx + r * w + j, (lanes_below(j, end) ? dp : Floats16{}) * scale);
+          }
+        for (; j < w; ++j) {
           const T dp = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
           dx[r * w + j] = store<T>((visible[j] != 0 ? load(dp) : Compute<T>(0)) * scale);
         }
@@ -269,8 +292,14 @@ void target_log_prob_grad_rows_body(const ir::Node& n, DType xt, DType dt, const
         const bool hit = t >= 0 && t < w;
         const A gr = hit ? static_cast<A>(load(g[r])) : A(0);
         const A s = gr + A(0);  // Σ of the one-hot row g·[j = t], as row_sum adds it to zeros (−0 becomes +0)
-#pragma omp simd
-        for (int64_t j = 0; j < w; ++j) {
+        int64_t j = 0;
+        if constexpr (std::is_same_v<A, float>)
+          for (; j + 16 <= w; j += 16) {
+            const Floats16 y = round16<D>((load16(xr + j) - m) - log_sum);
+            const Floats16 picked = lane_at(j, t) ? Floats16{} + gr : Floats16{};
+            store16(dx + r * w + j, round16<D>(picked - exp_nonpositive(y) * s));
+          }
+        for (; j < w; ++j) {
           const Compute<D> y = load(store<D>(static_cast<Compute<D>>((static_cast<A>(load(xr[j])) - m) - log_sum)));
           const A p = exp_nonpositive_of(static_cast<A>(y));
           const Compute<D> d = load(store<D>(static_cast<Compute<D>>((j == t ? gr : A(0)) - p * s)));
