@@ -1,5 +1,6 @@
-// dot_product attention's probabilities, the medium config's shape (4 x 12 heads x 512 x 512 f32 scores, bf16
-// probabilities, causal): the masked softmax op (scale and mask its own) against the composition it replaced,
+// dot_product attention's probabilities, the medium config's shapes (f32 scores, bf16 probabilities, causal):
+// 4 x 12 heads x 512 x 512 (/512), and for the masked op 1 x 12 x 4096 x 4096 (/4096: 0.8 GB of scores, rows
+// read from memory). The masked softmax op (scale and mask its own) against the composition it replaced,
 // select(mask, scores·scale, −inf) then softmax, fused as the step fuses it; forward, and backward (softmax_grad
 // and, for the composition, the VJPs of select and mul). In ms and GB/s of the scores read; a planned executable
 // built once, run again and again.
@@ -11,6 +12,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -21,10 +23,11 @@ namespace {
 using namespace ir;
 
 void Probabilities(benchmark::State& state, bool op, bool backward) {
-  const Shape shape{4, 12, 512, 512};
+  const int64_t t = state.range(0);
+  const Shape shape{std::max<int64_t>(1, 2048 / t), 12, t, t};  // 4 x 512 or 1 x 4096
   Graph g;
   Builder b(g);
-  Tensor x = b.param("scores", {DType::f32, shape}), mask = b.param("mask", {DType::pred, {512, 512}});
+  Tensor x = b.param("scores", {DType::f32, shape}), mask = b.param("mask", {DType::pred, {t, t}});
   const double scale = 0.125;
   if (op) {
     b.result(backward ? softmax_grad(x, b.param("g", {DType::bf16, shape}), mask, scale)
@@ -48,7 +51,7 @@ void Probabilities(benchmark::State& state, bool op, bool backward) {
     args.push_back(exec::Array::zeros(g.type(p)));
     exec::Array& a = args.back();
     if (a.type().dtype == DType::pred)
-      for (int64_t i = 0; i < a.size(); ++i) a.set(i, i % 512 <= i / 512);  // causal
+      for (int64_t i = 0; i < a.size(); ++i) a.set(i, i % t <= i / t);  // causal
     else
       for (int64_t i = 0; i < a.size(); ++i) a.set(i, dist(rng));
   }
@@ -63,10 +66,10 @@ void SoftmaxMaskedPrimitives(benchmark::State& s) { Probabilities(s, false, fals
 void SoftmaxMaskedOpGrad(benchmark::State& s) { Probabilities(s, true, true); }
 void SoftmaxMaskedPrimitivesGrad(benchmark::State& s) { Probabilities(s, false, true); }
 
-BENCHMARK(SoftmaxMaskedOp)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(SoftmaxMaskedPrimitives)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(SoftmaxMaskedOpGrad)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(SoftmaxMaskedPrimitivesGrad)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(SoftmaxMaskedOp)->Arg(512)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(SoftmaxMaskedPrimitives)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(SoftmaxMaskedOpGrad)->Arg(512)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(SoftmaxMaskedPrimitivesGrad)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace remat
