@@ -35,7 +35,8 @@ Tensor target_log_prob_of_primitives(Builder& b, Tensor logits, Tensor targets, 
   return reduce_sum(select(hot, logp, zeros_like(logp)), {v});
 }
 
-// Logits uniform in [−8, 8], targets in [−2, V + 1] (a few outside the vocabulary), the cotangent in [−1, 1].
+// Logits uniform in [−8, 8], targets in [−2, V + 1] (a few outside the vocabulary), the cotangent in [−1, 1] (−0
+// in every fifth row: a masked token's).
 std::vector<exec::Array> inputs(const Graph& g, uint32_t seed) {
   std::vector<exec::Array> args;
   for (ValueId p : g.params) args.emplace_back(g.type(p));
@@ -44,7 +45,7 @@ std::vector<exec::Array> inputs(const Graph& g, uint32_t seed) {
   std::uniform_int_distribution<int32_t> target(-2, static_cast<int32_t>(g.type(g.params[0]).shape.back()) + 1);
   for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, logit(rng));
   for (int64_t i = 0; i < args[1].size(); ++i) args[1].data<int32_t>()[i] = target(rng);
-  for (int64_t i = 0; i < args[2].size(); ++i) args[2].set(i, cot(rng));
+  for (int64_t i = 0; i < args[2].size(); ++i) args[2].set(i, i % 5 == 0 ? -0.0 : cot(rng));
   return args;
 }
 

@@ -125,12 +125,6 @@ float max_lanes(const Floats16& x) {
   return max_of(max_of(m4[0], m4[1]), max_of(m4[2], m4[3]));
 }
 
-// The bf16 bits of x's lanes (float_to_bf16's arithmetic), in the low halves.
-Bits16 bf16_bits(const Floats16& x) {
-  Bits16 u = std::bit_cast<Bits16>(x);
-  round_to_bf16_bits(u);
-  return u;
-}
 
 // Rounding to bf16 pairs, with float_to_bf16's arithmetic (kNative false) or, where pair_product runs vdpbf16ps
 // (pair_product_native: AVX512_BF16 under the x86-64-v4 kernels), with vcvtne2ps2bf16, two vectors in one
@@ -179,7 +173,6 @@ void store_pairs_of_keys(const Row& x, uint32_t* to) {
 // rows' dependency chains overlap. l sums lane by lane (l16), across the blocks: one sum of lanes per row, at its end.
 template <bool kNative>
 void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
-  constexpr Bits16 kLanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const float scale = scores_scale(z);
   float m_new[kRows], correction[kRows];
@@ -188,7 +181,7 @@ void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0
     Row x;
     std::memcpy(x.data(), t.s[r], sizeof(x));
     for (int64_t v = 0; v < kVectors; ++v)
-      x[v] = kLanes + static_cast<uint32_t>(16 * v) < visible ? x[v] * scale : Floats16{} - kInf;
+      x[v] = kLanes16 + static_cast<uint32_t>(16 * v) < visible ? x[v] * scale : Floats16{} - kInf;
     std::memcpy(t.s[r], x.data(), sizeof(x));
     m_new[r] = max_of(t.m[r], max_lanes(max_of(max_of(x[0], x[1]), max_of(x[2], x[3]))));
   }
@@ -260,7 +253,6 @@ REMAT_ISA_CLONES(heads, heads_isa)
 // (rows r and r + 1 in a pair, a last odd row paired with zero), ds along keys. Columns past `cols` are zero.
 template <bool kNative>
 void block_pairs(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
-  constexpr Bits16 kLanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const float scale = static_cast<float>(z.scale), to_base2 = scores_scale(z);
   const Bits16 kMinusInf = Bits16{} + std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity());
   // Selects below are bitwise: GCC 12 turned `mask ? a : b` on these vectors into code lane by lane here.
@@ -270,7 +262,7 @@ void block_pairs(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s
     std::memcpy(x.data(), t.s[r], sizeof(x));
     std::memcpy(g.data(), t.g[r], sizeof(g));
     for (int64_t v = 0; v < kVectors; ++v) {
-      const Bits16 lane = kLanes + static_cast<uint32_t>(16 * v);
+      const Bits16 lane = kLanes16 + static_cast<uint32_t>(16 * v);
       const Bits16 seen = std::bit_cast<Bits16>(lane < visible), in_block = std::bit_cast<Bits16>(lane < static_cast<uint32_t>(cols));
       const Bits16 score = (std::bit_cast<Bits16>(x[v] * to_base2) & seen) | (kMinusInf & ~seen);
       p[v] = exp2_nonpositive(std::bit_cast<Floats16>(score) - t.l[r]);

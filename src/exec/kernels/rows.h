@@ -115,15 +115,19 @@ Floats16 load16(const T* x) {
   }
   return v;
 }
+// The bf16 bits of x's lanes (float_to_bf16's arithmetic), in the low halves.
+inline Bits16 bf16_bits(const Floats16& x) {
+  Bits16 u = std::bit_cast<Bits16>(x);
+  round_to_bf16_bits(u);
+  return u;
+}
 // to[0, 16) = v rounded to T (store<T>).
 template <class T>
 void store16(T* to, const Floats16& v) {
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(to, &v, sizeof(v));
   } else if constexpr (std::is_same_v<T, bf16_t>) {
-    Bits16 u = std::bit_cast<Bits16>(v);
-    round_to_bf16_bits(u);
-    const Halves16 h = __builtin_convertvector(u, Halves16);
+    const Halves16 h = __builtin_convertvector(bf16_bits(v), Halves16);
     std::memcpy(to, &h, sizeof(h));
   } else {
     for (int i = 0; i < 16; ++i) to[i] = store<T>(v[i]);
@@ -135,25 +139,23 @@ Floats16 round16(const Floats16& v) {
   if constexpr (std::is_same_v<T, float>) {
     return v;
   } else if constexpr (std::is_same_v<T, bf16_t>) {
-    Bits16 u = std::bit_cast<Bits16>(v);
-    round_to_bf16_bits(u);
-    return std::bit_cast<Floats16>(u << 16);
+    return std::bit_cast<Floats16>(bf16_bits(v) << 16);
   } else {
     Floats16 r;
     for (int i = 0; i < 16; ++i) r[i] = load(store<T>(v[i]));
     return r;
   }
 }
+// Each lane's index, 0 to 15.
+inline constexpr Bits16 kLanes16 = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 // The lanes of j0, ..., j0 + 15 that are below end (all bits set), as a vector condition.
 inline Ints16 lanes_below(int64_t j0, int64_t end) {
-  return Ints16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} <
-         static_cast<int32_t>(std::clamp<int64_t>(end - j0, 0, 16));
+  return kLanes16 < static_cast<uint32_t>(std::clamp<int64_t>(end - j0, 0, 16));
 }
-
 // The lane of j0, ..., j0 + 15 that is j (all bits set), if any, as a vector condition.
 inline Ints16 lane_at(int64_t j0, int64_t j) {
-  return Ints16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} ==
-         static_cast<int32_t>(std::clamp<int64_t>(j - j0, -1, 16));
+  const int64_t i = j - j0;
+  return kLanes16 == static_cast<uint32_t>(i >= 0 && i < 16 ? i : 16);  // 16: no lane
 }
 
 // The maximum of the row x[0, w) over its non-NaN elements (−inf when there are none). A NaN needs no care

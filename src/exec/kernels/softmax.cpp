@@ -24,7 +24,7 @@ void probabilities(const T* x, int64_t w, A* p) {
   const A s = row_exps(x, w, row_max<A>(x, w), p);
   int64_t j = 0;
   if constexpr (std::is_same_v<A, float>)
-    for (; j + 16 <= w; j += 16) store16(p + j, load16(p + j) / s);
+    for (; j + kRowLanes <= w; j += kRowLanes) store16(p + j, load16(p + j) / s);
   for (; j < w; ++j) p[j] /= s;
 }
 
@@ -54,7 +54,7 @@ int64_t masked_row(const T* x, const Mask& mask, int64_t r, int64_t w, A* q) {
   if (prefix) {
     int64_t j = 0;
     if constexpr (std::is_same_v<A, float>)
-      for (; j + 16 <= end; j += 16) store16(q + j, round16<T>(load16(x + j) * scale));
+      for (; j + kRowLanes <= end; j += kRowLanes) store16(q + j, round16<T>(load16(x + j) * scale));
     for (; j < end; ++j) q[j] = static_cast<A>(load(store<T>(load(x[j]) * scale)));
     return end;
   }
@@ -76,9 +76,9 @@ template <class A, class U>
 void store_visible(const A* p, int64_t end, int64_t w, A s, U* to) {
   int64_t j = 0;
   if constexpr (std::is_same_v<A, float>) {
-    for (; j < end && j + 16 <= w; j += 16) store16(to + j, (lanes_below(j, end) ? load16(p + j) : Floats16{}) / s);
+    for (; j < end && j + kRowLanes <= w; j += kRowLanes) store16(to + j, (lanes_below(j, end) ? load16(p + j) : Floats16{}) / s);
     const Floats16 hidden = Floats16{} / s;  // 0 / Σ, as every hidden lane has it
-    for (; j + 16 <= w; j += 16) store16(to + j, hidden);
+    for (; j + kRowLanes <= w; j += kRowLanes) store16(to + j, hidden);
   }
   for (; j < w; ++j) to[j] = store<U>(static_cast<Compute<U>>((j < end ? p[j] : A(0)) / s));
 }
@@ -178,7 +178,7 @@ void softmax_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::by
         if (mask.rows == nullptr) {
           int64_t j = 0;
           if constexpr (std::is_same_v<A, float>)
-            for (; j + 16 <= w; j += 16) store16(dx + r * w + j, load16(p + j) * (load16(gr + j) - d));
+            for (; j + kRowLanes <= w; j += kRowLanes) store16(dx + r * w + j, load16(p + j) * (load16(gr + j) - d));
           for (; j < w; ++j) dx[r * w + j] = store<T>(static_cast<Compute<T>>(p[j] * (static_cast<A>(load(gr[j])) - d)));
           continue;
         }
@@ -186,7 +186,7 @@ void softmax_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::by
         const auto [end, prefix] = mask.row[r % mask.count];
         int64_t j = 0;
         if constexpr (std::is_same_v<A, float>)
-          for (; prefix && j + 16 <= w; j += 16) {
+          for (; prefix && j + kRowLanes <= w; j += kRowLanes) {
             const Floats16 dp = round16<T>(load16(p + j) * (load16(gr + j) - d));
             store16(dx + r * w + j, (lanes_below(j, end) ? dp : Floats16{}) * scale);
           }
@@ -294,9 +294,10 @@ void target_log_prob_grad_rows_body(const ir::Node& n, DType xt, DType dt, const
         const A s = gr + A(0);  // Σ of the one-hot row g·[j = t], as row_sum adds it to zeros (−0 becomes +0)
         int64_t j = 0;
         if constexpr (std::is_same_v<A, float>)
-          for (; j + 16 <= w; j += 16) {
+          for (; j + kRowLanes <= w; j += kRowLanes) {
             const Floats16 y = round16<D>((load16(xr + j) - m) - log_sum);
-            const Floats16 picked = lane_at(j, t) ? Floats16{} + gr : Floats16{};
+            // gr in lane t − j, its sign kept (+0 + gr would make a −0 cotangent +0)
+            const Floats16 picked = lane_at(j, t) ? gr - Floats16{} : Floats16{};
             store16(dx + r * w + j, round16<D>(picked - exp_nonpositive(y) * s));
           }
         for (; j < w; ++j) {
