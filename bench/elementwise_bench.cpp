@@ -133,24 +133,41 @@ void RmsNormGrad(benchmark::State& state) {
 }
 BENCHMARK(RmsNormGrad)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The loss's forward over `logits` and `targets`: its log-probabilities and row statistics.
+std::vector<exec::Array> target_log_prob_forward(std::vector<exec::Array> args) {
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor x = b.param("logits", args[0].type());  // the params in the arguments' order
+  const auto [y, stats] = target_log_prob(x, b.param("targets", args[1].type()), DType::f32);
+  b.result(y);
+  b.result(stats);
+  return compiled(g).run(args);
+}
+
 // The loss of the medium config's bf16 step: each of 4 x 512 rows of 32000 bf16 logits to its target's f32
-// log-probability (arg 0), or that op's VJP (arg 1: dx from the rows' statistics recomputed), on all threads, in
-// GB/s of the logits read (and, for the VJP, written).
+// log-probability and the row's statistics (arg 0), or that op's VJP (arg 1: dx from the forward's statistics), on
+// all threads, in GB/s of the logits read (and, for the VJP, written).
 void TargetLogProb(benchmark::State& state) {
   const int64_t rows = 2048, vocab = 32000;
   const bool grad = state.range(0) == 1;
-  ir::Graph g;
-  ir::Builder b(g);
-  ir::Tensor x = b.param("logits", {DType::bf16, {rows, vocab}}), t = b.param("targets", {DType::i32, {rows}});
-  b.result(grad ? target_log_prob_grad(x, t, b.param("g", {DType::f32, {rows}}), DType::f32)
-                : target_log_prob(x, t, DType::f32));
-  std::vector<exec::Array> args;
-  for (ir::ValueId p : g.params) args.emplace_back(g.type(p));
+  std::vector<exec::Array> args{exec::Array({DType::bf16, {rows, vocab}}), exec::Array({DType::i32, {rows}})};
   const std::vector<float> v = random_floats(rows * vocab, -8, 8);
   for (int64_t i = 0; i < args[0].size(); ++i) args[0].set(i, v[static_cast<size_t>(i)]);
   for (int64_t r = 0; r < rows; ++r) args[1].set(r, static_cast<double>(r * 7919 % vocab));
-  if (grad)
-    for (int64_t r = 0; r < rows; ++r) args[2].set(r, -1.0 / static_cast<double>(rows));
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Tensor x = b.param("logits", args[0].type()), t = b.param("targets", args[1].type());
+  if (grad) {
+    args.push_back(target_log_prob_forward(args)[1]);
+    args.emplace_back(ir::Type{DType::f32, {rows}});
+    for (int64_t r = 0; r < rows; ++r) args[3].set(r, -1.0 / static_cast<double>(rows));
+    ir::Tensor stats = b.param("stats", args[2].type());
+    b.result(target_log_prob_grad(x, t, stats, b.param("g", args[3].type()), DType::f32));
+  } else {
+    const auto [y, stats] = target_log_prob(x, t, DType::f32);
+    b.result(y);
+    b.result(stats);
+  }
   exec::Executable e = compiled(g);
   e.run(args);
   for (auto _ : state) benchmark::DoNotOptimize(e.run(args));

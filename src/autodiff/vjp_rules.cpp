@@ -258,10 +258,12 @@ std::vector<Cot> vjp_log_softmax_grad(Builder&, size_t, const Node& n, Cots, Con
   return {};
 }
 
-// From the logits: the backward recomputes each row's statistics, so it keeps x (no log-probabilities array).
+// From the logits and the forward's row statistics (no log-probabilities array).
 std::vector<Cot> vjp_target_log_prob(Builder& b, size_t, const Node& n, Cots c, Context&) {
+  CHECK(!c[1], "cannot differentiate target_log_prob's row statistics (scope '{}'): they are a residual of the "
+        "backward", n.scope);
   if (!c[0]) return {std::nullopt, std::nullopt};
-  return {target_log_prob_grad(in(b, n, 0), in(b, n, 1), *c[0], n.attrs.dtype("dtype")), std::nullopt};
+  return {target_log_prob_grad(in(b, n, 0), in(b, n, 1), out(b, n, 1), *c[0], n.attrs.dtype("dtype")), std::nullopt};
 }
 std::vector<Cot> vjp_target_log_prob_grad(Builder&, size_t, const Node& n, Cots, Context&) {
   CHECK(false, "cannot differentiate target_log_prob_grad (scope '{}'): second derivatives of the loss are not built",

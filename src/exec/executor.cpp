@@ -42,8 +42,7 @@ class Cpu final : public Backend {
       case ir::Op::softmax:
       case ir::Op::softmax_grad:
       case ir::Op::log_softmax:
-      case ir::Op::target_log_prob:
-      case ir::Op::target_log_prob_grad: return workspace_softmax(n, in);
+      case ir::Op::target_log_prob: return workspace_softmax(n, in);
       case ir::Op::rms_norm:
       case ir::Op::rms_norm_grad: return workspace_rms_norm(n, in);
       case ir::Op::swiglu:

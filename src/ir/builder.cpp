@@ -145,11 +145,12 @@ std::array<Tensor, 2> rms_norm_grad(Tensor x, Tensor w, Tensor g, double eps) {
   std::vector<Tensor> out = x.b->emit(Op::rms_norm_grad, std::array{x, w, g}, Attrs().set("eps", eps));
   return {out[0], out[1]};
 }
-Tensor target_log_prob(Tensor x, Tensor targets, DType dtype) {
-  return x.b->emit1(Op::target_log_prob, std::array{x, targets}, Attrs().set("dtype", dtype));
+std::array<Tensor, 2> target_log_prob(Tensor x, Tensor targets, DType dtype) {
+  std::vector<Tensor> out = x.b->emit(Op::target_log_prob, std::array{x, targets}, Attrs().set("dtype", dtype));
+  return {out[0], out[1]};
 }
-Tensor target_log_prob_grad(Tensor x, Tensor targets, Tensor g, DType dtype) {
-  return x.b->emit1(Op::target_log_prob_grad, std::array{x, targets, g}, Attrs().set("dtype", dtype));
+Tensor target_log_prob_grad(Tensor x, Tensor targets, Tensor stats, Tensor g, DType dtype) {
+  return x.b->emit1(Op::target_log_prob_grad, std::array{x, targets, stats, g}, Attrs().set("dtype", dtype));
 }
 Tensor swiglu(Tensor gate, Tensor up) { return gate.b->emit1(Op::swiglu, std::array{gate, up}, Attrs()); }
 std::array<Tensor, 2> swiglu_grad(Tensor gate, Tensor up, Tensor g) {

@@ -112,8 +112,8 @@ Tensor rope(Tensor x, Tensor cos, Tensor sin);
 Tensor rms_norm(Tensor x, Tensor w, double eps, std::optional<DType> dtype = std::nullopt);
 std::array<Tensor, 2> rms_norm_grad(Tensor x, Tensor w, Tensor g, double eps);
 // log_softmax(convert(x, dtype))[targets] along the last axis, without an array of x's size (ir/ops.h); its VJP.
-Tensor target_log_prob(Tensor x, Tensor targets, DType dtype);
-Tensor target_log_prob_grad(Tensor x, Tensor targets, Tensor g, DType dtype);
+std::array<Tensor, 2> target_log_prob(Tensor x, Tensor targets, DType dtype);  // (log-probabilities, row stats)
+Tensor target_log_prob_grad(Tensor x, Tensor targets, Tensor stats, Tensor g, DType dtype);
 // SwiGLU's product silu(gate)·up as one op (ir/ops.h), and its VJP (dgate, dup) from gate, up and the cotangent.
 Tensor swiglu(Tensor gate, Tensor up);
 std::array<Tensor, 2> swiglu_grad(Tensor gate, Tensor up, Tensor g);

@@ -98,15 +98,18 @@ namespace remat::ir {
   /* g·(x·r) in row order — the bits of the composition's VJP, its sums as reduce_sum's. Not differentiable. 10 */   \
   /* flops per element: g·w, ·x, Σ, ·r, c·x twice, two adds, x·r·g */                                                \
   X(rms_norm_grad, 3, reduction, pure, counted)                                                                      \
-  /* (x [..., V], targets [...] i32), attribute dtype: log_softmax(convert(x, dtype))[target] along the last axis */ \
-  /* (the loss's log-probability of each target) without an array of x's size: the row's max and log Σ exp as */   \
-  /* log_softmax has them, (x_t − max) − log Σ rounded to `dtype`; 0 where the target is outside [0, V). The bits */ \
-  /* of that log_softmax picked by a one-hot reduce_sum. 5 flops per element, as log_softmax */                    \
+  /* (x [..., V], targets [...] i32), attribute dtype -> (y [...] in dtype, stats [..., 2]): y is */              \
+  /* log_softmax(convert(x, dtype))[target] along the last axis (the loss's log-probability of each target) */     \
+  /* without an array of x's size: the row's max m and log Σ exp(x − m) as log_softmax has them, (x_t − m) − log Σ */ \
+  /* rounded to `dtype`; 0 where the target is outside [0, V). The bits of that log_softmax picked by a one-hot */ \
+  /* reduce_sum. stats holds each row's (m, log Σ) in f32 (f64 for an f64 dtype): the VJP's residual, so the */      \
+  /* backward does not find them again. 5 flops per element, as log_softmax */                                    \
   X(target_log_prob, 2, reduction, pure, counted)                                                                    \
-  /* (x, targets, g) -> dx in x's dtype: target_log_prob's VJP, the row statistics recomputed; dx = [j = t]·g − */  \
-  /* exp(y)·g with y the log-probabilities in `dtype` (g summed over the one-hot row as log_softmax_grad sums */    \
-  /* it), rounded to `dtype`, then to x's (the composition's convert). Not differentiable. 6 flops per element */   \
-  X(target_log_prob_grad, 3, reduction, pure, counted)                                                               \
+  /* (x, targets, stats, g) -> dx in x's dtype: target_log_prob's VJP from the forward's row statistics; dx = */   \
+  /* [j = t]·g − exp(y)·g with y the log-probabilities in `dtype` (g summed over the one-hot row as */               \
+  /* log_softmax_grad sums it), rounded to `dtype`, then to x's (the composition's convert). Not differentiable. */ \
+  /* 6 flops per element */                                                                                          \
+  X(target_log_prob_grad, 4, reduction, pure, counted)                                                               \
   /* (gate, up) of one float type: SwiGLU's product silu(gate)·up = (gate·logistic(gate))·up, each of the */         \
   /* logistic and the two products rounded to that type (the bits of that composition of logistic and mul); */       \
   /* its VJP recomputes logistic(gate), so no array of the logistic or of silu outlives the op. A kernel of its */   \

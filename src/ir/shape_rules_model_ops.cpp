@@ -114,7 +114,7 @@ std::vector<Type> rule_rms_norm_grad(const Ctx& c) {
   return {c.in[0], c.in[1]};
 }
 
-// x [..., V] a float, targets [...] i32; dtype a float (the log-probabilities').
+// x [..., V] a float, targets [...] i32; dtype a float (the log-probabilities'). -> (y [...], stats [..., 2]).
 std::vector<Type> rule_target_log_prob(const Ctx& c) {
   const Type &x = c.in[0], &t = c.in[1];
   CHECK(is_float(x.dtype) && x.rank() >= 1 && t.dtype == DType::i32 &&
@@ -127,12 +127,15 @@ std::vector<Type> rule_target_log_prob(const Ctx& c) {
                      (to == DType::f32 && (x.dtype == DType::bf16 || x.dtype == DType::f16));
   CHECK(holds, "{}: target_log_prob's dtype must be x's float dtype or wider, got {} for {}", c.where, dtype_name(to),
         type_str(x));
-  return {Type{to, t.shape}};
+  Shape stats = t.shape;
+  stats.push_back(2);  // each row's max and log Σ exp, in the kernel's accumulator type
+  return {Type{to, t.shape}, Type{to == DType::f64 ? DType::f64 : DType::f32, stats}};
 }
 std::vector<Type> rule_target_log_prob_grad(const Ctx& c) {
   const std::vector<Type> forward = rule_target_log_prob(c);
-  CHECK(c.in[2] == forward[0], "{}: target_log_prob_grad takes x, targets and the cotangent {}, got {}", c.where,
-        type_str(forward[0]), types_str(c.in));
+  CHECK(c.in[2] == forward[1] && c.in[3] == forward[0],
+        "{}: target_log_prob_grad takes x, targets, the forward's row statistics {} and the cotangent {}, got {}",
+        c.where, type_str(forward[1]), type_str(forward[0]), types_str(c.in));
   return {c.in[0]};
 }
 

@@ -20,7 +20,7 @@ Tensor target_log_probs(Builder& b, const ModelConfig& c, Tensor logits, Tensor 
   auto s = b.scope("loss");
   if (tp::degree(c) > 1) return tp::target_log_probs(b, c, convert(logits, kF32), targets);
   if (logits.dtype() == DType::f64) logits = convert(logits, kF32);  // the loss of f64 models in f32, as all of it
-  return target_log_prob(logits, targets, kF32);
+  return target_log_prob(logits, targets, kF32)[0];
 }
 
 // packing=false: the log-probabilities of padding targets (< 0) zeroed, so a sum counts only real targets.

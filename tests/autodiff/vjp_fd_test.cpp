@@ -126,7 +126,7 @@ std::vector<Case> cases() {
   // The loss's target log-probabilities (its VJP is target_log_prob_grad), rows of 5, one target outside them.
   c.push_back({"target_log_prob", [=](Builder& b) {
                  Tensor targets = reshape(const_i32(b, {4, 0, 2, -1, 3, 1}), {2, 3});
-                 return target_log_prob(p(b, "x", {2, 3, 5}), targets, F) * p(b, "u", {2, 3});
+                 return target_log_prob(p(b, "x", {2, 3, 5}), targets, F)[0] * p(b, "u", {2, 3});
                }, -2, 2});
   // RMSNorm (its VJP is rms_norm_grad: dx and dw in one op), rows of 5, the scale a param too; eps large enough
   // to matter.

@@ -4,7 +4,8 @@
 // as autodiff differentiates those primitives (log_softmax_grad of the one-hot row, the convert back). The same bits
 // forward and backward for bf16, f32 and f64 logits in f32 or f64, targets outside the vocabulary (padding, ≥ V)
 // included, rows shorter and longer than the lanes. The planned executor gives the reference executor's bits. A
-// dtype that cannot hold the logits' values, and targets of another shape, are refused.
+// dtype that cannot hold the logits' values, targets of another shape, and row statistics of another shape, are
+// refused.
 #include "autodiff/autodiff.h"
 #include "exec/exec.h"
 #include "ir/ir.h"
@@ -15,6 +16,8 @@
 #include "support/reference_executor.h"
 #include "support/training_steps.h"
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 
@@ -60,21 +63,29 @@ TEST(TargetLogProb, GivesTheBitsOfItsPrimitivesForwardAndBackward) {
       const Shape rows(shape.begin(), shape.end() - 1);
       Tensor x = b.param("x", {x_type, shape}), t = b.param("targets", {DType::i32, rows});
       Tensor cot = b.param("g", {d, rows});
-      Tensor y_op = target_log_prob(x, t, d), y_prim = target_log_prob_of_primitives(b, x, t, d);
+      const auto [y_op, stats] = target_log_prob(x, t, d);
+      Tensor y_prim = target_log_prob_of_primitives(b, x, t, d);
       const ValueId dx_op = autodiff::vjp(g, std::array{std::pair{y_op.id, cot.id}}, std::array{x.id})[0];
       const ValueId dx_prim = autodiff::vjp(g, std::array{std::pair{y_prim.id, cot.id}}, std::array{x.id})[0];
-      for (ValueId v : {y_op.id, y_prim.id, dx_op, dx_prim}) g.results.push_back(v);
+      for (ValueId v : {y_op.id, y_prim.id, dx_op, dx_prim, stats.id}) g.results.push_back(v);
       const std::vector<exec::Array> args = inputs(g, 1);
       const std::vector<exec::Array> out = testing_support::reference_run(g, args);
       const std::string where = fmt::format("x {}, log-probabilities in {}", type_str(g.type(x.id)), dtype_name(d));
       EXPECT_TRUE(same_bits(out[0], out[1])) << "y: " << where;
       EXPECT_TRUE(same_bits(out[2], out[3])) << "dx: " << where;
+      // The VJP read the forward's statistics; each row's max among them, found again here (exact in any dtype).
+      const int64_t w = shape.back();
+      for (int64_t r = 0; r < args[0].size() / w; ++r) {
+        double m = -INFINITY;
+        for (int64_t j = 0; j < w; ++j) m = std::max(m, args[0].get(r * w + j));
+        ASSERT_EQ(out[4].get(2 * r), m) << "row " << r << "'s max: " << where;
+      }
       const std::vector<exec::Array> planned = exec::run(g, args);
       for (size_t i = 0; i < out.size(); ++i) EXPECT_TRUE(same_bits(planned[i], out[i])) << i << ": " << where;
     }
 }
 
-TEST(TargetLogProb, RefusesANarrowerDtypeAndTargetsOfAnotherShape) {
+TEST(TargetLogProb, RefusesANarrowerDtypeAndOperandsOfAnotherShape) {
   Graph g;
   Builder b(g);
   Tensor x = b.param("x", {DType::f32, {2, 3, 8}});
@@ -88,6 +99,12 @@ TEST(TargetLogProb, RefusesANarrowerDtypeAndTargetsOfAnotherShape) {
                 .find("target_log_prob takes logits x [..., V] of a float dtype and targets [...] i32, got "
                       "(f32[2,3,8], i32[2,8])"),
             std::string::npos);
+  Tensor stats = b.param("stats", {DType::f32, {2, 3}}), cot = b.param("g", {DType::f32, {2, 3}});
+  const std::string grad = testing_support::error_of([&] { target_log_prob_grad(x, t, stats, cot, DType::f32); });
+  EXPECT_NE(grad.find("target_log_prob_grad takes x, targets, the forward's row statistics f32[2,3,2] and the "
+                      "cotangent f32[2,3], got (f32[2,3,8], i32[2,3], f32[2,3], f32[2,3])"),
+            std::string::npos)
+      << grad;
 }
 
 }  // namespace

@@ -4,8 +4,8 @@
 // the lanes of rows.h; then each exp divided by the sum. The VJP recomputes those probabilities the same
 // way (the same bits softmax had before rounding to its dtype), then dx = p·(g − Σ g·p). log_softmax: the row's
 // max and Σ exp(x − max) as softmax has them, then (x − max) − log Σ; its VJP g − exp(y)·Σ g from its result y.
-// target_log_prob: log_softmax's value at each row's target alone, and its VJP with the row's statistics recomputed
-// (the composition's bits: log_softmax of x in `dtype`, picked by a one-hot sum; log_softmax_grad of that one-hot
+// target_log_prob: log_softmax's value at each row's target alone and the row's statistics (max, log Σ), and its
+// VJP from those statistics, one pass over the row (the composition's bits: log_softmax of x in `dtype`, picked by a one-hot sum; log_softmax_grad of that one-hot
 // row; the convert back to x's dtype).
 #include "exec/kernels/kernels.h"
 #include "exec/kernels/rows.h"
@@ -110,7 +110,7 @@ LogSum<A> row_log_sum(const T* x, int64_t w, A* p) {
 // or for target_log_prob's f64 log-probabilities.
 int64_t row_length(const ir::Type& t) { return t.shape.back(); }
 bool wide(const ir::Node& n, const ir::Type& t) {
-  const bool target = n.op == ir::Op::target_log_prob || n.op == ir::Op::target_log_prob_grad;
+  const bool target = n.op == ir::Op::target_log_prob;
   return t.dtype == DType::f64 || (target && n.attrs.dtype("dtype") == DType::f64);
 }
 int64_t row_bytes(const ir::Node& n, const ir::Type& t) { return aligned64(row_length(t) * (wide(n, t) ? 8 : 4)); }
@@ -249,10 +249,11 @@ void log_softmax_grad_rows_body(const ir::Node& n, DType yt, const std::byte* y_
 REMAT_WIDEST_CLONES(log_softmax_grad_rows, log_softmax_grad_rows_body)
 
 // Rows [lo, hi) of target_log_prob: y[r] = (x_t − max) − log Σ exp(x − max) in A, rounded to the log-probabilities'
-// dtype dt (which holds x's values: the shape rule), 0 where t is outside [0, w); p: the thread's row of A.
+// dtype dt (which holds x's values: the shape rule), 0 where t is outside [0, w); stats[r] = (max, log Σ) in A, the
+// VJP's residual; p: the thread's row of A.
 void target_log_prob_rows_body(const ir::Node& n, DType xt, DType dt, const std::byte* x_bytes,
-                               const int32_t* targets, std::byte* y_bytes, int64_t w, int64_t lo, int64_t hi,
-                               std::byte* p_bytes) {
+                               const int32_t* targets, std::byte* y_bytes, std::byte* stats_bytes, int64_t w,
+                               int64_t lo, int64_t hi, std::byte* p_bytes) {
   dispatch_float(xt, n, [&](auto x_type) {
     using T = decltype(x_type);
     dispatch_float(dt, n, [&](auto d_type) {
@@ -260,12 +261,15 @@ void target_log_prob_rows_body(const ir::Node& n, DType xt, DType dt, const std:
       using A = Acc<D>;
       const T* x = reinterpret_cast<const T*>(x_bytes);
       D* y = reinterpret_cast<D*>(y_bytes);
+      A* stats = reinterpret_cast<A*>(stats_bytes);
       for (int64_t r = lo; r < hi; ++r) {
         const T* xr = x + r * w;
         const auto [m, log_sum] = row_log_sum(xr, w, reinterpret_cast<A*>(p_bytes));
         const int64_t t = targets[r];
         const A picked = t >= 0 && t < w ? (static_cast<A>(load(xr[t])) - m) - log_sum : A(0);
         y[r] = store<D>(static_cast<Compute<D>>(picked));
+        stats[2 * r] = m;
+        stats[2 * r + 1] = log_sum;
       }
     });
   });
@@ -273,21 +277,23 @@ void target_log_prob_rows_body(const ir::Node& n, DType xt, DType dt, const std:
 
 REMAT_WIDEST_CLONES(target_log_prob_rows, target_log_prob_rows_body)
 
-// Rows [lo, hi) of target_log_prob_grad: dx (dtype xt) from x, the targets and g (dtype dt, one per row).
+// Rows [lo, hi) of target_log_prob_grad: dx (dtype xt) from x, the targets, the forward's row statistics and g
+// (dtype dt, one per row).
 void target_log_prob_grad_rows_body(const ir::Node& n, DType xt, DType dt, const std::byte* x_bytes,
-                                    const int32_t* targets, const std::byte* g_bytes, std::byte* dx_bytes, int64_t w,
-                                    int64_t lo, int64_t hi, std::byte* p_bytes) {
+                                    const int32_t* targets, const std::byte* stats_bytes, const std::byte* g_bytes,
+                                    std::byte* dx_bytes, int64_t w, int64_t lo, int64_t hi) {
   dispatch_float(xt, n, [&](auto x_type) {
     using T = decltype(x_type);
     dispatch_float(dt, n, [&](auto d_type) {
       using D = decltype(d_type);
       using A = Acc<D>;
       const T* x = reinterpret_cast<const T*>(x_bytes);
+      const A* stats = reinterpret_cast<const A*>(stats_bytes);
       const D* g = reinterpret_cast<const D*>(g_bytes);
       T* dx = reinterpret_cast<T*>(dx_bytes);
       for (int64_t r = lo; r < hi; ++r) {
         const T* xr = x + r * w;
-        const auto [m, log_sum] = row_log_sum(xr, w, reinterpret_cast<A*>(p_bytes));
+        const A m = stats[2 * r], log_sum = stats[2 * r + 1];
         const int64_t t = targets[r];
         const bool hit = t >= 0 && t < w;
         const A gr = hit ? static_cast<A>(load(g[r])) : A(0);
@@ -395,19 +401,18 @@ void kernel_target_log_prob(const ir::Node& n, std::span<const Array> in, std::s
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
   ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
-    target_log_prob_rows(n, t.dtype, out[0].type().dtype, in[0].bytes(), in[1].data<int32_t>(), out[0].bytes(), w,
-                         lo, hi, row_of(n, ctx.workspace, t));
+    target_log_prob_rows(n, t.dtype, out[0].type().dtype, in[0].bytes(), in[1].data<int32_t>(), out[0].bytes(),
+                         out[1].bytes(), w, lo, hi, row_of(n, ctx.workspace, t));
   });
 }
 
 void kernel_target_log_prob_grad(const ir::Node& n, std::span<const Array> in, std::span<Array> out,
-                                 const KernelContext& ctx) {
+                                 const KernelContext&) {
   const ir::Type& t = in[0].type();
   const int64_t w = row_length(t), rows = w == 0 ? 0 : t.num_elements() / w;
-  ASSERT(static_cast<int64_t>(ctx.workspace.size()) >= omp_get_max_threads() * row_bytes(n, t));  // a row per thread
   parallel_ranges(rows, true, [&](int64_t lo, int64_t hi) {
-    target_log_prob_grad_rows(n, t.dtype, in[2].type().dtype, in[0].bytes(), in[1].data<int32_t>(), in[2].bytes(),
-                              out[0].bytes(), w, lo, hi, row_of(n, ctx.workspace, t));
+    target_log_prob_grad_rows(n, t.dtype, in[3].type().dtype, in[0].bytes(), in[1].data<int32_t>(), in[2].bytes(),
+                              in[3].bytes(), out[0].bytes(), w, lo, hi);
   });
 }
 
