@@ -125,7 +125,6 @@ float max_lanes(const Floats16& x) {
   return max_of(max_of(m4[0], m4[1]), max_of(m4[2], m4[3]));
 }
 
-
 // Rounding to bf16 pairs, with float_to_bf16's arithmetic (kNative false) or, where pair_product runs vdpbf16ps
 // (pair_product_native: AVX512_BF16 under the x86-64-v4 kernels), with vcvtne2ps2bf16, two vectors in one
 // instruction. That instruction also flushes subnormal values to zero, which vdpbf16ps (and its emulations, under

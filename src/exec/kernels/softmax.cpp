@@ -5,8 +5,8 @@
 // way (the same bits softmax had before rounding to its dtype), then dx = p·(g − Σ g·p). log_softmax: the row's
 // max and Σ exp(x − max) as softmax has them, then (x − max) − log Σ; its VJP g − exp(y)·Σ g from its result y.
 // target_log_prob: log_softmax's value at each row's target alone and the row's statistics (max, log Σ), and its
-// VJP from those statistics, one pass over the row (the composition's bits: log_softmax of x in `dtype`, picked by a one-hot sum; log_softmax_grad of that one-hot
-// row; the convert back to x's dtype).
+// VJP from those statistics, one pass over the row (the composition's bits: log_softmax of x in `dtype`, picked by
+// a one-hot sum; log_softmax_grad of that one-hot row; the convert back to x's dtype).
 #include "exec/kernels/kernels.h"
 #include "exec/kernels/rows.h"
 
