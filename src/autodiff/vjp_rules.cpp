@@ -230,6 +230,8 @@ std::vector<Cot> vjp_reduce_max(Builder& b, size_t, const Node& n, Cots c, Conte
 std::vector<Cot> vjp_sum_of_squares(Builder& b, size_t, const Node& n, Cots c, Context&) {
   CHECK(n.inputs.size() == 1, "cannot differentiate sum_of_squares with a divisor (scope '{}'): it unscales the "
         "optimizer's gradients", n.scope);
+  CHECK(!n.attrs.has("dtype"), "cannot differentiate sum_of_squares with a dtype (scope '{}'): it reads the "
+        "optimizer's gradients widened", n.scope);
   Tensor x = in(b, n, 0);
   return {broadcast_in_dim(*c[0], x.shape(), kept_dims(x.rank(), n.attrs.ints("axes"))) * (x + x)};
 }

@@ -36,5 +36,6 @@ int64_t dtype_size(DType d) {
 }
 
 bool is_float(DType d) { return d == DType::f64 || d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+bool widens_exactly(DType from, DType to) { return is_float(from) && is_float(to) && dtype_size(from) < dtype_size(to); }
 
 }  // namespace remat

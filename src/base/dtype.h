@@ -36,6 +36,8 @@ std::string_view dtype_name(DType d);
 std::optional<DType> parse_dtype(std::string_view text);
 int64_t dtype_size(DType d);
 bool is_float(DType d);
+// Whether every value of `from` is one of `to` (bf16 or f16 to f32 or f64, f32 to f64): a convert that widens exactly.
+bool widens_exactly(DType from, DType to);
 
 // Inline and branch-free, so that kernels' loops over bf16 data vectorize.
 inline float bf16_to_float(bf16_t x) { return std::bit_cast<float>(uint32_t{x.bits} << 16); }

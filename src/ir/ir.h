@@ -1,6 +1,7 @@
 // Public header of the IR stage (docs/design.md, "The stages"): graph data structures, the op table, tracing and
 // instantiation, text form, verification, dead code elimination and the graph passes (inlining remat regions,
-// sinking converts into scans, finite checks, fusion). Everything downstream includes only this.
+// sinking converts into scans, folding widening converts into the optimizer's reads, finite checks, fusion).
+// Everything downstream includes only this.
 #pragma once
 
 #include "base/check.h"
@@ -8,6 +9,7 @@
 #include "ir/cost.h"
 #include "ir/dce.h"
 #include "ir/finite_checks.h"
+#include "ir/fold_widening.h"
 #include "ir/fuse.h"
 #include "ir/graph.h"
 #include "ir/inline.h"

@@ -54,7 +54,8 @@ namespace remat::ir {
   /* adamw (p, m, v, g, scale, lr, bias1, bias2[, finite[, loss_scale]]), attributes b1, b2, eps, weight_decay: */   \
   /* g' = (g / loss_scale)·scale (the quotient rounded as sum_of_squares rounds it), m' = b1·m + (1−b1)·g', v' = */  \
   /* b2·v + (1−b2)·g'², p' = (p − p·(lr·wd)) − (m'/bias1) / (√(v'/bias2) + eps)·lr, each operation rounded to p's */ \
-  /* dtype in that order; `finite` false returns p, m, v unchanged; elementwise: written over p, m, v (donation) */  \
+  /* dtype in that order; `finite` false returns p, m, v unchanged; elementwise: written over p, m, v (donation). */ \
+  /* g may be of a narrower float than p (bf16 for f32 p): read as p's type, which holds it exactly */              \
   X(adamw, -1, elementwise, pure, per_output)                                                                        \
   X(broadcast_in_dim, 1, layout, pure, none)                                                                         \
   X(reshape, 1, view, pure, none)                                                                                    \
@@ -66,7 +67,8 @@ namespace remat::ir {
   X(reduce_sum, 1, reduction, pure, per_input)                                                                       \
   X(reduce_max, 1, reduction, pure, per_input)                                                                       \
   /* (x[, d]): reduce_sum(x·x) over `axes`, the square rounded to x's dtype and summed as reduce_sum sums; with d */ \
-  /* (an f32 scalar: the loss scale) of x / d, the quotient in x's compute type rounded to x's dtype */              \
+  /* (an f32 scalar: the loss scale) of x / d, the quotient in x's compute type rounded to x's dtype. With the */   \
+  /* attribute dtype (wider than x's, holding it exactly): of convert_element_type(x, dtype), in and of that type */ \
   X(sum_of_squares, -1, reduction, pure, per_input)                                                                  \
   /* (x[, mask]): exp(x − max) / Σ exp(x − max) over the last axis in f32 (f64 for f64 x), the result in `dtype` */  \
   /* (attention's probabilities straight in the matmul's dtype); a row all −inf gives NaN, as the primitives do. */  \

@@ -244,7 +244,14 @@ std::vector<Type> rule_sum_of_squares(const Ctx& c) {
   CHECK(is_float(c.in[0].dtype), "{}: needs a floating-point operand, got {}", c.where, type_str(c.in[0]));
   CHECK(c.in.size() == 1 || c.in[1] == (Type{DType::f32, {}}), "{}: sum_of_squares' divisor must be an f32 scalar, "
         "got {}", c.where, types_str(c.in));
-  return reduce(c);
+  std::vector<Type> out = reduce(c);
+  if (c.attrs.has("dtype")) {  // of x widened to it
+    const DType to = c.attrs.dtype("dtype");
+    CHECK(widens_exactly(c.in[0].dtype, to), "{}: sum_of_squares' dtype {} must hold every value of x ({}) and be "
+          "wider: bf16 or f16 to f32 or f64, f32 to f64 (or leave dtype out)", c.where, dtype_name(to), type_str(c.in[0]));
+    out[0].dtype = to;
+  }
+  return out;
 }
 
 std::vector<Type> rule_convert_element_type(const Ctx& c) { return {Type{c.attrs.dtype("dtype"), c.in[0].shape}}; }

@@ -154,8 +154,10 @@ std::vector<Type> rule_swiglu_grad(const Ctx& c) { return {rule_swiglu(c)[0], c.
 std::vector<Type> rule_adamw(const Ctx& c) {
   CHECK(c.in.size() >= 8 && c.in.size() <= 10,
         "{}: adamw takes p, m, v, g, scale, lr, bias1, bias2[, finite[, loss_scale]], got {}", c.where, types_str(c.in));
-  CHECK(is_float(c.in[0].dtype) && c.in[1] == c.in[0] && c.in[2] == c.in[0] && c.in[3] == c.in[0],
-        "{}: adamw's p, m, v and g must have one floating-point type, got {}", c.where, types_str(c.in));
+  CHECK(is_float(c.in[0].dtype) && c.in[1] == c.in[0] && c.in[2] == c.in[0] && c.in[3].shape == c.in[0].shape &&
+            (c.in[3].dtype == c.in[0].dtype || widens_exactly(c.in[3].dtype, c.in[0].dtype)),
+        "{}: adamw's p, m, v must have one floating-point type and g its shape, in it or a narrower float that it "
+        "holds exactly (bf16 or f16 for f32 p), got {}", c.where, types_str(c.in));
   for (size_t i = 4; i < 8; ++i)
     CHECK(c.in[i] == (Type{DType::f32, {}}), "{}: adamw's operand {} (scale, lr, bias1, bias2) must be an f32 scalar, got {}",
           c.where, i, types_str(c.in));

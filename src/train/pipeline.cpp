@@ -269,6 +269,7 @@ Program pipeline_step_program(const nn::ModelConfig& model, const StepShape& sha
   }
   LossAndGrads r = mean_over(b, model, specs, sums, m);
   update(b, prog.signature, model, o, in, r, parts, p);
+  fold_widening_converts(g);
   sink_converts_into_scans(g);
   dce(g);
   return prog;

@@ -251,6 +251,7 @@ Program step_program(const nn::ModelConfig& model, const StepShape& shape, const
   std::vector<GradPart> parts;
   for (size_t i = 0; i < r.grads.size(); ++i) parts.push_back({r.grads[i], i});
   update(b, prog.signature, model, o, in, r, parts, 1);
+  fold_widening_converts(g);
   sink_converts_into_scans(g);
   dce(g);
   return prog;

@@ -27,6 +27,20 @@ bool same_bits(const exec::Array& a, const exec::Array& b) {
   return a.type() == b.type() && std::memcmp(a.bytes(), b.bytes(), static_cast<size_t>(a.type().bytes())) == 0;
 }
 
+// AdamW's operands p, m, v, g, scale, lr, bias1, bias2, finite (true), loss scale: values of a typical step.
+void fill_adamw(std::vector<exec::Array>& args, std::mt19937& rng, bool unscaled) {
+  fill(args[0], rng, -1, 1);
+  fill(args[1], rng, -1e-2, 1e-2);
+  fill(args[2], rng, 0, 1e-4);
+  fill(args[3], rng, unscaled ? -30.0 : -1e-2, unscaled ? 30.0 : 1e-2);
+  args[4].set(0, 0.7);
+  args[5].set(0, 3e-4);
+  args[6].set(0, 0.271);
+  args[7].set(0, 0.0975);
+  args[8].set(0, 1);
+  args[9].set(0, 3072);  // 3 * 2^10: exact in every dtype, not a power of two (the division rounds)
+}
+
 // Operands beyond the 8 AdamW always has: none, `finite`, or `finite` and the loss scale.
 enum class Extra { none, finite, loss_scale };
 
@@ -63,16 +77,8 @@ TEST_P(Adamw, EqualsThePrimitivesBitForBit) {
   for (bool step_taken : {true, false}) {
     std::vector<exec::Array> args;
     for (ValueId param : g.params) args.emplace_back(g.type(param));
-    fill(args[0], rng, -1, 1);
-    fill(args[1], rng, -1e-2, 1e-2);
-    fill(args[2], rng, 0, 1e-4);
-    fill(args[3], rng, unscaled ? -30.0 : -1e-2, unscaled ? 30.0 : 1e-2);
-    args[4].set(0, 0.7);
-    args[5].set(0, 3e-4);
-    args[6].set(0, 0.271);
-    args[7].set(0, 0.0975);
+    fill_adamw(args, rng, unscaled);
     args[8].set(0, step_taken ? 1 : 0);
-    args[9].set(0, 3072);  // 3 * 2^10: exact in every dtype, not a power of two (the division rounds)
     const std::vector<exec::Array> out = exec::run(g, args);
     for (size_t k = 0; k < 3; ++k) EXPECT_TRUE(same_bits(out[k], out[k + 3])) << "result " << k << " step " << step_taken;
     if (!with_finite) break;
@@ -106,6 +112,61 @@ TEST(SumOfSquares, EqualsReduceSumOfTheSquareBitForBit) {
       const std::vector<exec::Array> out = exec::run(g, args);
       EXPECT_TRUE(same_bits(out[0], out[1])) << dtype_name(d) << " axes " << shape_str(axes);
       EXPECT_TRUE(same_bits(out[2], out[3])) << dtype_name(d) << " axes " << shape_str(axes) << ", with a divisor";
+    }
+}
+
+// sum_of_squares with a dtype (ir::fold_widening_converts' reads of narrow gradients) is sum_of_squares of x converted
+// to it, bit for bit, with and without a divisor.
+TEST(SumOfSquares, WithADtypeEqualsItOfTheConvertedOperandBitForBit) {
+  std::mt19937 rng(11);
+  for (const auto& [from, to] : {std::pair{DType::bf16, DType::f32}, std::pair{DType::f16, DType::f32},
+                                 std::pair{DType::f32, DType::f64}, std::pair{DType::bf16, DType::f64}})
+    for (const IntList& axes : {IntList{2}, IntList{0}, IntList{1}, IntList{0, 1, 2}}) {
+      Graph g;
+      Builder b(g);
+      Tensor x = b.param("x", {from, {6, 50, 333}});
+      Tensor divisor = b.param("d", {DType::f32, {}});
+      const Attrs widened = Attrs().set("axes", axes).set("dtype", to);
+      b.result(sum_of_squares(convert(x, to), axes));
+      b.result(b.emit1(Op::sum_of_squares, std::array{x}, widened));
+      b.result(sum_of_squares(convert(x, to), axes, divisor));
+      b.result(b.emit1(Op::sum_of_squares, std::array{x, divisor}, widened));
+      std::vector<exec::Array> args{exec::Array(g.type(g.params[0])), exec::Array(g.type(g.params[1]))};
+      fill(args[0], rng, from == DType::f16 ? -60000 : -3e4, from == DType::f16 ? 60000 : 3e4);
+      args[1].set(0, 3072);
+      const std::vector<exec::Array> out = exec::run(g, args);
+      const std::string label = fmt::format("{} to {}, axes {}", dtype_name(from), dtype_name(to), shape_str(axes));
+      EXPECT_TRUE(same_bits(out[0], out[1])) << label;
+      EXPECT_TRUE(same_bits(out[2], out[3])) << label << ", with a divisor";
+    }
+}
+
+// adamw with a gradient of a narrower float than its parameter reads it widened: the bits of adamw of the
+// converted gradient.
+TEST(AdamwGradient, OfANarrowerFloatEqualsItConvertedBitForBit) {
+  const AdamwHyper h{.b1 = 0.9, .b2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  std::mt19937 rng(13);
+  for (const auto& [pd, gd] : {std::pair{DType::f32, DType::bf16}, std::pair{DType::f32, DType::f16},
+                               std::pair{DType::f64, DType::f32}})
+    for (bool unscaled : {false, true}) {
+      const Type t{pd, {37, 129}}, s{DType::f32, {}};
+      Graph g;
+      Builder b(g);
+      Tensor p = b.param("p", t), m = b.param("m", t), v = b.param("v", t), grad = b.param("g", {gd, t.shape});
+      Tensor scale = b.param("scale", s), lr = b.param("lr", s), bias1 = b.param("bias1", s), bias2 = b.param("bias2", s);
+      Tensor finite = b.param("finite", {DType::pred, {}}), loss_scale = b.param("loss_scale", s);
+      const std::optional<Tensor> ls = unscaled ? std::optional(loss_scale) : std::nullopt;
+      const std::optional<Tensor> taken = unscaled ? std::optional(finite) : std::nullopt;  // the loss scale's check
+      const auto wide = adamw(p, m, v, convert(grad, pd), scale, lr, bias1, bias2, taken, h, ls);
+      const auto narrow = adamw(p, m, v, grad, scale, lr, bias1, bias2, taken, h, ls);
+      for (Tensor r : {wide[0], wide[1], wide[2], narrow[0], narrow[1], narrow[2]}) b.result(r);
+      std::vector<exec::Array> args;
+      for (ValueId param : g.params) args.emplace_back(g.type(param));
+      fill_adamw(args, rng, unscaled);
+      const std::vector<exec::Array> out = exec::run(g, args);
+      for (size_t k = 0; k < 3; ++k)
+        EXPECT_TRUE(same_bits(out[k], out[k + 3])) << dtype_name(pd) << " from " << dtype_name(gd) << " result " << k
+                                                   << (unscaled ? ", unscaled" : "");
     }
 }
 

@@ -236,7 +236,7 @@ namespace {
 // AdamW for one parameter (ir/ops.h) over elements [lo, hi): every operation of the primitives it replaces
 // (train/step.cpp's formula, the loss scale's division first), in their order, each rounded to T by `r` as the
 // primitive would store it. Element i is read before it is written, so p, m, v may be updated in place. A false
-// `finite` keeps p, m, v.
+// `finite` keeps p, m, v. g is of T or of a narrower float, widened exactly on load.
 void adamw_range_body(const ir::Node& n, std::span<const Array> in, std::span<Array> out, int64_t lo,
                       int64_t hi) {
   dispatch_float(in[0].type().dtype, n, [&](auto t) {
@@ -256,7 +256,6 @@ void adamw_range_body(const ir::Node& n, std::span<const Array> in, std::span<Ar
     const T* p = in[0].data<T>();
     const T* m = in[1].data<T>();
     const T* v = in[2].data<T>();
-    const T* g = in[3].data<T>();
     T* p2 = out[0].data<T>();
     T* m2 = out[1].data<T>();
     T* v2 = out[2].data<T>();
@@ -264,17 +263,25 @@ void adamw_range_body(const ir::Node& n, std::span<const Array> in, std::span<Ar
       for (int64_t i = lo; i < hi; ++i) p2[i] = p[i], m2[i] = m[i], v2[i] = v[i];
       return;
     }
+    auto update = [&](const auto* g) {
 #pragma omp simd
-    for (int64_t i = lo; i < hi; ++i) {
-      const C pi = load(p[i]), gl = load(g[i]), gi = r((unscale ? r(gl / loss_scale) : gl) * scale);
-      const C mi = r(r(load(m[i]) * c) + r(gi * c1));
-      const C vi = r(r(load(v[i]) * d) + r(r(gi * gi) * d1));
-      const C decayed = r(pi - r(pi * lr_wd));
-      const C update = r(r(mi / bias1) / r(r(std::sqrt(r(vi / bias2))) + eps));
-      p2[i] = store<T>(decayed - r(update * lr));
-      m2[i] = store<T>(mi);
-      v2[i] = store<T>(vi);
-    }
+      for (int64_t i = lo; i < hi; ++i) {
+        const C pi = load(p[i]), gl = static_cast<C>(load(g[i])), gi = r((unscale ? r(gl / loss_scale) : gl) * scale);
+        const C mi = r(r(load(m[i]) * c) + r(gi * c1));
+        const C vi = r(r(load(v[i]) * d) + r(r(gi * gi) * d1));
+        const C decayed = r(pi - r(pi * lr_wd));
+        const C step = r(r(mi / bias1) / r(r(std::sqrt(r(vi / bias2))) + eps));
+        p2[i] = store<T>(decayed - r(step * lr));
+        m2[i] = store<T>(mi);
+        v2[i] = store<T>(vi);
+      }
+    };
+    if (in[3].type().dtype == in[0].type().dtype) return update(in[3].data<T>());
+    dispatch_float(in[3].type().dtype, n, [&](auto g_type) {
+      using G = decltype(g_type);
+      if constexpr (sizeof(G) < sizeof(T)) update(in[3].data<G>());  // the shape rule's exact widenings
+      else ASSERT(false);
+    });
   });
 }
 

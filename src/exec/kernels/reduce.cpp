@@ -55,11 +55,12 @@ int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
 }
 
 // `pre` maps each element (in the compute type) before it is accumulated: the identity, or sum_of_squares' square
-// (of the quotient by its divisor) rounded to T. Outputs [lo, hi) when x is not viewed as [window, outputs].
-template <class T, class Acc, class Combine, class Pre>
-void reduce_outputs(const T* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc init, Combine combine, Pre pre) {
+// (of the quotient by its divisor) rounded to T. The elements are of type X: T, or (sum_of_squares' `dtype`) a
+// narrower float that T holds exactly. Outputs [lo, hi) when x is not viewed as [window, outputs].
+template <class X, class T, class Acc, class Combine, class Pre>
+void reduce_outputs(const X* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc init, Combine combine, Pre pre) {
   for (int64_t i = lo; i < hi; ++i) {
-    const T* base = a + unravel(i, p.kept_shape, p.kept_strides);
+    const X* base = a + unravel(i, p.kept_shape, p.kept_strides);
     Acc acc = init;
     if (p.contiguous) {
       acc = reduce_window<Acc>(p.window, init, combine, [&](int64_t r) { return pre(load(base[r])); });
@@ -73,16 +74,16 @@ void reduce_outputs(const T* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc
 
 // Outputs [lo, hi) when x is viewed as [outer, window, inner] (Plan::inner): their accumulators (acc, the
 // workspace's row) take the rows in order, vectorised along inner.
-template <class T, class Acc, class Combine, class Pre>
-void reduce_rows(const T* a, T* o, const Plan& p, Acc* acc, int64_t lo, int64_t hi, Acc init, Combine combine,
+template <class X, class T, class Acc, class Combine, class Pre>
+void reduce_rows(const X* a, T* o, const Plan& p, Acc* acc, int64_t lo, int64_t hi, Acc init, Combine combine,
                  Pre pre) {
   std::fill(acc + lo, acc + hi, init);
   for (int64_t i = lo; i < hi;) {  // one run of outputs of one outer index at a time
     const int64_t j0 = i % p.inner, n = std::min(p.inner - j0, hi - i);
-    const T* block = a + i / p.inner * p.window * p.inner + j0;
+    const X* block = a + i / p.inner * p.window * p.inner + j0;
     Acc* run = acc + i;
     for (int64_t r = 0; r < p.window; ++r) {
-      const T* row = block + r * p.inner;
+      const X* row = block + r * p.inner;
       if (r + kRowsAhead < p.window) prefetch_rows(row, p.inner, kRowsAhead, kRowsAhead + 1, n);
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) run[j] = combine(run[j], static_cast<Acc>(pre(load(row[j]))));
@@ -94,13 +95,13 @@ void reduce_rows(const T* a, T* o, const Plan& p, Acc* acc, int64_t lo, int64_t 
 
 // Windows in chunks (chunks_of): the chunks [lo, hi) of all outputs' windows (chunk c of output i is lo = i ·
 // chunks + c) into `partial`, then each output's chunks combined in order.
-template <class T, class Acc, class Combine, class Pre>
-void reduce_chunks(const T* a, const Plan& p, Acc* partial, int64_t lo, int64_t hi, Acc init, Combine combine,
+template <class X, class Acc, class Combine, class Pre>
+void reduce_chunks(const X* a, const Plan& p, Acc* partial, int64_t lo, int64_t hi, Acc init, Combine combine,
                    Pre pre) {
   const int64_t chunks = chunks_of(p);
   for (int64_t k = lo; k < hi; ++k) {
     const int64_t c = k % chunks, first = c * kChunk;
-    const T* base = a + unravel(k / chunks, p.kept_shape, p.kept_strides) + first;
+    const X* base = a + unravel(k / chunks, p.kept_shape, p.kept_strides) + first;
     partial[k] = reduce_window<Acc>(std::min(kChunk, p.window - first), init, combine,
                                     [&](int64_t r) { return pre(load(base[r])); });
   }
@@ -123,45 +124,52 @@ enum class Stage { outputs, chunks, combine };
 // accumulators, one per output, or the chunks' results) over [lo, hi), at the CPU's widest vectors.
 void reduce_range_body(const ir::Node& n, std::span<const Array> in, Array& y, const Plan& p, std::byte* acc_row,
                        Stage stage, int64_t lo, int64_t hi) {
-  auto run = [&](auto t, auto init, auto combine, auto pre) {
+  auto run = [&](auto x, auto t, auto init, auto combine, auto pre) {  // x's element type, the result's
+    using X = decltype(x);
     using T = decltype(t);
     using Acc = decltype(init);
     if (stage == Stage::chunks)
-      return reduce_chunks<T>(in[0].data<T>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init, combine, pre);
+      return reduce_chunks(in[0].data<X>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init, combine, pre);
     if (stage == Stage::combine) return combine_chunks(reinterpret_cast<const Acc*>(acc_row), y.data<T>(), p, combine);
     if (p.inner > 0)
-      return reduce_rows<T>(in[0].data<T>(), y.data<T>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init,
-                               combine, pre);
-    reduce_outputs<T>(in[0].data<T>(), y.data<T>(), p, lo, hi, init, combine, pre);
+      return reduce_rows(in[0].data<X>(), y.data<T>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init, combine, pre);
+    reduce_outputs(in[0].data<X>(), y.data<T>(), p, lo, hi, init, combine, pre);
   };
   if (n.op == ir::Op::reduce_max) {
     return dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
       using C = Compute<decltype(t)>;
       C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::lowest();
-      run(t, lowest, [](C a, C b) { return (b > a) | (b != b) ? b : a; }, [](C x) { return x; });
+      run(t, t, lowest, [](C a, C b) { return (b > a) | (b != b) ? b : a; }, [](C x) { return x; });
     });
   }
   if (n.op == ir::Op::reduce_sum) {
     return dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
       using T = decltype(t);
       using Acc = std::conditional_t<std::is_same_v<Compute<T>, float>, double, T>;  // f32, bf16, f16 sum in f64
-      run(t, Acc(0), [](Acc a, Acc b) { return a + b; }, [](Compute<T> x) { return x; });
+      run(t, t, Acc(0), [](Acc a, Acc b) { return a + b; }, [](Compute<T> x) { return x; });
     });
   }
   // sum_of_squares: reduce_sum(mul(x, x)), the square rounded to T as mul stores it, then summed as reduce_sum
   // sums; with a divisor d (f32), of x / d in the compute type rounded to T (an f16 gradient is divided by a scale
-  // f16 cannot hold).
+  // f16 cannot hold). T is the result's type: x's, or its `dtype`, into which each element widens exactly on load.
   ASSERT(n.op == ir::Op::sum_of_squares);
-  dispatch_float(in[0].type().dtype, n, [&](auto t) {
+  dispatch_float(y.type().dtype, n, [&](auto t) {
     using T = decltype(t);
     using C = Compute<T>;
     using Acc = std::conditional_t<std::is_same_v<C, float>, double, T>;
     auto sum = [](Acc a, Acc b) { return a + b; };
-    if (in.size() == 1) return run(t, Acc(0), sum, [](C x) { return load(store<T>(x * x)); });
-    const C d = static_cast<C>(in[1].data<float>()[0]);
-    run(t, Acc(0), sum, [d](C x) {
-      const C u = load(store<T>(x / d));
-      return load(store<T>(u * u));
+    auto squares = [&](auto x) {
+      if (in.size() == 1) return run(x, t, Acc(0), sum, [](C v) { return load(store<T>(v * v)); });
+      const C d = static_cast<C>(in[1].data<float>()[0]);
+      run(x, t, Acc(0), sum, [d](C v) {
+        const C u = load(store<T>(v / d));
+        return load(store<T>(u * u));
+      });
+    };
+    if (in[0].type().dtype == y.type().dtype) return squares(t);
+    dispatch_float(in[0].type().dtype, n, [&](auto x) {
+      if constexpr (sizeof(x) < sizeof(T)) squares(x);  // the shape rule's exact widenings
+      else ASSERT(false);
     });
   });
 }
