@@ -75,17 +75,23 @@ void RowReduce(benchmark::State& state, ir::Op op) {
 // the whole table.
 void SumOfSquares(benchmark::State& state) {
   const int64_t rows = 32000, cols = 768;
+  const bool narrow = state.range(1) == 1;  // a bf16 gradient read widened (sum_of_squares with dtype f32)
   ir::Graph g;
   ir::Builder b(g);
   const ir::IntList axes = state.range(0) == 0 ? ir::IntList{0} : ir::IntList{0, 1};
-  b.result(sum_of_squares(b.param("gradient", {DType::f32, {rows, cols}}), axes));
-  std::vector<exec::Array> args{exec::Array::from<float>({rows, cols}, random_floats(rows * cols, -1e-3f, 1e-3f))};
+  ir::Attrs attrs = ir::Attrs().set("axes", axes);
+  if (narrow) attrs.set("dtype", DType::f32);
+  const ir::Tensor x = b.param("gradient", {narrow ? DType::bf16 : DType::f32, {rows, cols}});
+  b.result(b.emit1(ir::Op::sum_of_squares, std::array{x}, attrs));
+  std::vector<exec::Array> args{exec::Array(g.type(x.id))};
+  const std::vector<float> values = random_floats(rows * cols, -1e-3f, 1e-3f);
+  for (int64_t i = 0; i < rows * cols; ++i) args[0].set(i, values[static_cast<size_t>(i)]);
   exec::Executable e = compiled(g);
   e.run(args);
   for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
-  state.SetBytesProcessed(state.iterations() * rows * cols * 4);
+  state.SetBytesProcessed(state.iterations() * rows * cols * (narrow ? 2 : 4));
 }
-BENCHMARK(SumOfSquares)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(SumOfSquares)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The weight casts of one medium layer (its seven kernels, f32 to bf16, as one convert_group: what the bf16 step
 // runs before a layer's matmuls, forward and backward), on all threads, in GB/s of the f32 read and bf16 written.

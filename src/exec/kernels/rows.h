@@ -88,8 +88,11 @@ Acc reduce_window(int64_t n, Acc init, Combine combine, F f) {
   std::array<Acc, kLanes> lane;
   lane.fill(init);
   int64_t r = 0;
-  for (; r + kLanes <= n; r += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) lane[j] = combine(lane[j], static_cast<Acc>(f(r + j)));
+  for (; r + kLanes <= n; r += kLanes) {
+    std::array<decltype(f(r)), kLanes> next;  // the block's elements first: a bf16 block's widening vectorises
+    for (int64_t j = 0; j < kLanes; ++j) next[j] = f(r + j);
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = combine(lane[j], static_cast<Acc>(next[j]));
+  }
   for (int64_t j = 0; r < n; ++r, ++j) lane[j] = combine(lane[j], static_cast<Acc>(f(r)));
   for (int64_t w = kLanes / 2; w > 0; w /= 2)
     for (int64_t j = 0; j < w; ++j) lane[j] = combine(lane[j], lane[j + w]);
