@@ -3,10 +3,11 @@
 // that changed it (by default in debug and sanitizer builds; a failure names the pass), and prints the graph
 // after a named pass (`remat plan|train|explain --dump-ir=PASS`).
 //
-// Three clean-ups run before these, at the end of each train:: program builder: fold_widening_converts,
-// sink_converts_into_scans and dce. They stay there because a builder's program is read directly (the
-// explanation of the decider's records, the planner's and the goldens' tests), and it must already be the
-// finished, dead-code-free program; run_passes verifies the program it is handed before the first pass, so their output is checked too.
+// Clean-ups run before these, at the end of each train:: program builder: sink_converts_into_scans and dce, and
+// first, in the builders of a step with an optimizer, fold_widening_converts. They stay there because a
+// builder's program is read directly (the explanation of the decider's records, the planner's and the goldens'
+// tests), and it must already be the finished, dead-code-free program; run_passes verifies the program it is
+// handed before the first pass, so their output is checked too.
 #pragma once
 
 #include "ir/graph.h"

@@ -56,13 +56,14 @@ bool fold_widening_converts(Graph& g) {
     const DType wide = g.types[v].dtype;
     std::optional<ValueId> narrow;  // what the readers read instead
     if (n.op == Op::convert_element_type && widens_exactly(g.type(n.inputs[0]).dtype, wide)) {
-      narrow = n.inputs[0];  // the convert is left dead
+      narrow = n.inputs[0];  // the convert is left dead (dce below)
     } else if (n.op == Op::scan) {
-      const size_t k = static_cast<size_t>(std::find(n.outputs.begin(), n.outputs.end(), ValueId(v)) - n.outputs.begin());
+      const auto id = static_cast<ValueId>(v);
+      const auto k = static_cast<size_t>(std::find(n.outputs.begin(), n.outputs.end(), id) - n.outputs.begin());
       if (k < static_cast<size_t>(scan_attrs(n.attrs).num_carry)) continue;
       if (const std::optional<ValueId> y = unwiden_result(*n.body, k)) {
         g.types[v].dtype = n.body->type(*y).dtype;  // the stack, now narrow
-        narrow = ValueId(v);
+        narrow = id;
       }
     }
     if (!narrow) continue;

@@ -5,7 +5,7 @@
 // the narrow y and the stack is narrow. The step's bf16 weight gradients are then never stored in f32: the
 // values read are the same (a widening is exact), so every result keeps its bits, and the gradients' memory
 // halves. Runs on this graph (the optimizer reads the gradients at its top level); a value read by anything
-// else (a collective, an accumulation, a result) is left alone.
+// else (a collective, an accumulation, a result) is left alone. When it changed something it ends with dce.
 #pragma once
 
 #include "ir/graph.h"

@@ -171,8 +171,11 @@ Report report(const Plan& p, const Graph& g, const ir::Signature& sig, const Rep
       c = kResiduals;
     } else if (b.start > loss_step && b.value >= 0) {
       const Node& def = g.nodes[static_cast<size_t>(b.node)];
-      const bool weight_shaped =
-          std::find(weight_types.begin(), weight_types.end(), g.type(b.value)) != weight_types.end();
+      // A weight's shape, in its type or a narrower one (a bf16 gradient the optimizer widens on load)
+      const ir::Type& t = g.type(b.value);
+      const bool weight_shaped = std::any_of(weight_types.begin(), weight_types.end(), [&](const ir::Type& w) {
+        return w.shape == t.shape && (w.dtype == t.dtype || widens_exactly(t.dtype, w.dtype));
+      });
       if (weight_shaped && def.scope.rfind("optimizer", 0) != 0) c = kGradients;
     }
     for (int s = b.start; s <= b.end; ++s) r.timeline[static_cast<size_t>(s)][c] += b.bytes;

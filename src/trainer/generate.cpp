@@ -137,7 +137,8 @@ RunSample::RunSample(const RunConfig& c, const train::Tokenizer& tokenizer, cons
   if (tokenizer.bos_id() >= 0) prompt_.insert(prompt_.begin(), tokenizer.bos_id());  // as documents start in training
   const int64_t length = static_cast<int64_t>(prompt_.size()) + c.sample_length;
   const bool one_device = c.model.mesh.size("fsdp") == 1 && c.model.mesh.size("tensor") == 1 && !base.pipeline;
-  if (one_device && c.sample_length > 0 && length <= c.shape.seq) {
+  if (c.sample_length == 0) return;
+  if (one_device && length <= c.shape.seq) {
     generator_ = std::make_unique<Generator>(base, static_cast<int64_t>(prompt_.size()), length, &step);
   } else {
     base.kind = compile::Kind::logits;
@@ -147,12 +148,14 @@ RunSample::RunSample(const RunConfig& c, const train::Tokenizer& tokenizer, cons
 }
 
 std::string RunSample::text() {
+  if (c_.sample_length == 0) return tokenizer_.decode(prompt_);  // BOS decodes to nothing
   if (!generator_) return sample(c_, tokenizer_, *logits_);
   const Sampling s{.temperature = c_.sample_temperature, .seed = c_.data_seed + 7};
   return tokenizer_.decode(generator_->generate(prompt_, c_.sample_length, s));  // BOS and EOS decode to nothing
 }
 
 bool RunSample::shares_arenas() const {
+  if (c_.sample_length == 0) return true;  // nothing of its own
   if (!generator_) return logits_->executable.shares_arenas();
   return generator_->prefill().executable.shares_arenas() && generator_->decode().executable.shares_arenas();
 }

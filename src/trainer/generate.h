@@ -75,12 +75,14 @@ class Generator {
 // the KV-cache Generator where it runs (no pipeline, FSDP or tensor split, and the prompt with sample_length
 // tokens within max_target_length); else the full forward over the last max_target_length tokens for every
 // new token (the logits program; beyond max_target_length a cache would take positions training never saw).
+// sample_length 0 compiles neither (the sample is the prompt): at 4096 tokens the logits program alone held
+// 750 MiB, more than the step's arenas could lend it.
 class RunSample {
  public:
   // `base`: the run's compile settings for this rank (model, fusion, pipeline and stage).
   RunSample(const RunConfig& c, const train::Tokenizer& tokenizer, const Runner& step, compile::Request base);
   std::string text();  // decoded by the tokenizer
-  int64_t bytes() const { return generator_ ? generator_->bytes() : logits_->bytes(); }
+  int64_t bytes() const { return generator_ ? generator_->bytes() : logits_ ? logits_->bytes() : 0; }
   bool shares_arenas() const;
   bool kv_cache() const { return generator_ != nullptr; }
 

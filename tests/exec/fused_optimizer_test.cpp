@@ -1,7 +1,8 @@
 // The optimizer's fused ops against the primitives they replace, bit for bit: adamw against the AdamW formula
 // written with mul/add/div/sqrt/select (the unfused step of train/step.cpp), in f32, bf16 and f64, with and
 // without a skipped step and with the loss scale's division; sum_of_squares against reduce_sum(x * x) over
-// trailing, leading and middle axes, and of x / d with a divisor.
+// trailing, leading and middle axes, and of x / d with a divisor. Both reading a narrower float widened on load
+// (ir::fold_widening_converts) against the same op of its convert.
 #include "cli/config.h"
 #include "compile/compile.h"
 #include "exec/exec.h"
@@ -121,7 +122,7 @@ TEST(SumOfSquares, WithADtypeEqualsItOfTheConvertedOperandBitForBit) {
   std::mt19937 rng(11);
   for (const auto& [from, to] : {std::pair{DType::bf16, DType::f32}, std::pair{DType::f16, DType::f32},
                                  std::pair{DType::f32, DType::f64}, std::pair{DType::bf16, DType::f64}})
-    for (const IntList& axes : {IntList{2}, IntList{0}, IntList{1}, IntList{0, 1, 2}}) {
+    for (const IntList& axes : {IntList{2}, IntList{0}, IntList{1}, IntList{0, 2}, IntList{0, 1, 2}}) {
       Graph g;
       Builder b(g);
       Tensor x = b.param("x", {from, {6, 50, 333}});

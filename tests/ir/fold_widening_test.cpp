@@ -94,9 +94,51 @@ TEST(FoldWidening, LeavesValuesThatMustExistWideAlone) {
       "  %11: f32[3] = sum_of_squares(%10) {axes=[1]}\n"
       "  return %2, %1, %4, %8, %9, %10, %11\n"
       "}\n";
-  Graph g = parse(in);
-  EXPECT_FALSE(fold_widening_converts(g));
-  EXPECT_EQ(print(g), print(parse(in)));
+  EXPECT_EQ(folded(in, false), print(parse(in)));
+}
+
+// An f16 parameter widened: its readers read the parameter. Left alone: a widened value AdamW reads as a moment
+// (not its gradient), one a sum of squares already widening reads, and a stack whose body returns the widened y
+// twice.
+TEST(FoldWidening, ReadsOnlyGradientsAndWholeBodyResults) {
+  const std::string in =
+      "graph @g(%h: f16[3,2], %x: bf16[3,2], %xs: bf16[3,2], " + kOptimizerParams +
+      ") -> (f32[], f32[3,2], f32[3], f32[3], f32[3], f64[3]) {\n"
+      "  %0: f32[3,2] = convert_element_type(%h) {dtype=f32}\n"
+      "  %1: f32[] = sum_of_squares(%0) {axes=[0,1]}\n"
+      "  %2: f32[3,2] = convert_element_type(%x) {dtype=f32}\n"
+      "  %3: f32[3,2], %4: f32[3,2], %5: f32[3,2] = adamw(%p, %2, %v, %p, %s, %lr, %b, %b) " + kAdamwAttrs + "\n"
+      "  %6: f32[3,2] = convert_element_type(%x) {dtype=f32}\n"
+      "  %7: f64[3] = sum_of_squares(%6) {axes=[1], dtype=f64}\n"
+      "  %8: f32[3,2], %9: f32[3,2] = scan(%xs) {length=3, num_consts=0, num_carry=0, reverse=false}\n"
+      "    graph @body(%y: bf16[2]) -> (f32[2], f32[2]) {\n"
+      "      %0: f32[2] = convert_element_type(%y) {dtype=f32}\n"
+      "      return %0, %0\n"
+      "    }\n"
+      "  %10: f32[3] = sum_of_squares(%8) {axes=[1]}\n"
+      "  %11: f32[3] = sum_of_squares(%9) {axes=[1]}\n"
+      "  %12: f32[3] = reduce_sum(%3) {axes=[1]}\n"
+      "  return %1, %4, %10, %11, %12, %7\n"
+      "}\n";
+  const std::string out =
+      "graph @g(%h: f16[3,2], %x: bf16[3,2], %xs: bf16[3,2], " + kOptimizerParams +
+      ") -> (f32[], f32[3,2], f32[3], f32[3], f32[3], f64[3]) {\n"
+      "  %0: f32[] = sum_of_squares(%h) {axes=[0,1], dtype=f32}\n"
+      "  %1: f32[3,2] = convert_element_type(%x) {dtype=f32}\n"
+      "  %2: f32[3,2], %3: f32[3,2], %4: f32[3,2] = adamw(%p, %1, %v, %p, %s, %lr, %b, %b) " + kAdamwAttrs + "\n"
+      "  %5: f32[3,2] = convert_element_type(%x) {dtype=f32}\n"
+      "  %6: f64[3] = sum_of_squares(%5) {axes=[1], dtype=f64}\n"
+      "  %7: f32[3,2], %8: f32[3,2] = scan(%xs) {length=3, num_consts=0, num_carry=0, reverse=false}\n"
+      "    graph @body(%y: bf16[2]) -> (f32[2], f32[2]) {\n"
+      "      %0: f32[2] = convert_element_type(%y) {dtype=f32}\n"
+      "      return %0, %0\n"
+      "    }\n"
+      "  %9: f32[3] = sum_of_squares(%7) {axes=[1]}\n"
+      "  %10: f32[3] = sum_of_squares(%8) {axes=[1]}\n"
+      "  %11: f32[3] = reduce_sum(%2) {axes=[1]}\n"
+      "  return %0, %3, %9, %10, %11, %6\n"
+      "}\n";
+  EXPECT_EQ(folded(in), out);
 }
 
 // The readers' widening is checked where the IR is: a sum of squares that narrows, or an adamw gradient wider than

@@ -168,7 +168,7 @@ void reduce_range_body(const ir::Node& n, std::span<const Array> in, Array& y, c
     };
     if (in[0].type().dtype == y.type().dtype) return squares(t);
     dispatch_float(in[0].type().dtype, n, [&](auto x) {
-      if constexpr (sizeof(x) < sizeof(T)) squares(x);  // the shape rule's exact widenings
+      if constexpr (sizeof(decltype(x)) < sizeof(T)) squares(x);  // the shape rule's exact widenings
       else ASSERT(false);
     });
   });
