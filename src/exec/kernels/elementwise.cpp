@@ -276,12 +276,7 @@ void adamw_range_body(const ir::Node& n, std::span<const Array> in, std::span<Ar
         v2[i] = store<T>(vi);
       }
     };
-    if (in[3].type().dtype == in[0].type().dtype) return update(in[3].data<T>());
-    dispatch_float(in[3].type().dtype, n, [&](auto g_type) {
-      using G = decltype(g_type);
-      if constexpr (sizeof(G) < sizeof(T)) update(in[3].data<G>());  // the shape rule's exact widenings
-      else ASSERT(false);
-    });
+    dispatch_widened<T>(in[3].type().dtype, n, [&](auto g_type) { update(in[3].data<decltype(g_type)>()); });
   });
 }
 

@@ -214,6 +214,16 @@ void dispatch_float(DType d, const ir::Node& n, F&& f) {
   }
 }
 
+// Calls f(X{}) with X the storage type of an operand of dtype d that a kernel computing in T reads widened on load:
+// T itself, or a narrower float T holds exactly (ir's shape rules admit no other: base/dtype.h's widens_exactly).
+template <class T, class F>
+void dispatch_widened(DType d, const ir::Node& n, F&& f) {
+  dispatch_float(d, n, [&](auto x) {
+    if constexpr (std::is_same_v<decltype(x), T> || sizeof(decltype(x)) < sizeof(T)) f(x);
+    else ASSERT(false);
+  });
+}
+
 // As dispatch_float, plus i32.
 template <class F>
 void dispatch_numeric(DType d, const ir::Node& n, F&& f) {

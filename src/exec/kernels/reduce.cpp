@@ -166,11 +166,7 @@ void reduce_range_body(const ir::Node& n, std::span<const Array> in, Array& y, c
         return load(store<T>(u * u));
       });
     };
-    if (in[0].type().dtype == y.type().dtype) return squares(t);
-    dispatch_float(in[0].type().dtype, n, [&](auto x) {
-      if constexpr (sizeof(decltype(x)) < sizeof(T)) squares(x);  // the shape rule's exact widenings
-      else ASSERT(false);
-    });
+    dispatch_widened<T>(in[0].type().dtype, n, squares);
   });
 }
 
