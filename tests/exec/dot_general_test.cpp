@@ -70,7 +70,7 @@ TEST(DotGeneral, OneDnnMatchesReferenceOnAllLayouts) {
   }
 }
 
-// A contraction longer than both output sides runs as fixed output tiles on every CPU (128 x 256, one oneDNN
+// A contraction longer than both output sides runs as fixed output tiles on every CPU (128 x 256 here, one oneDNN
 // call each, thread-count invariant; bf16 widened to f32 where oneDNN has no bf16 matmul): whole tiles and a last
 // row and column of tiles in every layout without batch dims, a last row of tiles in every layout with them, f32
 // and bf16 (with batch dims alternately, one layout each: the reference kernel is slow under the sanitizers).
@@ -90,6 +90,15 @@ TEST(DotGeneral, TiledMatmulsMatchReferenceOnAllLayouts) {
       } while (std::next_permutation(rp.begin(), rp.end()));
     } while (std::next_permutation(lp.begin(), lp.end()));
   }
+}
+
+// bf16 tiles of brgemm grow with the output (tile_shape): [770,385]^T x [770,769], a weight gradient's layout and
+// the plain one, run as 192 x 384 tiles with a last row and column of one element (on CPUs without a bf16 brgemm,
+// as 128 x 256 tiles).
+TEST(DotGeneral, GrownBf16TilesMatchReference) {
+  std::mt19937 rng(13);
+  check_layout(Layout{0, 385, 770, 769, {1, 0}, {0, 1}}, rng, DType::bf16);
+  check_layout(Layout{0, 385, 770, 769, {0, 1}, {0, 1}}, rng, DType::bf16);
 }
 
 // Where a tile's operand rows are a multiple of 4 KiB apart (they would share an L1 set), the tile reads a copy of

@@ -14,7 +14,7 @@
 // (an f32 [32768,16]^T x [32768,24] product at 2 threads, a [65536,1024]^T x [65536,512] one at 16). Its older
 // kernels (gemm:jit, on CPUs without AVX-512) give an output other bits when another block of the decomposition
 // holds it, at any shape (a [64,16] x [16,128] product differs between 2 and 3 threads on an AVX2 CPU). So a
-// matmul runs as fixed output tiles of at most kTileRows x kTileCols per batch entry, whatever the thread count,
+// matmul runs as fixed output tiles per batch entry (tile_shape: by the shapes), whatever the thread count,
 // each tile one single-threaded oneDNN call, the tiles shared by our threads, unless oneDNN's kernel is brgemm
 // and the contraction no longer than an output side (outputs enough for many threads): each output is then
 // computed by the same call, in the same order, at any thread count. tests/exec/thread_count_test.cpp checks
@@ -104,6 +104,31 @@ struct Sizes {
 
 constexpr int64_t kTileRows = 128, kTileCols = 256;  // the most rows and columns of a fixed output tile
 
+// A fixed output tile's rows and columns (at most M and N).
+struct TileShape {
+  int64_t rows = 0, cols = 0;
+};
+
+// The tile of a tiled matmul, from the shapes alone (never the thread count: a tile's bits depend on its shape).
+// Each tile's call packs its K-long rows of lhs and columns of rhs for brgemm, work that per FLOP falls as
+// 1/rows + 1/cols: a bf16 tile of brgemm grows up to 3x kTileRows x kTileCols (the medium MLP's weight gradients
+// at 4096 tokens, [4096,3072]^T x [4096,768]: 524 -> 722 GFLOP/s), its longer side halved while fewer than 8
+// tiles would be left for the threads ([4096,768]^T x [4096,768]: 192 x 384). f32 tiles ran as fast at every size.
+TileShape tile_shape(const Sizes& z, bool grow) {
+  const TileShape least{std::min(z.M, kTileRows), std::min(z.N, kTileCols)};
+  if (!grow) return least;
+  constexpr int64_t kMinTiles = 8;
+  auto count = [&](const TileShape& t) { return z.B * ((z.M + t.rows - 1) / t.rows) * ((z.N + t.cols - 1) / t.cols); };
+  TileShape t{std::min(z.M, 3 * kTileRows), std::min(z.N, 3 * kTileCols)};
+  while (count(t) < kMinTiles && (t.rows > least.rows || t.cols > least.cols)) {
+    if (t.cols > least.cols && t.cols * kTileRows >= t.rows * kTileCols)
+      t.cols = std::max(least.cols, t.cols / 2);
+    else
+      t.rows = std::max(least.rows, t.rows / 2);
+  }
+  return t;
+}
+
 bool long_contraction(const Sizes& z) { return z.K > z.M && z.K > z.N; }
 
 // oneDNN fixes a primitive's decomposition for the thread count its descriptor is made under, and keys its
@@ -131,6 +156,7 @@ struct Analysis {
   Layout a_layout, b_layout;
   dnnl::matmul::primitive_desc pd;
   std::vector<TileKind> tiles;  // empty: oneDNN's own decomposition
+  TileShape tile;               // of the whole tiles
   bool widened = false;         // bf16 tiles computed in f32 (this CPU's oneDNN has no bf16 matmul)
   int64_t a_ld = 0, b_ld = 0;   // a tile's lhs, rhs copied into the thread's workspace, rows this many elements apart
   int64_t element_size = 0;     // of a tile's arithmetic: 4 widened, else the operands'
@@ -150,7 +176,7 @@ struct TileCopies {
 };
 TileCopies tile_copies(std::byte* at, const Analysis& x) {
   const Sizes& z = x.sizes;
-  const int64_t rows = std::min(z.M, kTileRows), cols = std::min(z.N, kTileCols);
+  const int64_t rows = x.tile.rows, cols = x.tile.cols;
   const int64_t a = aligned64(x.pad_bytes);
   const int64_t b = a + (x.a_ld > 0 ? aligned64((x.a_layout.swapped ? z.K : rows) * x.a_ld * x.element_size) : 0);
   const int64_t c = b + (x.b_ld > 0 ? aligned64((x.b_layout.swapped ? cols : z.K) * x.b_ld * x.element_size) : 0);
@@ -169,16 +195,16 @@ int64_t copied_ld(int64_t tile_row, int64_t in_place_row, bool copy_aliasing, bo
 
 // The kinds' primitives read operands and write outputs in place through their strides, or the thread's copies
 // (tile_copies) where a_ld, b_ld or widened say so.
-std::vector<TileKind> tile_kinds(const Sizes& z, const Layout& a, const Layout& b, bool widened, int64_t a_ld,
-                                 int64_t b_ld, dnnl::memory::data_type dt, const dnnl::primitive_attr& attr) {
+std::vector<TileKind> tile_kinds(const Sizes& z, const TileShape& tile, const Layout& a, const Layout& b,
+                                 bool widened, int64_t a_ld, int64_t b_ld, dnnl::memory::data_type dt,
+                                 const dnnl::primitive_attr& attr) {
   using dims = dnnl::memory::dims;
   std::vector<TileKind> kinds(4);
   const OneThread one_thread;
   for (int last_row : {0, 1})
     for (int last_col : {0, 1}) {
-      const int64_t rows = last_row ? z.M % kTileRows : std::min(z.M, kTileRows);
-      const int64_t cols = last_col ? z.N % kTileCols : std::min(z.N, kTileCols);
-      if (rows == 0 || cols == 0 || (last_row && z.M < kTileRows) || (last_col && z.N < kTileCols)) continue;
+      const int64_t rows = last_row ? z.M % tile.rows : tile.rows, cols = last_col ? z.N % tile.cols : tile.cols;
+      if (rows == 0 || cols == 0) continue;  // the tiles divide M (or N): no last row (column) of other tiles
       const int64_t lda = a_ld > 0 ? a_ld : a.swapped ? z.M : z.K, ldn = widened ? cols : z.N;
       dnnl::memory::desc src(dims{rows, z.K}, dt, a.swapped ? dims{1, lda} : dims{lda, 1});
       const int64_t ldb = b_ld > 0 ? b_ld : b.swapped ? z.K : z.N;
@@ -264,11 +290,12 @@ Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   }
   a.element_size = a.widened ? 4 : dtype_size(lhs.dtype);
   const bool a_swapped = a.a_layout.swapped, b_swapped = a.b_layout.swapped;
-  a.a_ld = copied_ld(a_swapped ? std::min(z.M, kTileRows) : z.K, a_swapped ? z.M : z.K, a_swapped, a.widened,
+  a.tile = tile_shape(z, !a.widened && lhs.dtype == DType::bf16);
+  a.a_ld = copied_ld(a_swapped ? a.tile.rows : z.K, a_swapped ? z.M : z.K, a_swapped, a.widened,
                      a.element_size);
-  a.b_ld = copied_ld(b_swapped ? z.K : std::min(z.N, kTileCols), b_swapped ? z.K : z.N, true, a.widened,
+  a.b_ld = copied_ld(b_swapped ? z.K : a.tile.cols, b_swapped ? z.K : z.N, true, a.widened,
                      a.element_size);
-  a.tiles = tile_kinds(z, a.a_layout, a.b_layout, a.widened, a.a_ld, a.b_ld,
+  a.tiles = tile_kinds(z, a.tile, a.a_layout, a.b_layout, a.widened, a.a_ld, a.b_ld,
                        a.widened ? dnnl::memory::data_type::f32 : dt, attr);
   for (const TileKind& k : a.tiles)
     if (k.rows > 0) a.pad_bytes = std::max(a.pad_bytes, static_cast<int64_t>(k.pd.scratchpad_desc().get_size()));
@@ -454,7 +481,8 @@ std::byte* copy_rhs(const Analysis& x, const std::byte* rhs, int64_t c0, int64_t
 // operands) once for the run of its tiles it takes.
 void run_tiles(Entry& e, std::byte* lhs, std::byte* rhs, std::byte* out, std::byte* per_thread, int64_t element_size) {
   const Sizes& z = e.x.sizes;
-  const int64_t row_tiles = (z.M + kTileRows - 1) / kTileRows, col_tiles = (z.N + kTileCols - 1) / kTileCols;
+  const TileShape& shape = e.x.tile;
+  const int64_t row_tiles = (z.M + shape.rows - 1) / shape.rows, col_tiles = (z.N + shape.cols - 1) / shape.cols;
   const int64_t tiles = z.B * row_tiles * col_tiles;
   const int64_t a_row = e.x.a_layout.swapped ? 1 : z.K, b_col = e.x.b_layout.swapped ? z.K : 1;
   const int64_t stride = per_thread_bytes(e.x);
@@ -464,12 +492,12 @@ void run_tiles(Entry& e, std::byte* lhs, std::byte* rhs, std::byte* out, std::by
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t b = t / (row_tiles * col_tiles), tile = t % (row_tiles * col_tiles);
     const int64_t i = e.x.widened ? tile % row_tiles : tile / col_tiles, j = e.x.widened ? tile / row_tiles : tile % col_tiles;
-    const bool last_row = i == row_tiles - 1 && z.M % kTileRows != 0 && z.M > kTileRows;
-    const bool last_col = j == col_tiles - 1 && z.N % kTileCols != 0 && z.N > kTileCols;
+    const bool last_row = i == row_tiles - 1 && z.M % shape.rows != 0;
+    const bool last_col = j == col_tiles - 1 && z.N % shape.cols != 0;
     const auto thread = static_cast<size_t>(omp_get_thread_num()), kind = static_cast<size_t>(last_row * 2 + last_col);
     Call& call = e.calls[thread][kind];
     std::byte* scratch = stride > 0 ? per_thread + static_cast<int64_t>(thread) * stride : nullptr;
-    const int64_t r0 = i * kTileRows, c0 = j * kTileCols;
+    const int64_t r0 = i * shape.rows, c0 = j * shape.cols;
     std::byte *a = lhs + b * z.M * z.K * element_size, *w = rhs + b * z.K * z.N * element_size,
               *c = out + b * z.M * z.N * element_size;
     const int64_t column = b * col_tiles + j;
