@@ -33,10 +33,10 @@ void DotGeneralF32(benchmark::State& state) {
 
 BENCHMARK(DotGeneralF32)->Args({4096, 768, 3072})->Args({1024, 1024, 1024})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// A weight gradient, [tokens, m]^T x [tokens, n]: where the contraction is longer than both output sides it runs
-// as fixed output tiles (thread-count invariant), else as one oneDNN matmul (the medium MLP's 768 x 3072 and
-// 3072 x 768 in bf16); m = 3072 f32: the lhs rows 12 KiB apart, read from a copy; 4096 tokens: the medium
-// config's at 1 x 4096, tiled (bf16 tiles by tile_shape). Args: tokens, m, n, dtype (0 f32,
+// A weight gradient, [tokens, m]^T x [tokens, n]: in bf16 as fixed output tiles (thread-count invariant; grown
+// with the output, tile_shape), in f32 so where the contraction is longer than both output sides, else as one oneDNN
+// matmul; m = 3072 f32: the lhs rows 12 KiB apart, read from a copy; 4096 tokens: the medium config's at 1 x 4096,
+// n = 32000: the logits'. Args: tokens, m, n, dtype (0 f32,
 // 1 bf16), cold (1: 64 MiB written between runs, untimed, so that the operands come from memory as in a step, not
 // from the caches as in the step's floor).
 void WeightGradient(benchmark::State& state) {
@@ -70,6 +70,7 @@ BENCHMARK(WeightGradient)
     ->ArgsProduct({{2048}, {768}, {3072}, {1}, {0, 1}})
     ->ArgsProduct({{2048}, {3072}, {768}, {1}, {0, 1}})
     ->ArgsProduct({{4096}, {768, 3072}, {768}, {1}, {0}})
+    ->ArgsProduct({{2048}, {768}, {32000}, {1}, {0}})
     ->Args({32768, 16, 24, 0, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();

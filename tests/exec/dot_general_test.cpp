@@ -94,11 +94,12 @@ TEST(DotGeneral, TiledMatmulsMatchReferenceOnAllLayouts) {
 
 // bf16 tiles of brgemm grow with the output (tile_shape): [770,385]^T x [770,769], a weight gradient's layout and
 // the plain one, run as 192 x 384 tiles with a last row and column of one element (on CPUs without a bf16 brgemm,
-// as 128 x 256 tiles).
+// as 128 x 256 tiles); a weight gradient with a short contraction, [300,385]^T x [300,769], as the same tiles.
 TEST(DotGeneral, GrownBf16TilesMatchReference) {
   std::mt19937 rng(13);
   check_layout(Layout{0, 385, 770, 769, {1, 0}, {0, 1}}, rng, DType::bf16);
   check_layout(Layout{0, 385, 770, 769, {0, 1}, {0, 1}}, rng, DType::bf16);
+  check_layout(Layout{0, 385, 300, 769, {1, 0}, {0, 1}}, rng, DType::bf16);
 }
 
 // Where a tile's operand rows are a multiple of 4 KiB apart (they would share an L1 set), the tile reads a copy of

@@ -68,7 +68,8 @@ TEST(ThreadCountInvariance, MatmulsWithLongContractionsAreBitIdentical) {
       {{tokens, 16}, {tokens, 24}, {{0}, {0}, {}, {}}},        // few outputs
       {{4096, 300}, {4096, 200}, {{0}, {0}, {}, {}}},          // tiles with a last row and column
       {{1024, 385}, {1024, 769}, {{0}, {0}, {}, {}}},          // bf16: grown tiles (192 x 384), a last row and column
-      {{2048, 256}, {2048, 1024}, {{0}, {0}, {}, {}}},         // outputs enough for oneDNN to split them
+      {{2048, 256}, {2048, 1024}, {{0}, {0}, {}, {}}},         // f32: outputs enough for oneDNN to split them
+      {{1024, 256}, {1024, 2048}, {{0}, {0}, {}, {}}},         // bf16: a weight gradient's tiles, K short
       {{2048, 96}, {96, 160}, {{1}, {0}, {}, {}}},             // many rows: the rhs packed (a projection)
       {{2048, 96}, {160, 96}, {{1}, {1}, {}, {}}},             // the same, the rhs stored transposed
   };
