@@ -75,5 +75,34 @@ BENCHMARK(WeightGradient)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// An input gradient, [tokens, k] x W with W stored [k, n] (0) or [n, k] (1: a projection's weight read
+// transposed, W^T; f32 long contractions read it from a copy in order, transposes_rhs). Args: tokens, k, n, dtype
+// (0 f32, 1 bf16), W stored transposed.
+void InputGradient(benchmark::State& state) {
+  const int64_t t = state.range(0), k = state.range(1), n = state.range(2);
+  const DType dtype = state.range(3) ? DType::bf16 : DType::f32;
+  Graph g;
+  Builder b(g);
+  const Tensor x = b.param("x", {dtype, {t, k}});
+  if (state.range(4))
+    b.result(dot_general(x, b.param("w", {dtype, {n, k}}), {{1}, {1}, {}, {}}));
+  else
+    b.result(dot_general(x, b.param("w", {dtype, {k, n}}), {{1}, {0}, {}, {}}));
+  std::vector<exec::Array> args{exec::Array(g.type(g.params[0])), exec::Array(g.type(g.params[1]))};
+  for (auto& a : args)
+    for (int64_t i = 0; i < a.size(); ++i) a.set(i, std::sin(0.37 * static_cast<double>(i)));
+  exec::Executable e = compiled(g);
+  e.run(args);  // warm up: oneDNN's primitives made
+  for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(t * k * n), benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
+}
+
+BENCHMARK(InputGradient)
+    ->ArgsProduct({{2048}, {3072}, {768}, {0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 }  // namespace
 }  // namespace remat

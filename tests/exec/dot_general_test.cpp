@@ -102,6 +102,14 @@ TEST(DotGeneral, GrownBf16TilesMatchReference) {
   check_layout(Layout{0, 385, 300, 769, {1, 0}, {0, 1}}, rng, DType::bf16);
 }
 
+// f32 tiles of a long contraction read a swapped rhs from a copy in order where it is no larger than twice the
+// output (transposes_rhs): [200,300] x [100,300]^T, and [3,200,300] x [3,100,300]^T with batch dims.
+TEST(DotGeneral, TilesReadASwappedRhsFromATransposedCopy) {
+  std::mt19937 rng(17);
+  check_layout(Layout{0, 200, 300, 100, {0, 1}, {1, 0}}, rng);
+  check_layout(Layout{3, 200, 300, 100, {0, 1, 2}, {0, 2, 1}}, rng);
+}
+
 // Where a tile's operand rows are a multiple of 4 KiB apart (they would share an L1 set), the tile reads a copy of
 // them with longer rows: an rhs of 1024 f32 columns, one stored transposed with 1024 f32 contracted elements, and
 // an lhs stored transposed with 1024 f32 rows. The contractions are longer than the output sides, so they run as

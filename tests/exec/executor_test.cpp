@@ -55,6 +55,32 @@ TEST(Executor, LayoutOps) {
   EXPECT_EQ(r[4].to_vector<float>(), (std::vector<float>{1, 5, 3, 4, 2, 6, 1, 5, 3, 4, 2, 6}));
 }
 
+// Transposes that swap the innermost dim with one contiguous in the source copy in blocks (transpose_blocks),
+// with and without dims outside the pair, sizes no multiple of the blocks, and 2-, 4- and 8-byte elements: each
+// element where the permutation puts it.
+TEST(Executor, BlockedTransposesPutEveryElementInPlace) {
+  const Shape shape{3, 70, 45};
+  for (const IntList& perm : {IntList{0, 2, 1}, IntList{1, 2, 0}, IntList{2, 1, 0}})
+    for (DType dtype : {DType::bf16, DType::f32, DType::f64}) {
+      Graph g;
+      Builder b(g);
+      b.result(transpose(b.param("x", {dtype, shape}), perm));
+      std::vector<exec::Array> x{exec::Array({dtype, shape})};
+      for (int64_t i = 0; i < x[0].size(); ++i) x[0].set(i, static_cast<double>(i % 251));
+      const exec::Array y = exec::run(g, x)[0];
+      const Shape& out = y.type().shape;
+      int64_t at = 0;
+      for (int64_t i = 0; i < out[0]; ++i)
+        for (int64_t j = 0; j < out[1]; ++j)
+          for (int64_t k = 0; k < out[2]; ++k, ++at) {
+            int64_t src[3];
+            src[perm[0]] = i, src[perm[1]] = j, src[perm[2]] = k;
+            const int64_t from = (src[0] * shape[1] + src[1]) * shape[2] + src[2];
+            ASSERT_EQ(y.get(at), static_cast<double>(from % 251)) << dtype_name(dtype) << " at " << i << "," << j << "," << k;
+          }
+    }
+}
+
 // Row reductions over windows of 1 to 40 (whole groups of the kernel's 8 lanes and every tail) against a plain
 // loop: f32 sums (accumulated in f64, so any order rounds to the same f32 here) and maxima, with a NaN and -inf
 // in some rows (a NaN anywhere makes the row's max NaN).

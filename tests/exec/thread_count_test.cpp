@@ -70,6 +70,7 @@ TEST(ThreadCountInvariance, MatmulsWithLongContractionsAreBitIdentical) {
       {{1024, 385}, {1024, 769}, {{0}, {0}, {}, {}}},          // bf16: grown tiles (192 x 384), a last row and column
       {{2048, 256}, {2048, 1024}, {{0}, {0}, {}, {}}},         // f32: outputs enough for oneDNN to split them
       {{1024, 256}, {1024, 2048}, {{0}, {0}, {}, {}}},         // bf16: a weight gradient's tiles, K short
+      {{1024, 1536}, {128, 1536}, {{1}, {1}, {}, {}}},         // f32: tiles reading the rhs transposed, in order
       {{2048, 96}, {96, 160}, {{1}, {0}, {}, {}}},             // many rows: the rhs packed (a projection)
       {{2048, 96}, {160, 96}, {{1}, {1}, {}, {}}},             // the same, the rhs stored transposed
   };

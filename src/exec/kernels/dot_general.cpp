@@ -56,7 +56,21 @@ struct Layout {
   Dims copy_src_strides, copy_shape;
 };
 
-Layout analyze(const ir::Shape& s, const ir::IntList& batch, const Dims& g1, const ir::IntList& g2_list) {
+// `order` read from `s`: copied into [batch, g1, g2] order.
+Layout copied(const ir::Shape& s, const Dims& order) {
+  Layout l;
+  l.copy = true;
+  Dims strides = strides_of(Dims(s));
+  for (int64_t d : order) {
+    l.copy_src_strides.push_back(strides[static_cast<size_t>(d)]);
+    l.copy_shape.push_back(s[static_cast<size_t>(d)]);
+  }
+  return l;
+}
+
+// `transpose`: a swapped matrix is copied into order too.
+Layout analyze(const ir::Shape& s, const ir::IntList& batch, const Dims& g1, const ir::IntList& g2_list,
+               bool transpose = false) {
   Dims g2(g2_list), order, swapped, identity;
   for (int64_t d : batch) order.push_back(d), swapped.push_back(d);
   for (int64_t d : g1) order.push_back(d);
@@ -65,17 +79,11 @@ Layout analyze(const ir::Shape& s, const ir::IntList& batch, const Dims& g1, con
   for (size_t i = 0; i < s.size(); ++i) identity.push_back(static_cast<int64_t>(i));
   Layout l;
   if (order == identity) return l;
-  if (swapped == identity) {
+  if (swapped == identity && !transpose) {
     l.swapped = true;
     return l;
   }
-  l.copy = true;
-  Dims strides = strides_of(Dims(s));
-  for (int64_t d : order) {
-    l.copy_src_strides.push_back(strides[static_cast<size_t>(d)]);
-    l.copy_shape.push_back(s[static_cast<size_t>(d)]);
-  }
-  return l;
+  return copied(s, order);
 }
 
 dnnl::memory::data_type dnnl_type(DType d) {
@@ -136,6 +144,15 @@ bool long_contraction(const Sizes& z) { return z.K > z.M && z.K > z.N; }
 // 690-729 GFLOP/s, /2048/768/32000 (the logits') 568-600 -> 703-753, none slower (f32: no change either way).
 bool tiles_faster(const Sizes& z, bool lhs_swapped, DType dtype) {
   return dtype == DType::bf16 && z.B == 1 && lhs_swapped;
+}
+
+// Whether f32 tiles read their swapped rhs from a copy in [K, N] order: oneDNN's single-threaded f32 matmul
+// (gemm:jit) read a long contraction's transposed rhs slowly, [2048,3072] x [768,3072]^T (the medium MLP's input
+// gradients) 35-38 -> 28.4 ms with the copy (0.7 ms: transpose_blocks); where the copy is no larger than twice the
+// output, so the workspace it adds stays within the matmul's own size (the logits' [768, vocab] would add 98 MB at
+// the backward's start for 10%).
+bool transposes_rhs(const Sizes& z, bool rhs_swapped, DType dtype) {
+  return dtype == DType::f32 && rhs_swapped && long_contraction(z) && z.K <= 2 * z.M;
 }
 
 // oneDNN fixes a primitive's decomposition for the thread count its descriptor is made under, and keys its
@@ -295,6 +312,7 @@ Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
     }
     a.pd = {};
   }
+  if (transposes_rhs(z, a.b_layout.swapped, lhs.dtype)) a.b_layout = analyze(rs, bt[1], contract_rhs, rf_list, true);
   a.element_size = a.widened ? 4 : dtype_size(lhs.dtype);
   const bool a_swapped = a.a_layout.swapped, b_swapped = a.b_layout.swapped;
   a.tile = tile_shape(z, !a.widened && lhs.dtype == DType::bf16);
