@@ -6,29 +6,38 @@
 #include <benchmark/benchmark.h>
 
 #include <cmath>
-#include <random>
 
 namespace remat {
 namespace {
 
 using namespace ir;
 
+// g's arguments, filled with sin(0.37 i).
+std::vector<exec::Array> filled_arguments(const Graph& g) {
+  std::vector<exec::Array> args;
+  for (ValueId p : g.params) {
+    args.emplace_back(g.type(p));
+    for (int64_t i = 0; i < args.back().size(); ++i) args.back().set(i, std::sin(0.37 * static_cast<double>(i)));
+  }
+  return args;
+}
+
+// Times the one matmul of g (its primitives made by a first run), counting `flops` a run.
+void time_matmul(benchmark::State& state, const Graph& g, double flops) {
+  std::vector<exec::Array> args = filled_arguments(g);
+  exec::Executable e = compiled(g);
+  e.run(args);  // warm up: oneDNN's primitives made
+  for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+
 void DotGeneralF32(benchmark::State& state) {
   const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
   Graph g;
   Builder b(g);
   b.result(matmul(b.param("x", {DType::f32, {m, k}}), b.param("w", {DType::f32, {k, n}})));
-  std::mt19937 rng(0);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<exec::Array> args{exec::Array(g.type(g.params[0])), exec::Array(g.type(g.params[1]))};
-  for (auto& a : args)
-    for (int64_t i = 0; i < a.size(); ++i) a.data<float>()[i] = dist(rng);
-  exec::Executable e = compiled(g);
-  e.run(args);  // warm up: oneDNN's primitives made
-  for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * static_cast<double>(m * k * n), benchmark::Counter::kIsIterationInvariantRate,
-                         benchmark::Counter::kIs1000);
+  time_matmul(state, g, 2.0 * static_cast<double>(m * k * n));
 }
 
 BENCHMARK(DotGeneralF32)->Args({4096, 768, 3072})->Args({1024, 1024, 1024})->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -45,9 +54,7 @@ void WeightGradient(benchmark::State& state) {
   Graph g;
   Builder b(g);
   b.result(dot_general(b.param("x", {dtype, {t, m}}), b.param("dy", {dtype, {t, n}}), {{0}, {0}, {}, {}}));
-  std::vector<exec::Array> args{exec::Array(g.type(g.params[0])), exec::Array(g.type(g.params[1]))};
-  for (auto& a : args)
-    for (int64_t i = 0; i < a.size(); ++i) a.set(i, std::sin(0.37 * static_cast<double>(i)));
+  std::vector<exec::Array> args = filled_arguments(g);
   exec::Executable e = compiled(g);
   e.run(args);  // warm up: oneDNN's primitives made
   std::vector<float> evict(state.range(4) ? (64 << 20) / sizeof(float) : 0);
@@ -88,15 +95,7 @@ void InputGradient(benchmark::State& state) {
     b.result(dot_general(x, b.param("w", {dtype, {n, k}}), {{1}, {1}, {}, {}}));
   else
     b.result(dot_general(x, b.param("w", {dtype, {k, n}}), {{1}, {0}, {}, {}}));
-  std::vector<exec::Array> args{exec::Array(g.type(g.params[0])), exec::Array(g.type(g.params[1]))};
-  for (auto& a : args)
-    for (int64_t i = 0; i < a.size(); ++i) a.set(i, std::sin(0.37 * static_cast<double>(i)));
-  exec::Executable e = compiled(g);
-  e.run(args);  // warm up: oneDNN's primitives made
-  for (auto _ : state) benchmark::DoNotOptimize(e.run(args));
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(2.0 * static_cast<double>(t * k * n), benchmark::Counter::kIsIterationInvariantRate,
-                         benchmark::Counter::kIs1000);
+  time_matmul(state, g, 2.0 * static_cast<double>(t * k * n));
 }
 
 BENCHMARK(InputGradient)
