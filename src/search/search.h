@@ -58,7 +58,7 @@ struct Rates {
 };
 
 // Times a 512^3 GEMM in `compute`, an f32 add over 2M elements and an offload + reload of 16 MiB with the CPU
-// kernels (the best of 5 runs each after a warm-up run; ~0.1 s). A bandwidth > 0 is taken as given; else both are the copy
+// kernels (the best of 5 runs each after a warm-up run; well under a second). A bandwidth > 0 is taken as given; else both are the copy
 // rate measured (ranks on one host exchange through shared memory, at about the rate of a copy).
 Rates measure(DType compute, double host_bandwidth = 0, double ici_bandwidth = 0);
 

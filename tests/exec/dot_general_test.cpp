@@ -93,7 +93,7 @@ TEST(DotGeneral, TiledMatmulsMatchReferenceOnAllLayouts) {
 }
 
 // bf16 tiles of brgemm grow with the output (tile_shape): [770,385]^T x [770,769], a weight gradient's layout and
-// the plain one, run as 192 x 384 tiles with a last row and column of one element (on CPUs without a bf16 brgemm,
+// the plain one, run as 192 x 384 tiles with a last row and column of one element (where bf16 is widened to f32,
 // as 128 x 256 tiles); a weight gradient with a short contraction, [300,385]^T x [300,769], as the same tiles.
 TEST(DotGeneral, GrownBf16TilesMatchReference) {
   std::mt19937 rng(13);
@@ -102,11 +102,22 @@ TEST(DotGeneral, GrownBf16TilesMatchReference) {
   check_layout(Layout{0, 385, 300, 769, {1, 0}, {0, 1}}, rng, DType::bf16);
 }
 
+// A tiled matmul with no rows or no columns (the tiles' sides are at least 1: no division by an empty side).
+TEST(DotGeneral, TiledMatmulsWithAnEmptyOutput) {
+  std::mt19937 rng(19);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    check_layout(Layout{0, 0, 300, 100, {1, 0}, {0, 1}}, rng, dtype);
+    check_layout(Layout{0, 100, 300, 0, {1, 0}, {1, 0}}, rng, dtype);
+  }
+}
+
 // f32 tiles of a long contraction read a swapped rhs from a copy in order where it is no larger than twice the
-// output (transposes_rhs): [200,300] x [100,300]^T, and [3,200,300] x [3,100,300]^T with batch dims.
+// output (transposes_rhs): [200,300] x [100,300]^T, [200,390] x [300,390]^T (a last column of tiles), and
+// [3,200,300] x [3,100,300]^T with batch dims.
 TEST(DotGeneral, TilesReadASwappedRhsFromATransposedCopy) {
   std::mt19937 rng(17);
   check_layout(Layout{0, 200, 300, 100, {0, 1}, {1, 0}}, rng);
+  check_layout(Layout{0, 200, 390, 300, {0, 1}, {1, 0}}, rng);
   check_layout(Layout{3, 200, 300, 100, {0, 1, 2}, {0, 2, 1}}, rng);
 }
 

@@ -59,8 +59,9 @@ TEST(Executor, LayoutOps) {
 // with and without dims outside the pair, sizes no multiple of the blocks, and 2-, 4- and 8-byte elements: each
 // element where the permutation puts it.
 TEST(Executor, BlockedTransposesPutEveryElementInPlace) {
-  const Shape shape{3, 70, 45};
-  for (const IntList& perm : {IntList{0, 2, 1}, IntList{1, 2, 0}, IntList{2, 1, 0}})
+  // {0,2,1}: the pair with an outer dim; {1,2,0} of [9,10,45]: the pair alone (merged to [450,9]); {2,1,0}: rows.
+  for (const auto& [shape, perm] : {std::pair{Shape{3, 70, 45}, IntList{0, 2, 1}}, std::pair{Shape{9, 10, 45}, IntList{1, 2, 0}},
+                                    std::pair{Shape{3, 70, 45}, IntList{2, 1, 0}}})
     for (DType dtype : {DType::bf16, DType::f32, DType::f64}) {
       Graph g;
       Builder b(g);

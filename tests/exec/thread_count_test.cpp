@@ -54,7 +54,8 @@ TEST_P(ThreadCountInvariance, OneStepIsBitIdenticalAtOneTwoAndThreeThreads) {
 // contraction across threads changes the order of its sums. Bit-identical at 1, 2 and 3 threads: the shapes of
 // a step (weight gradients summing over the tokens, with d_model-sized outputs), batched ones, and few outputs
 // with a long contraction — [K,16]^T x [K,24], which oneDNN 2.6's f32 brgemm splits over K at 2 threads, so the
-// kernel runs it (like every matmul whose contraction is longer than its output sides) as fixed output tiles.
+// kernel runs it (like every matmul whose contraction is longer than its output sides, and bf16 weight gradients)
+// as fixed output tiles: grown bf16 tiles, and f32 tiles reading a swapped rhs from a copy in order, among them.
 TEST(ThreadCountInvariance, MatmulsWithLongContractionsAreBitIdentical) {
   const int64_t tokens = exec::kAddressSanitizer ? 4096 : 32768;
   struct Shape {

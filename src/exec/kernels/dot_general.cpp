@@ -1,6 +1,7 @@
 // dot_general through oneDNN's batched matmul. The operands are viewed as lhs (B, M, K) and rhs (B, K, N);
 // when an operand's dims are stored as [batch, free, contract] or [batch, contract, free] the view is just
-// strides (a transpose folded into the descriptor), otherwise the operand is first copied into that order.
+// strides (a transpose folded into the descriptor), otherwise the operand is first copied into that order (so is
+// a swapped rhs that f32 tiles read faster in order: transposes_rhs).
 // The output [batch, lhs free, rhs free] is (B, M, N) row-major. The copies and oneDNN's scratchpad live
 // in the node's planned workspace: [lhs copy][rhs copy][scratchpad, or one per thread][packed rhs][its reorder's
 // scratchpad] (the last two where a whole matmul packs its rhs: packs_rhs), each 64-byte aligned.
@@ -52,7 +53,7 @@ int64_t product(const ir::Shape& s, const Dims& dims) {
 // into [batch, g1, g2] order.
 struct Layout {
   bool swapped = false;      // memory holds [batch, g2, g1]: a transposed matrix, no copy
-  bool copy = false;         // neither order matches: copy with these strides into that order
+  bool copy = false;         // neither order matches (or transposes_rhs): copy with these strides into that order
   Dims copy_src_strides, copy_shape;
 };
 
@@ -110,7 +111,7 @@ struct Sizes {
   int64_t B = 1, M = 1, K = 1, N = 1;
 };
 
-constexpr int64_t kTileRows = 128, kTileCols = 256;  // the most rows and columns of a fixed output tile
+constexpr int64_t kTileRows = 128, kTileCols = 256;  // a fixed output tile's rows and columns, unless grown
 
 // A fixed output tile's rows and columns (at most M and N).
 struct TileShape {
@@ -118,16 +119,17 @@ struct TileShape {
 };
 
 // The tile of a tiled matmul, from the shapes alone (never the thread count: a tile's bits depend on its shape).
-// Each tile's call packs its K-long rows of lhs and columns of rhs for brgemm, work that per FLOP falls as
-// 1/rows + 1/cols: a bf16 tile of brgemm grows up to 3x kTileRows x kTileCols (the medium MLP's weight gradients
-// at 4096 tokens, [4096,3072]^T x [4096,768]: 524 -> 722 GFLOP/s), its longer side halved while fewer than 8
-// tiles would be left for the threads ([4096,768]^T x [4096,768]: 192 x 384). f32 tiles ran as fast at every size.
+// Each tile's call packs its K-long rows of lhs and columns of rhs, work that per FLOP falls as 1/rows + 1/cols:
+// a grown tile (bf16, not widened, read in place) is up to 3x kTileRows x kTileCols (the medium MLP's weight
+// gradients at 4096 tokens, [4096,3072]^T x [4096,768]: 524 -> 722 GFLOP/s), its longer side halved while fewer
+// than 8 tiles would be left for the threads ([4096,768]^T x [4096,768]: 192 x 384). f32 tiles ran as fast at
+// every size. A side is at least 1 (an empty output has no tiles).
 TileShape tile_shape(const Sizes& z, bool grow) {
-  const TileShape least{std::min(z.M, kTileRows), std::min(z.N, kTileCols)};
+  const TileShape least{std::clamp<int64_t>(z.M, 1, kTileRows), std::clamp<int64_t>(z.N, 1, kTileCols)};
   if (!grow) return least;
   constexpr int64_t kMinTiles = 8;
   auto count = [&](const TileShape& t) { return z.B * ((z.M + t.rows - 1) / t.rows) * ((z.N + t.cols - 1) / t.cols); };
-  TileShape t{std::min(z.M, 3 * kTileRows), std::min(z.N, 3 * kTileCols)};
+  TileShape t{std::clamp<int64_t>(z.M, 1, 3 * kTileRows), std::clamp<int64_t>(z.N, 1, 3 * kTileCols)};
   while (count(t) < kMinTiles && (t.rows > least.rows || t.cols > least.cols)) {
     if (t.cols > least.cols && t.cols * kTileRows >= t.rows * kTileCols)
       t.cols = std::max(least.cols, t.cols / 2);
@@ -315,11 +317,18 @@ Analysis analyze(const ir::Node& n, const ir::Type& lhs, const ir::Type& rhs) {
   if (transposes_rhs(z, a.b_layout.swapped, lhs.dtype)) a.b_layout = analyze(rs, bt[1], contract_rhs, rf_list, true);
   a.element_size = a.widened ? 4 : dtype_size(lhs.dtype);
   const bool a_swapped = a.a_layout.swapped, b_swapped = a.b_layout.swapped;
-  a.tile = tile_shape(z, !a.widened && lhs.dtype == DType::bf16);
-  a.a_ld = copied_ld(a_swapped ? a.tile.rows : z.K, a_swapped ? z.M : z.K, a_swapped, a.widened,
-                     a.element_size);
-  a.b_ld = copied_ld(b_swapped ? z.K : a.tile.cols, b_swapped ? z.K : z.N, true, a.widened,
-                     a.element_size);
+  auto copies = [&] {
+    a.a_ld = copied_ld(a_swapped ? a.tile.rows : z.K, a_swapped ? z.M : z.K, a_swapped, a.widened, a.element_size);
+    a.b_ld = copied_ld(b_swapped ? z.K : a.tile.cols, b_swapped ? z.K : z.N, true, a.widened, a.element_size);
+  };
+  a.tile = tile_shape(z, false);
+  copies();
+  // Grown only where the tiles read their operands in place: a copy takes K x (rows + cols) of each thread's
+  // workspace (llama3-8b's [32768,4096]^T x [32768,14336] at 384 x 768: 75 MB a thread).
+  if (!a.widened && lhs.dtype == DType::bf16 && a.a_ld == 0 && a.b_ld == 0) {
+    a.tile = tile_shape(z, true);
+    copies();
+  }
   a.tiles = tile_kinds(z, a.tile, a.a_layout, a.b_layout, a.widened, a.a_ld, a.b_ld,
                        a.widened ? dnnl::memory::data_type::f32 : dt, attr);
   for (const TileKind& k : a.tiles)

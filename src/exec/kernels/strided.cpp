@@ -105,7 +105,7 @@ void copy_rows(const T* src, const Dims& ss, T* dst, const Dims& ds, const Dims&
   const Dims& shape = m.shape;
   const size_t r = shape.size();
   const int64_t inner = shape[r - 1], si = m.src[r - 1], di = m.dst[r - 1];
-  if (r >= 2 && di == 1 && si != 1 && m.src[r - 2] == 1 && shape[r - 2] >= 8 && inner >= 8)
+  if (r >= 2 && di == 1 && si > 1 && m.src[r - 2] == 1 && shape[r - 2] >= 8 && inner >= 8)
     return transpose_blocks(src, dst, m);
   int64_t outer = 1;
   for (size_t d = 0; d + 1 < r; ++d) outer *= shape[d];
