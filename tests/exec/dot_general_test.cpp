@@ -94,12 +94,14 @@ TEST(DotGeneral, TiledMatmulsMatchReferenceOnAllLayouts) {
 
 // bf16 tiles of brgemm grow with the output (tile_shape): [770,385]^T x [770,769], a weight gradient's layout and
 // the plain one, run as 192 x 384 tiles with a last row and column of one element (where bf16 is widened to f32,
-// as 128 x 256 tiles); a weight gradient with a short contraction, [300,385]^T x [300,769], as the same tiles.
+// as 128 x 256 tiles); a weight gradient with a short contraction, [64,385]^T x [64,769], as the same tiles (the
+// long contractions not under the sanitizers: the reference kernel took 9 s there).
 TEST(DotGeneral, GrownBf16TilesMatchReference) {
   std::mt19937 rng(13);
+  check_layout(Layout{0, 385, 64, 769, {1, 0}, {0, 1}}, rng, DType::bf16);
+  if (exec::kAddressSanitizer) return;
   check_layout(Layout{0, 385, 770, 769, {1, 0}, {0, 1}}, rng, DType::bf16);
   check_layout(Layout{0, 385, 770, 769, {0, 1}, {0, 1}}, rng, DType::bf16);
-  check_layout(Layout{0, 385, 300, 769, {1, 0}, {0, 1}}, rng, DType::bf16);
 }
 
 // A tiled matmul with no rows or no columns (the tiles' sides are at least 1: no division by an empty side).
