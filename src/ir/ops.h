@@ -113,13 +113,15 @@ namespace remat::ir {
   /* 6 flops per element */                                                                                          \
   X(target_log_prob_grad, 4, reduction, pure, counted)                                                               \
   /* (gate, up) of one float type: SwiGLU's product silu(gate)·up = (gate·logistic(gate))·up, each of the */         \
-  /* logistic and the two products rounded to that type (the bits of that composition of logistic and mul); */       \
+  /* logistic and the two products rounded to that type, f32 for bf16 (whose result alone is rounded to bf16, */     \
+  /* as XLA's excess precision and PyTorch's CPU kernels do: the bits of that composition of logistic and mul); */   \
   /* its VJP recomputes logistic(gate), so no array of the logistic or of silu outlives the op. A kernel of its */   \
   /* own, never fused. 3 flops per element: logistic, two products */                                                \
   X(swiglu, 2, elementwise, pure, counted)                                                                           \
   /* (gate, up, g) -> (dgate, dup): swiglu's VJP, s = logistic(gate) and a = gate·s recomputed; dup = g·a and, */    \
-  /* with t = g·up, dgate = t·s + (t·gate)·(s·(1 − s)), each operation rounded to the type in the composition's */   \
-  /* order (the bits of the VJPs of mul and logistic). Not differentiable. 10 flops per element */                   \
+  /* with t = g·up, dgate = t·s + (t·gate)·(s·(1 − s)), each operation rounded to the type (f32 for bf16, as */      \
+  /* swiglu) in the composition's order (the bits of the VJPs of mul and logistic). Not differentiable. */           \
+  /* 10 flops per element */                                                                                         \
   X(swiglu_grad, 3, elementwise, pure, counted)                                                                      \
   /* (x [B,T,N,Dh], cos and sin [T,Dh/2] of x's dtype): the rotary position embedding (RoFormer; HF Llama's */      \
   /* rotate_half), element i of each head paired with element i + Dh/2 and the pair rotated by its position's */    \

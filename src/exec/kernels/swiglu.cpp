@@ -2,8 +2,10 @@
 // that composition once per (op, dtype, length), silu(gate)·up from logistic and mul, and its VJP as autodiff
 // writes the VJPs of mul and logistic, and runs it through the fusion kernel (the compiled loop, or the
 // interpreter). The bits are the composition's by construction, and the speed the fusion compiler's: one pass,
-// nothing stored between, the backward recomputing the logistic. Each group of elements is read whole before a
-// result of it is written, so a result may be written over gate (in place).
+// nothing stored between, the backward recomputing the logistic. A bf16 composition computes in f32 between a
+// convert of its operands and one of its results (the ops' definition: each bf16 intermediate rounded cost the
+// compiled loop more than the f32 arithmetic itself). Each group of elements is read whole before a result of it
+// is written, so a result may be written over gate (in place).
 #include "exec/kernels/kernels.h"
 #include "ir/ir.h"
 
@@ -26,17 +28,19 @@ const ir::Node& composition(ir::Op op, DType d, int64_t len) {
   body->name = ir::op_name(op);
   ir::Builder b(*body);
   const ir::Type t{d, {len}};
-  ir::Tensor gate = b.param("gate", t), up = b.param("up", t);
+  const DType c = d == DType::bf16 ? DType::f32 : d;  // what the composition computes in
+  const auto result = [&](ir::Tensor y) { b.result(convert(y, d)); };
+  ir::Tensor gate = convert(b.param("gate", t), c), up = convert(b.param("up", t), c);
   ir::Tensor s = logistic(gate);
   ir::Tensor silu = gate * s;
   if (op == ir::Op::swiglu) {
-    b.result(silu * up);
+    result(silu * up);
   } else {
-    ir::Tensor g = b.param("g", t);
+    ir::Tensor g = convert(b.param("g", t), c);
     ir::Tensor dsilu = g * up;                                    // mul's VJP: the cotangent times the other operand
-    ir::Tensor slope = s * (full(b, t, 1.0) - s);                 // logistic's VJP: ds·(s·(1 − s))
-    b.result(dsilu * s + (dsilu * gate) * slope);                 // through silu = gate·s's operands, in that order
-    b.result(g * silu);
+    ir::Tensor slope = s * (full(b, {c, {len}}, 1.0) - s);        // logistic's VJP: ds·(s·(1 − s))
+    result(dsilu * s + (dsilu * gate) * slope);                   // through silu = gate·s's operands, in that order
+    result(g * silu);
   }
   n.op = ir::Op::fusion;
   n.body = std::move(body);
