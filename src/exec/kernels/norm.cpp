@@ -8,6 +8,7 @@
 #include "exec/kernels/rows.h"
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <type_traits>
 
@@ -26,10 +27,19 @@ struct RowScale {
 // The row x[0, d)'s statistics: mean(square(x)) + eps, then rsqrt, each operation rounded to A.
 template <class A, class T>
 RowScale<A> row_scale(const T* x, int64_t d, double eps) {
-  const A s = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), [&](int64_t j) {
+  const auto square = [&](int64_t j) {
     const A v = static_cast<A>(load(x[j]));
     return static_cast<A>(v * v);
-  }));
+  };
+  A s;
+  if constexpr (std::is_same_v<A, float>) {
+    s = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), square, [&](int64_t j0) {
+      const Floats16 v = load16(x + j0);
+      return v * v;
+    }));
+  } else {
+    s = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), square));
+  }
   const A a = s * static_cast<A>(1.0 / static_cast<double>(d)) + static_cast<A>(eps);
   return {a, A(1) / std::sqrt(a)};
 }
@@ -48,8 +58,11 @@ void rms_norm_rows_body(const ir::Node& n, DType xt, DType yt, const std::byte* 
       for (int64_t r = lo; r < hi; ++r) {
         const T* xr = x + r * d;
         const A rs = row_scale<A>(xr, d, eps).r;
+        int64_t j0 = 0;
+        if constexpr (std::is_same_v<A, float>)
+          for (; j0 + 16 <= d; j0 += 16) store16(y + r * d + j0, (load16(xr + j0) * rs) * load16(w + j0));
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) {
+        for (int64_t j = j0; j < d; ++j) {
           const A normalized = static_cast<A>(load(xr[j])) * rs;
           y[r * d + j] = store<U>(static_cast<Compute<U>>(normalized * w[j]));
         }
@@ -79,15 +92,29 @@ void rms_norm_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::b
         const T* xr = x + r * d;
         const G* gr = g + r * d;
         const RowScale<A> s = row_scale<A>(xr, d, eps);
-        const A gwx = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), [&](int64_t j) {
+        const auto gwx_of = [&](int64_t j) {
           const A gw = static_cast<A>(load(gr[j])) * w[j];
           return static_cast<A>(gw * static_cast<A>(load(xr[j])));
-        }));
+        };
+        A gwx;
+        if constexpr (std::is_same_v<A, float>) {
+          gwx = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), gwx_of, [&](int64_t j0) {
+            return (load16(gr + j0) * load16(w + j0)) * load16(xr + j0);
+          }));
+        } else {
+          gwx = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), gwx_of));
+        }
         // rsqrt's VJP, (cotangent·(−½))·(r / a), then mean's (·1/D): the cotangent of each square
         const A c = gwx * A(-0.5) * (s.r / s.a) * inv_d;
         rs[r] = s.r;
+        int64_t j0 = 0;
+        if constexpr (std::is_same_v<A, float>)
+          for (; j0 + 16 <= d; j0 += 16) {
+            const Floats16 gw = load16(gr + j0) * load16(w + j0), xj = load16(xr + j0);
+            store16(dx + r * d + j0, (gw * s.r + c * xj) + c * xj);
+          }
 #pragma omp simd
-        for (int64_t j = 0; j < d; ++j) {
+        for (int64_t j = j0; j < d; ++j) {
           const A gw = static_cast<A>(load(gr[j])) * w[j], xj = static_cast<A>(load(xr[j]));
           dx[r * d + j] = store<T>(static_cast<Compute<T>>(gw * s.r + c * xj + c * xj));  // mul(x, x)'s two terms
         }
@@ -115,8 +142,20 @@ void rms_norm_dw_columns_body(const ir::Node& n, DType xt, DType gt, const std::
       for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * d;
         const G* gr = g + r * d;
+        int64_t j0 = lo;
+        if constexpr (std::is_same_v<A, float>)
+          for (; j0 + 16 <= hi; j0 += 16) {
+            const Floats16 v = load16(gr + j0) * (load16(xr + j0) * rs[r]);
+            Doubles8 low, high;
+            std::memcpy(&low, acc + j0, sizeof(low));
+            std::memcpy(&high, acc + j0 + 8, sizeof(high));
+            low = low + low_f64(v);
+            high = high + high_f64(v);
+            std::memcpy(acc + j0, &low, sizeof(low));
+            std::memcpy(acc + j0 + 8, &high, sizeof(high));
+          }
 #pragma omp simd
-        for (int64_t j = lo; j < hi; ++j) {
+        for (int64_t j = j0; j < hi; ++j) {
           const A normalized = static_cast<A>(load(xr[j])) * rs[r];
           acc[j] += static_cast<Sum<A>>(static_cast<A>(static_cast<A>(load(gr[j])) * normalized));
         }

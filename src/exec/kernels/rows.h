@@ -77,17 +77,39 @@ A row_sum(int64_t w, F f, F16 f16 = nullptr) {
   return combine_lanes(lane);
 }
 
+// Eight doubles as one vector; a Floats16's low and high 8 lanes widened to them.
+typedef double Doubles8 __attribute__((vector_size(64)));
+inline Doubles8 low_f64(const Floats16& v) {
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), Doubles8);
+}
+inline Doubles8 high_f64(const Floats16& v) {
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), Doubles8);
+}
+
 // A window of n elements f(0), ..., f(n − 1) reduced in 8 accumulators (reduce_sum's and sum_of_squares' contiguous
 // windows, reduce.cpp; the norms' row sums, norm.cpp): lane j takes elements j, j + 8, ..., the tail's elements
 // lanes 0, 1, ... in turn, then the lanes are combined pairwise in a fixed order: independent chains the core runs
 // side by side, and a result that depends on the window alone, not on threads. (A max over +0 and -0, or over NaNs
-// of different payloads, may pick another of them than a sequential scan would.)
-template <class Acc, class Combine, class F>
-Acc reduce_window(int64_t n, Acc init, Combine combine, F f) {
+// of different payloads, may pick another of them than a sequential scan would.) f16, where given, is a sum's
+// (Acc double, combine adding) f(j0), ..., f(j0 + 15) as f32 lanes: its whole groups then go into the 8 lanes as
+// two vectors of f64, the same additions in the same order (GCC kept a bf16 block's loads at 128 bits, with spills).
+template <class Acc, class Combine, class F, class F16 = std::nullptr_t>
+Acc reduce_window(int64_t n, Acc init, Combine combine, F f, F16 f16 = nullptr) {
   constexpr int64_t kLanes = 8;
   std::array<Acc, kLanes> lane;
   lane.fill(init);
   int64_t r = 0;
+  if constexpr (!std::is_null_pointer_v<F16>) {
+    static_assert(std::is_same_v<Acc, double>);
+    Doubles8 sum;
+    std::memcpy(&sum, lane.data(), sizeof(sum));
+    for (; r + 2 * kLanes <= n; r += 2 * kLanes) {
+      const Floats16 v = f16(r);
+      sum = sum + low_f64(v);
+      sum = sum + high_f64(v);
+    }
+    std::memcpy(lane.data(), &sum, sizeof(sum));
+  }
   for (; r + kLanes <= n; r += kLanes) {
     std::array<decltype(f(r)), kLanes> next;  // the block's elements first: a bf16 block's widening vectorises
     for (int64_t j = 0; j < kLanes; ++j) next[j] = f(r + j);
