@@ -55,15 +55,29 @@ int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
 }
 
 // `pre` maps each element (in the compute type) before it is accumulated: the identity, or sum_of_squares' square
-// (of the quotient by its divisor) rounded to T. The elements are of type X: T, or (sum_of_squares' `dtype`) a
-// narrower float that T holds exactly. Outputs [lo, hi) when x is not viewed as [window, outputs].
-template <class X, class T, class Acc, class Combine, class Pre>
-void reduce_outputs(const X* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc init, Combine combine, Pre pre) {
+// (of the quotient by its divisor) rounded to T; `pre16` (sums in f64 of values computed in f32; else nullptr) the
+// same of 16 elements in f32 lanes, for reduce_window's vectors: for narrower floats than f32 alone (an f32 window
+// as blocks of 8 ran at 57 GB/s, as vectors of 16 at 40: GCC 12 widens 8 floats to f64 in two halves). The elements are of type X: T, or
+// (sum_of_squares' `dtype`) a narrower float that T holds exactly.
+template <class X, class Acc, class Combine, class Pre, class Pre16>
+Acc reduce_contiguous(const X* base, int64_t window, Acc init, Combine combine, Pre pre, Pre16 pre16) {
+  const auto f = [&](int64_t r) { return pre(load(base[r])); };
+  if constexpr (std::is_same_v<Acc, double> && std::is_same_v<Compute<X>, float> && !std::is_same_v<X, float> &&
+                !std::is_null_pointer_v<Pre16>)
+    return reduce_window<Acc>(window, init, combine, f, [&](int64_t j0) { return pre16(load16(base + j0)); });
+  else
+    return reduce_window<Acc>(window, init, combine, f);
+}
+
+// Outputs [lo, hi) when x is not viewed as [window, outputs].
+template <class X, class T, class Acc, class Combine, class Pre, class Pre16>
+void reduce_outputs(const X* a, T* o, const Plan& p, int64_t lo, int64_t hi, Acc init, Combine combine, Pre pre,
+                    Pre16 pre16) {
   for (int64_t i = lo; i < hi; ++i) {
     const X* base = a + unravel(i, p.kept_shape, p.kept_strides);
     Acc acc = init;
     if (p.contiguous) {
-      acc = reduce_window<Acc>(p.window, init, combine, [&](int64_t r) { return pre(load(base[r])); });
+      acc = reduce_contiguous(base, p.window, init, combine, pre, pre16);
     } else {
       for (int64_t r = 0; r < p.window; ++r)
         acc = combine(acc, static_cast<Acc>(pre(load(base[unravel(r, p.red_shape, p.red_strides)]))));
@@ -95,15 +109,14 @@ void reduce_rows(const X* a, T* o, const Plan& p, Acc* acc, int64_t lo, int64_t 
 
 // Windows in chunks (chunks_of): the chunks [lo, hi) of all outputs' windows (chunk c of output i is lo = i ·
 // chunks + c) into `partial`, then each output's chunks combined in order.
-template <class X, class Acc, class Combine, class Pre>
+template <class X, class Acc, class Combine, class Pre, class Pre16>
 void reduce_chunks(const X* a, const Plan& p, Acc* partial, int64_t lo, int64_t hi, Acc init, Combine combine,
-                   Pre pre) {
+                   Pre pre, Pre16 pre16) {
   const int64_t chunks = chunks_of(p);
   for (int64_t k = lo; k < hi; ++k) {
     const int64_t c = k % chunks, first = c * kChunk;
     const X* base = a + unravel(k / chunks, p.kept_shape, p.kept_strides) + first;
-    partial[k] = reduce_window<Acc>(std::min(kChunk, p.window - first), init, combine,
-                                    [&](int64_t r) { return pre(load(base[r])); });
+    partial[k] = reduce_contiguous(base, std::min(kChunk, p.window - first), init, combine, pre, pre16);
   }
 }
 template <class T, class Acc, class Combine>
@@ -124,29 +137,31 @@ enum class Stage { outputs, chunks, combine };
 // accumulators, one per output, or the chunks' results) over [lo, hi), at the CPU's widest vectors.
 void reduce_range_body(const ir::Node& n, std::span<const Array> in, Array& y, const Plan& p, std::byte* acc_row,
                        Stage stage, int64_t lo, int64_t hi) {
-  auto run = [&](auto x, auto t, auto init, auto combine, auto pre) {  // x's element type, the result's
+  // x's element type, the result's; pre16: pre of 16 f32 lanes, where reduce_contiguous takes it
+  auto run = [&](auto x, auto t, auto init, auto combine, auto pre, auto pre16) {
     using X = decltype(x);
     using T = decltype(t);
     using Acc = decltype(init);
     if (stage == Stage::chunks)
-      return reduce_chunks(in[0].data<X>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init, combine, pre);
+      return reduce_chunks(in[0].data<X>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init, combine, pre, pre16);
     if (stage == Stage::combine) return combine_chunks(reinterpret_cast<const Acc*>(acc_row), y.data<T>(), p, combine);
     if (p.inner > 0)
       return reduce_rows(in[0].data<X>(), y.data<T>(), p, reinterpret_cast<Acc*>(acc_row), lo, hi, init, combine, pre);
-    reduce_outputs(in[0].data<X>(), y.data<T>(), p, lo, hi, init, combine, pre);
+    reduce_outputs(in[0].data<X>(), y.data<T>(), p, lo, hi, init, combine, pre, pre16);
   };
   if (n.op == ir::Op::reduce_max) {
     return dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
       using C = Compute<decltype(t)>;
       C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::lowest();
-      run(t, t, lowest, [](C a, C b) { return (b > a) | (b != b) ? b : a; }, [](C x) { return x; });
+      run(t, t, lowest, [](C a, C b) { return (b > a) | (b != b) ? b : a; }, [](C x) { return x; }, nullptr);
     });
   }
   if (n.op == ir::Op::reduce_sum) {
     return dispatch_numeric(in[0].type().dtype, n, [&](auto t) {
       using T = decltype(t);
       using Acc = std::conditional_t<std::is_same_v<Compute<T>, float>, double, T>;  // f32, bf16, f16 sum in f64
-      run(t, t, Acc(0), [](Acc a, Acc b) { return a + b; }, [](Compute<T> x) { return x; });
+      run(t, t, Acc(0), [](Acc a, Acc b) { return a + b; }, [](Compute<T> x) { return x; },
+          [](const Floats16& v) { return v; });
     });
   }
   // sum_of_squares: reduce_sum(mul(x, x)), the square rounded to T as mul stores it, then summed as reduce_sum
@@ -159,12 +174,22 @@ void reduce_range_body(const ir::Node& n, std::span<const Array> in, Array& y, c
     using Acc = std::conditional_t<std::is_same_v<C, float>, double, T>;
     auto sum = [](Acc a, Acc b) { return a + b; };
     auto squares = [&](auto x) {
-      if (in.size() == 1) return run(x, t, Acc(0), sum, [](C v) { return load(store<T>(v * v)); });
+      // the squares of 16 lanes, where they are squared in f32 (a square in f64 is not one in f32)
+      const auto in_f32 = [](auto pre16) {
+        if constexpr (std::is_same_v<C, float>) return pre16;
+        else return nullptr;
+      };
+      if (in.size() == 1)
+        return run(x, t, Acc(0), sum, [](C v) { return load(store<T>(v * v)); },
+                   in_f32([](const auto& v) { return round16<T>(v * v); }));
       const C d = static_cast<C>(in[1].data<float>()[0]);
       run(x, t, Acc(0), sum, [d](C v) {
         const C u = load(store<T>(v / d));
         return load(store<T>(u * u));
-      });
+      }, in_f32([d](const auto& v) {
+        const auto u = round16<T>(v / d);
+        return round16<T>(u * u);
+      }));
     };
     dispatch_widened<T>(in[0].type().dtype, n, squares);
   });
