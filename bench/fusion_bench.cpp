@@ -1,6 +1,6 @@
 // The SwiGLU ops of the medium config (4 x 512 tokens x 3072), which run as the fusions of their compositions:
 // swiglu, silu(a) · b (three ops, one exp), and swiglu_grad (eleven ops: the logistic and silu recomputed, then
-// the cotangents of a and of b), in GB/s of their operands and results, bf16 and f32, on all threads, the arrays
+// the cotangents of a and of b), bf16 in f32 between converts, in GB/s of their operands and results, bf16 and f32, on all threads, the arrays
 // and workspace allocated (and faulted in) once.
 // Run: build/remat_bench --benchmark_filter=Fusion
 #include "exec/exec.h"

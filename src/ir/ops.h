@@ -113,8 +113,9 @@ namespace remat::ir {
   /* 6 flops per element */                                                                                          \
   X(target_log_prob_grad, 4, reduction, pure, counted)                                                               \
   /* (gate, up) of one float type: SwiGLU's product silu(gate)·up = (gate·logistic(gate))·up, each of the */         \
-  /* logistic and the two products rounded to that type, f32 for bf16 (whose result alone is rounded to bf16, */     \
-  /* as XLA's excess precision and PyTorch's CPU kernels do: the bits of that composition of logistic and mul); */   \
+  /* logistic and the two products rounded to that type; a bf16 product computes them in f32 and rounds its */       \
+  /* result alone (XLA's excess precision; f16 keeps each rounding): the bits of that composition of logistic */     \
+  /* and mul, between converts for bf16; */                                                                          \
   /* its VJP recomputes logistic(gate), so no array of the logistic or of silu outlives the op. A kernel of its */   \
   /* own, never fused. 3 flops per element: logistic, two products */                                                \
   X(swiglu, 2, elementwise, pure, counted)                                                                           \

@@ -3,9 +3,9 @@
 // 1, 2 and 3 threads. The loops follow the order reduce.cpp documents: over leading axes each output takes the rows
 // in order; over trailing axes each window runs in chunks of 2^16 elements, each chunk in 8 lanes (lane j takes
 // elements j, j + 8, ...; the tail from lane 0 on) combined pairwise, the chunks combined in order; otherwise the
-// window in row-major order. Sums accumulate in f64 (reduce_max in the
-// compute type); sum_of_squares squares in the compute type and rounds the square to the dtype first. f32, bf16 and
-// f64 (whose sums show any change of order).
+// window in row-major order. Sums accumulate in f64 (reduce_max in the compute type); sum_of_squares squares in the
+// compute type and rounds the square to the dtype first. f32, bf16, f16 (in [-40, 40]: finite squares) and f64
+// (whose sums show any change of order).
 #include "exec/exec.h"
 #include "ir/ir.h"
 
@@ -26,15 +26,18 @@ using namespace ir;
 double value(double x) { return x; }
 double value(float x) { return x; }
 double value(bf16_t x) { return bf16_to_float(x); }
+double value(f16_t x) { return f16_to_float(x); }
 // x·x as sum_of_squares stores it: in the compute type (f32 for bf16), rounded to the dtype.
 double square(double x) { return x * x; }
 double square(float x) { return x * x; }
 double square(bf16_t x) { return bf16_to_float(float_to_bf16(bf16_to_float(x) * bf16_to_float(x))); }
+double square(f16_t x) { return f16_to_float(float_to_f16(f16_to_float(x) * f16_to_float(x))); }
 // An accumulator (exact in the compute type for max) stored as T: through the compute type, then rounded to T.
 template <class T> T rounded(double x);
 template <> double rounded<double>(double x) { return x; }
 template <> float rounded<float>(double x) { return static_cast<float>(x); }
 template <> bf16_t rounded<bf16_t>(double x) { return float_to_bf16(static_cast<float>(x)); }
+template <> f16_t rounded<f16_t>(double x) { return float_to_f16(static_cast<float>(x)); }
 
 enum class Kind { sum, max, squares };
 
@@ -93,7 +96,8 @@ std::vector<T> reference(Kind kind, const T* x, const std::vector<int64_t>& dims
 template <class T>
 void check(DType dtype, const std::vector<int64_t>& dims) {
   std::mt19937 rng(5);
-  std::uniform_real_distribution<double> dist(-3000, 3000);
+  const double range = std::is_same_v<T, f16_t> ? 40 : 3000;  // f16 squares of 40 and their sums of 23 stay finite
+  std::uniform_real_distribution<double> dist(-range, range);
   std::vector<T> x(static_cast<size_t>(dims[0] * dims[1] * dims[2]));
   for (T& v : x) v = rounded<T>(dist(rng));
   const int threads_before = omp_get_max_threads();
@@ -136,6 +140,7 @@ void check(DType dtype) {
 TEST(Reduce, EqualsPlainLoopsBitForBitAtOneTwoAndThreeThreads) {
   check<float>(DType::f32);
   check<bf16_t>(DType::bf16);
+  check<f16_t>(DType::f16);
   check<double>(DType::f64);  // f64 sums round only in f64: the order of every addition shows
 }
 

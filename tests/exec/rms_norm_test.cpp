@@ -55,9 +55,12 @@ TEST(RmsNorm, GivesTheBitsOfItsPrimitivesForwardAndBackward) {
                         {DType::bf16, DType::f32, DType::bf16},
                         {DType::bf16, DType::bf16, DType::bf16},
                         {DType::f32, DType::f32, DType::bf16},
+                        {DType::f16, DType::f32, DType::f16},
+                        {DType::f32, DType::f32, DType::f64},
                         {DType::f64, DType::f64, DType::f64}};
-  // rows of 45 (5 groups of 8 and a tail of 5) in 3330 elements (one thread); of 203 in 24969 (the parallel path)
-  for (const Shape& shape : {Shape{2, 37, 45}, Shape{3, 41, 203}})
+  // rows of 45 (2 vectors of 16, a block of 8 and a tail of 5) in 3330 elements (one thread); of 203 (12 vectors,
+  // a block of 8, a tail of 3) in 24969 (the parallel path); of 48 (vectors alone) and of 7 (a tail alone)
+  for (const Shape& shape : {Shape{2, 37, 45}, Shape{3, 41, 203}, Shape{5, 48}, Shape{9, 7}})
     for (const Case& c : cases)
       for (double eps : {1e-6, 0.25}) {
         Graph g;

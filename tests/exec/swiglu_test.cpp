@@ -1,8 +1,8 @@
 // The swiglu kernels (exec/kernels/swiglu.cpp) against the composition the model built before the op, silu(gate)·up
-// from logistic and mul (in f32 between converts for bf16), run op by op by the reference executor (the elementwise kernels: an independent route),
-// and its VJP as autodiff differentiates those primitives. The same bits forward and backward (dgate and dup) in
-// f32, bf16 and f64, on lengths with a tail past the vector lanes, on one thread or all, over gates from deep in
-// the logistic's tails; and f32 infinities, zeros and subnormals. The planned executor gives the same bits, and
+// from logistic and mul (for bf16 in f32 between converts), run op by op by the reference executor (the
+// elementwise kernels: an independent route), and its VJP as autodiff differentiates those primitives. The same
+// bits forward and backward (dgate and dup) in f32, bf16 and f64, on lengths with a tail past the vector lanes, on
+// one thread or all, over gates from deep in the logistic's tails; and f32 infinities, zeros and subnormals. The planned executor gives the same bits, and
 // writes the result over a dying gate. Operands of different types are refused.
 #include "autodiff/autodiff.h"
 #include "exec/exec.h"

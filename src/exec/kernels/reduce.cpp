@@ -57,8 +57,8 @@ int64_t unravel(int64_t i, const Dims& shape, const Dims& strides) {
 // `pre` maps each element (in the compute type) before it is accumulated: the identity, or sum_of_squares' square
 // (of the quotient by its divisor) rounded to T; `pre16` (sums in f64 of values computed in f32; else nullptr) the
 // same of 16 elements in f32 lanes, for reduce_window's vectors: for narrower floats than f32 alone (an f32 window
-// as blocks of 8 ran at 57 GB/s, as vectors of 16 at 40: GCC 12 widens 8 floats to f64 in two halves). The elements are of type X: T, or
-// (sum_of_squares' `dtype`) a narrower float that T holds exactly.
+// as blocks of 8 ran at 57 GB/s, as vectors of 16 at 40: GCC 12 widens 8 floats to f64 in two halves). The
+// elements are of type X: T, or (sum_of_squares' `dtype`) a narrower float that T holds exactly.
 template <class X, class Acc, class Combine, class Pre, class Pre16>
 Acc reduce_contiguous(const X* base, int64_t window, Acc init, Combine combine, Pre pre, Pre16 pre16) {
   const auto f = [&](int64_t r) { return pre(load(base[r])); };

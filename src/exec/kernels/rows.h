@@ -59,15 +59,15 @@ A combine_lanes(const A (&lane)[kRowLanes]) {
   return sum_lanes(v);
 }
 
-// Σ f(j) over j in [0, w); f16(j0), where given, is f(j0), ..., f(j0 + 15) as one vector (A float).
-template <class A, class F, class F16 = std::nullptr_t>
-A row_sum(int64_t w, F f, F16 f16 = nullptr) {
+// Σ f(j) over j in [0, w); group16(j0), where given, is f(j0), ..., f(j0 + 15) as one vector (A float).
+template <class A, class F, class Group16 = std::nullptr_t>
+A row_sum(int64_t w, F f, Group16 group16 = nullptr) {
   A lane[kRowLanes] = {};
   int64_t j0 = 0;
-  if constexpr (!std::is_null_pointer_v<F16>) {
+  if constexpr (!std::is_null_pointer_v<Group16>) {
     static_assert(std::is_same_v<A, float>);
     Floats16 sum{};
-    for (; j0 + kRowLanes <= w; j0 += kRowLanes) sum += f16(j0);
+    for (; j0 + kRowLanes <= w; j0 += kRowLanes) sum += group16(j0);
     std::memcpy(lane, &sum, sizeof(sum));
   }
   for (; j0 + kRowLanes <= w; j0 += kRowLanes)
@@ -90,21 +90,22 @@ inline Doubles8 high_f64(const Floats16& v) {
 // windows, reduce.cpp; the norms' row sums, norm.cpp): lane j takes elements j, j + 8, ..., the tail's elements
 // lanes 0, 1, ... in turn, then the lanes are combined pairwise in a fixed order: independent chains the core runs
 // side by side, and a result that depends on the window alone, not on threads. (A max over +0 and -0, or over NaNs
-// of different payloads, may pick another of them than a sequential scan would.) f16, where given, is a sum's
-// (Acc double, combine adding) f(j0), ..., f(j0 + 15) as f32 lanes: its whole groups then go into the 8 lanes as
-// two vectors of f64, the same additions in the same order (GCC kept a bf16 block's loads at 128 bits, with spills).
-template <class Acc, class Combine, class F, class F16 = std::nullptr_t>
-Acc reduce_window(int64_t n, Acc init, Combine combine, F f, F16 f16 = nullptr) {
+// of different payloads, may pick another of them than a sequential scan would.) group16, where given, is
+// f(j0), ..., f(j0 + 15) as f32 lanes, for sums alone (Acc double, combine adding: the vectors add, whatever
+// combine does): whole groups then go into the 8 lanes as two vectors of f64, the same additions in the same order
+// (GCC kept a bf16 block's loads at 128 bits, with spills).
+template <class Acc, class Combine, class F, class Group16 = std::nullptr_t>
+Acc reduce_window(int64_t n, Acc init, Combine combine, F f, Group16 group16 = nullptr) {
   constexpr int64_t kLanes = 8;
   std::array<Acc, kLanes> lane;
   lane.fill(init);
   int64_t r = 0;
-  if constexpr (!std::is_null_pointer_v<F16>) {
+  if constexpr (!std::is_null_pointer_v<Group16>) {
     static_assert(std::is_same_v<Acc, double>);
     Doubles8 sum;
     std::memcpy(&sum, lane.data(), sizeof(sum));
     for (; r + 2 * kLanes <= n; r += 2 * kLanes) {
-      const Floats16 v = f16(r);
+      const Floats16 v = group16(r);
       sum = sum + low_f64(v);
       sum = sum + high_f64(v);
     }

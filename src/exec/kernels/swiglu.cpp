@@ -3,9 +3,9 @@
 // writes the VJPs of mul and logistic, and runs it through the fusion kernel (the compiled loop, or the
 // interpreter). The bits are the composition's by construction, and the speed the fusion compiler's: one pass,
 // nothing stored between, the backward recomputing the logistic. A bf16 composition computes in f32 between a
-// convert of its operands and one of its results (the ops' definition: each bf16 intermediate rounded cost the
-// compiled loop more than the f32 arithmetic itself). Each group of elements is read whole before a result of it
-// is written, so a result may be written over gate (in place).
+// convert of each operand and a convert of each result (the ops' definition, as XLA's excess precision: rounding
+// each bf16 intermediate cost the compiled loop more than the f32 arithmetic itself; f16 keeps each rounding).
+// Each group of elements is read whole before a result of it is written, so a result may be written over gate.
 #include "exec/kernels/kernels.h"
 #include "ir/ir.h"
 
