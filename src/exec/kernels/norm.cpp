@@ -27,19 +27,16 @@ struct RowScale {
 // The row x[0, d)'s statistics: mean(square(x)) + eps, then rsqrt, each operation rounded to A.
 template <class A, class T>
 RowScale<A> row_scale(const T* x, int64_t d, double eps) {
-  const auto square = [&](int64_t j) {
-    const A v = static_cast<A>(load(x[j]));
-    return static_cast<A>(v * v);
-  };
-  A s;
-  if constexpr (std::is_same_v<A, float>) {
-    s = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), square, [&](int64_t j0) {
-      const Floats16 v = load16(x + j0);
-      return v * v;
-    }));
-  } else {
-    s = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), square));
-  }
+  const A s = static_cast<A>(reduce_window<Sum<A>>(
+      d, Sum<A>(0), std::plus<>(),
+      [&](int64_t j) {
+        const A v = static_cast<A>(load(x[j]));
+        return static_cast<A>(v * v);
+      },
+      if_f32<A>([&](auto j0) {
+        const Floats16 v = load16(x + j0);
+        return v * v;
+      })));
   const A a = s * static_cast<A>(1.0 / static_cast<double>(d)) + static_cast<A>(eps);
   return {a, A(1) / std::sqrt(a)};
 }
@@ -92,18 +89,13 @@ void rms_norm_grad_rows_body(const ir::Node& n, DType xt, DType gt, const std::b
         const T* xr = x + r * d;
         const G* gr = g + r * d;
         const RowScale<A> s = row_scale<A>(xr, d, eps);
-        const auto gwx_of = [&](int64_t j) {
-          const A gw = static_cast<A>(load(gr[j])) * w[j];
-          return static_cast<A>(gw * static_cast<A>(load(xr[j])));
-        };
-        A gwx;
-        if constexpr (std::is_same_v<A, float>) {
-          gwx = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), gwx_of, [&](int64_t j0) {
-            return (load16(gr + j0) * load16(w + j0)) * load16(xr + j0);
-          }));
-        } else {
-          gwx = static_cast<A>(reduce_window<Sum<A>>(d, Sum<A>(0), std::plus<>(), gwx_of));
-        }
+        const A gwx = static_cast<A>(reduce_window<Sum<A>>(
+            d, Sum<A>(0), std::plus<>(),
+            [&](int64_t j) {
+              const A gw = static_cast<A>(load(gr[j])) * w[j];
+              return static_cast<A>(gw * static_cast<A>(load(xr[j])));
+            },
+            if_f32<A>([&](auto j0) { return (load16(gr + j0) * load16(w + j0)) * load16(xr + j0); })));
         // rsqrt's VJP, (cotangent·(−½))·(r / a), then mean's (·1/D): the cotangent of each square
         const A c = gwx * A(-0.5) * (s.r / s.a) * inv_d;
         rs[r] = s.r;

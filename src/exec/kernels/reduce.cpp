@@ -175,18 +175,14 @@ void reduce_range_body(const ir::Node& n, std::span<const Array> in, Array& y, c
     auto sum = [](Acc a, Acc b) { return a + b; };
     auto squares = [&](auto x) {
       // the squares of 16 lanes, where they are squared in f32 (a square in f64 is not one in f32)
-      const auto in_f32 = [](auto pre16) {
-        if constexpr (std::is_same_v<C, float>) return pre16;
-        else return nullptr;
-      };
       if (in.size() == 1)
         return run(x, t, Acc(0), sum, [](C v) { return load(store<T>(v * v)); },
-                   in_f32([](const auto& v) { return round16<T>(v * v); }));
+                   if_f32<C>([](const auto& v) { return round16<T>(v * v); }));
       const C d = static_cast<C>(in[1].data<float>()[0]);
       run(x, t, Acc(0), sum, [d](C v) {
         const C u = load(store<T>(v / d));
         return load(store<T>(u * u));
-      }, in_f32([d](const auto& v) {
+      }, if_f32<C>([d](const auto& v) {
         const auto u = round16<T>(v / d);
         return round16<T>(u * u);
       }));

@@ -86,6 +86,14 @@ inline Doubles8 high_f64(const Floats16& v) {
   return __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), Doubles8);
 }
 
+// g where the arithmetic type A is f32, else nullptr: a group16 argument (row_sum, reduce_window) that only f32
+// lanes can take.
+template <class A, class G>
+auto if_f32(G g) {
+  if constexpr (std::is_same_v<A, float>) return g;
+  else return nullptr;
+}
+
 // A window of n elements f(0), ..., f(n − 1) reduced in 8 accumulators (reduce_sum's and sum_of_squares' contiguous
 // windows, reduce.cpp; the norms' row sums, norm.cpp): lane j takes elements j, j + 8, ..., the tail's elements
 // lanes 0, 1, ... in turn, then the lanes are combined pairwise in a fixed order: independent chains the core runs
