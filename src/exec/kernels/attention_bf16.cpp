@@ -2,9 +2,10 @@
 // pairs (pairs.h: vdpbf16ps where the CPU has AVX512_BF16, the same bits elsewhere), as FlashAttention on a GPU runs
 // its products on bf16 tensor cores. Scores, statistics, probabilities and sums are f32; a product's operands are
 // bf16: q, k, v and dout as given, the probabilities p and the score gradients ds rounded once (as dot_product's
-// bf16 softmax is before its matmul). Scores are in base 2, (q·kᵀ)·scale·log2 e, and probabilities 2^(s - m)
-// (exp2_nonpositive), as FlashAttention computes them: no ln 2 reduction per element. The forward and the
-// backward scale and mask q kᵀ with the same operations, so the backward recomputes the forward's scores bit for bit.
+// bf16 softmax is before its matmul). Scores are in base 2, s = (q·kᵀ)·c with c = scale·log2 e, and probabilities
+// 2^(s - m) (exp2_nonpositive), as FlashAttention computes them: no ln 2 reduction per element. s - m is one fused
+// multiply-add of q·kᵀ, c and -m (m: the row's running maximum, forward, or its log-sum-exp, backward), so no score
+// is rounded on its own; hidden keys' probabilities are set to 0 bit by bit.
 //
 // A product pairs consecutive values of its contraction: head dims for q kᵀ and dout vᵀ (a row of q or k viewed as
 // pairs, as stored), keys for p v and ds k (k and v laid out with two keys' rows interleaved, once per kv head),
@@ -98,9 +99,8 @@ void load_rows(const bf16_t* x, uint32_t (*to)[kPairsD], uint32_t (*to_t)[kRows 
     for (int64_t d = 0; d < z.D; ++d) to_t[d][r / 2] = bf16_pair(row(r)[d], r + 1 < rows ? row(r + 1)[d] : bf16_t{0});
 }
 
-// q kᵀ for the tile into s. Its readers make it a score in base 2, (q·kᵀ)·scale·log2 e where the row sees the key
-// and -inf elsewhere, with the same operations (scores_scale, visible_keys), so the backward recomputes the
-// forward's scores bit for bit.
+// q kᵀ for the tile into s, unscaled: its readers take each probability as 2^(q·kᵀ·c - m) where the row sees the key
+// (visible_keys), c = scores_scale, and 0 elsewhere.
 void scores(Tiles& t, const Keys& keys, const Problem& z, int64_t rows, int64_t s0, int64_t cols) {
   product(t, {&t.q[0][0], kPairsD, keys.kt + s0 * z.D / 2, kBlock, &t.s[0][0], kBlock, z.D / 2, false}, rows, cols);
 }
@@ -166,23 +166,34 @@ void store_pairs_of_keys(const Row& x, uint32_t* to) {
   }
 }
 
+// Lanes [16v, 16v + 16) of a block's row that the row sees, of `visible` (all ones where it sees the whole block).
+Bits16 seen_lanes(uint32_t visible, int64_t v) {
+  return std::bit_cast<Bits16>(kLanes16 + static_cast<uint32_t>(16 * v) < visible);
+}
+
 // Folds one block's scores into the tile's online softmax, each row in registers: each query's running maximum m,
-// sum l and context acc rescaled to the new maximum, and the block's probabilities 2^(s - m) rounded to bf16 pairs
-// along its keys (zeros past `cols`). Phase by phase over the rows, as attention.h's online_softmax, so that the
-// rows' dependency chains overlap. l sums lane by lane (l16), across the blocks: one sum of lanes per row, at its end.
+// sum l and context acc rescaled to the new maximum, and the block's probabilities 2^(q·kᵀ·c - m) rounded to bf16
+// pairs along its keys (zeros past the row's visible keys). The maximum is taken of the unscaled products (c > 0:
+// rounding keeps their order), then scaled; a probability's exponent may so exceed 0 by half an ulp of m. Phase by
+// phase over the rows, as attention.h's online_softmax, so that the rows' dependency chains overlap. l sums lane by
+// lane (l16), across the blocks: one sum of lanes per row, at its end. Bitwise selects: GCC 12 turned `mask ? a : b`
+// on these vectors into code lane by lane.
 template <bool kNative>
 void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
-  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const Bits16 kMinusInf = Bits16{} + std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity());
   const float scale = scores_scale(z);
   float m_new[kRows], correction[kRows];
-  for (int64_t r = 0; r < rows; ++r) {  // the scores (-inf also past `cols`, which the product did not write)
-    const uint32_t visible = static_cast<uint32_t>(visible_keys(z, i0 + r, s0, cols));
+  uint32_t visible[kRows];
+  for (int64_t r = 0; r < rows; ++r) {  // the maxima, of the keys each row sees (the product wrote `cols` of them)
+    visible[r] = static_cast<uint32_t>(visible_keys(z, i0 + r, s0, cols));
     Row x;
     std::memcpy(x.data(), t.s[r], sizeof(x));
-    for (int64_t v = 0; v < kVectors; ++v)
-      x[v] = kLanes16 + static_cast<uint32_t>(16 * v) < visible ? x[v] * scale : Floats16{} - kInf;
-    std::memcpy(t.s[r], x.data(), sizeof(x));
-    m_new[r] = max_of(t.m[r], max_lanes(max_of(max_of(x[0], x[1]), max_of(x[2], x[3]))));
+    if (visible[r] < kBlock)
+      for (int64_t v = 0; v < kVectors; ++v) {
+        const Bits16 seen = seen_lanes(visible[r], v);
+        x[v] = std::bit_cast<Floats16>((std::bit_cast<Bits16>(x[v]) & seen) | (kMinusInf & ~seen));
+      }
+    m_new[r] = max_of(t.m[r], max_lanes(max_of(max_of(x[0], x[1]), max_of(x[2], x[3]))) * scale);
   }
 #pragma omp simd
   for (int64_t r = 0; r < rows; ++r) correction[r] = exp2_nonpositive(t.m[r] - m_new[r]);  // 0 at the first block
@@ -194,7 +205,11 @@ void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0
     }
     Row p;
     std::memcpy(p.data(), t.s[r], sizeof(p));
-    for (Floats16& x : p) x = exp2_nonpositive(x - m_new[r]);
+    const Floats16 c = Floats16{} + scale, minus_m = Floats16{} - m_new[r];
+    for (Floats16& x : p) x = exp2_nonpositive(fused_multiply_add(x, c, minus_m));
+    if (visible[r] < kBlock)
+      for (int64_t v = 0; v < kVectors; ++v)
+        p[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(p[v]) & seen_lanes(visible[r], v));
     t.l16[r] += ((p[0] + p[1]) + p[2]) + p[3];
     t.m[r] = m_new[r];
     store_pairs_of_keys<kNative>(p, t.along_keys[r]);
@@ -247,24 +262,25 @@ void heads_isa(Args&&... a) {
 }
 REMAT_ISA_CLONES(heads, heads_isa)
 
-// The block's probabilities p = 2^(s - lse·log2 e) and score gradients ds = p (dout·v - delta)·scale from the
-// tile's scores s and dout vᵀ in g, two rows at a time in registers, rounded to bf16 pairs: p and ds along queries
-// (rows r and r + 1 in a pair, a last odd row paired with zero), ds along keys. Columns past `cols` are zero.
+// The block's probabilities p = 2^(q·kᵀ·c - lse·log2 e) and score gradients ds = p (dout·v - delta)·scale from the
+// tile's products q kᵀ in s and dout vᵀ in g, two rows at a time in registers, rounded to bf16 pairs: p and ds along
+// queries (rows r and r + 1 in a pair, a last odd row paired with zero), ds along keys. Columns a row does not see
+// have p 0, those past `cols` ds 0 too.
 template <bool kNative>
 void block_pairs(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0, int64_t cols) {
-  const float scale = static_cast<float>(z.scale), to_base2 = scores_scale(z);
-  const Bits16 kMinusInf = Bits16{} + std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity());
-  // Selects below are bitwise: GCC 12 turned `mask ? a : b` on these vectors into code lane by lane here.
+  const float scale = static_cast<float>(z.scale);
+  const Floats16 c = Floats16{} + scores_scale(z);
+  // Selects below are bitwise, as fold_block's.
   auto row = [&](int64_t r, Row& p, Row& ds) {
     const uint32_t visible = static_cast<uint32_t>(visible_keys(z, i0 + r, s0, cols));
+    const Floats16 minus_l = Floats16{} - t.l[r];
     Row x, g;
     std::memcpy(x.data(), t.s[r], sizeof(x));
     std::memcpy(g.data(), t.g[r], sizeof(g));
     for (int64_t v = 0; v < kVectors; ++v) {
-      const Bits16 lane = kLanes16 + static_cast<uint32_t>(16 * v);
-      const Bits16 seen = std::bit_cast<Bits16>(lane < visible), in_block = std::bit_cast<Bits16>(lane < static_cast<uint32_t>(cols));
-      const Bits16 score = (std::bit_cast<Bits16>(x[v] * to_base2) & seen) | (kMinusInf & ~seen);
-      p[v] = exp2_nonpositive(std::bit_cast<Floats16>(score) - t.l[r]);
+      const Bits16 in_block = seen_lanes(static_cast<uint32_t>(cols), v);
+      const Floats16 all = exp2_nonpositive(fused_multiply_add(x[v], c, minus_l));
+      p[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(all) & seen_lanes(visible, v));
       ds[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(p[v] * (g[v] - t.delta[r]) * scale) & in_block);
     }
     store_pairs_of_keys<kNative>(ds, t.along_keys[r]);

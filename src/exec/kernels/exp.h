@@ -81,18 +81,34 @@ F exp_nonpositive(const F& x) {
   return p * pow2(k);
 }
 
-// 2^x for x <= 0 (or NaN), F float or Floats16: flash attention's bf16 probabilities, whose scores are in base 2
+// a·b + c rounded once, F float or Floats16 (lane by lane): a fused multiply-add where the target has FMA (the
+// x86-64-v4 and avx2 kernels), fmaf's call elsewhere, with the same bits. Only where a kernel's bits are its own
+// (flash attention's bf16 probabilities): the reference kernels and every other kernel keep separate roundings.
+template <class F>
+F fused_multiply_add(const F& a, const F& b, const F& c) {
+  if constexpr (std::is_same_v<F, float>) {
+    return __builtin_fmaf(a, b, c);
+  } else {
+    F r;
+#pragma omp simd
+    for (int i = 0; i < 16; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return r;
+  }
+}
+
+// 2^x for x <= 1/2 (or NaN), F float or Floats16: flash attention's bf16 probabilities, whose scores are in base 2
 // (scaled by log2 e), so that no ln 2 reduction is needed: x = n + f, n = round(x) (from the bits of the rounding
 // sum, as exp_parts) and f = x - n in [-1/2, 1/2] exactly; 2^f by a degree-5 polynomial fitted to the relative
-// error, 2^n by the exponent bits. Within 1.9e-7 (~2 ulp) of 2^x: the probabilities are rounded to bf16 for their
-// products. x below -126.5 gives +0 (the clamp at -127 makes 2^n +0), so no result is far below 2^-126.
+// error, in fused multiply-adds, 2^n by the exponent bits. Within 1.9e-7 (~2 ulp) of 2^x: the probabilities are
+// rounded to bf16 for their products. x below -126.5 gives +0 (the clamp at -127 makes 2^n +0), so no result is
+// far below 2^-126; x a little above 0 (a score's rounding less its row's maximum) gives 2^x, n 0 or 1.
 inline constexpr float kExp2Poly[6] = {1.3264702865853906e-03f, 9.671504609286785e-03f, 5.550733581185341e-02f,
                                        2.4022242426872253e-01f, 6.931470036506653e-01f, 1.0f};  // highest first
 template <class F>
 F exp2_nonpositive(const F& x) {
   const F c = max_of(x, F{} - 127.0f), shifted = c + kExpRound, n = shifted - kExpRound, f = c - n;
   F p = F{} + kExp2Poly[0];
-  for (int i = 1; i < 6; ++i) p = p * f + kExp2Poly[i];
+  for (int i = 1; i < 6; ++i) p = fused_multiply_add(p, f, F{} + kExp2Poly[i]);
   return p * pow2(std::bit_cast<IntsOf<F>>(shifted) - std::bit_cast<int32_t>(kExpRound));
 }
 

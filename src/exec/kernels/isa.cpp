@@ -10,7 +10,7 @@ namespace {
 std::vector<Isa> supported() {
   std::vector<Isa> isas{Isa::baseline};
 #if REMAT_HAS_ISA_CLONES
-  if (__builtin_cpu_supports("avx2")) isas.push_back(Isa::avx2);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isas.push_back(Isa::avx2);
   if (__builtin_cpu_supports("x86-64-v4")) isas.push_back(Isa::x86_64_v4);
 #endif
   return isas;

@@ -39,8 +39,8 @@ struct MeshAxis;  // exec/mesh.h
 REMAT_OPS(X)
 #undef X
 
-// The instruction sets a kernel's inner function is compiled for (REMAT_WIDEST_CLONES): baseline x86-64, AVX2 and
-// AVX-512 (x86-64-v4) with GCC 12 or later on x86-64, baseline alone elsewhere.
+// The instruction sets a kernel's inner function is compiled for (REMAT_WIDEST_CLONES): baseline x86-64, AVX2 with
+// FMA and AVX-512 (x86-64-v4) with GCC 12 or later on x86-64, baseline alone elsewhere.
 enum class Isa { baseline, avx2, x86_64_v4 };
 const char* isa_name(Isa isa);  // "default", "avx2", "x86-64-v4"
 // Those compiled here that this CPU runs (__builtin_cpu_supports), baseline first.
@@ -62,8 +62,9 @@ class IsaOverride {
 // REMAT_WIDEST_CLONES(name, body) defines `name`: it calls the function `body` (arguments forwarded) compiled for
 // kernel_isa(), one choice per call. Each target is a wrapper that inlines everything `body` calls (flatten; calls
 // into libm stay calls, the same function from every target), so its loops vectorise at that width. Without FMA
-// contraction (-ffp-contract=off) or reassociation, every target computes the same bits: by construction, and
-// tested for every cloned kernel and a training step (tests/exec/isa_test.cpp).
+// contraction (-ffp-contract=off) or reassociation, every target computes the same bits: by construction (a fused
+// multiply-add is written as one, exp.h's fused_multiply_add), and tested for every cloned kernel and a training step
+// (tests/exec/isa_test.cpp).
 // REMAT_ISA_CLONES(name, body) is the same for a `body` that is a template on its target (body<Isa>): kernels whose
 // register blocking depends on the vector width.
 #if defined(__GNUC__) && __GNUC__ >= 12 && !defined(__clang__) && defined(__x86_64__)
@@ -71,7 +72,7 @@ class IsaOverride {
   template <class... Args> __attribute__((flatten)) void name##_baseline(Args&&... a) {                                \
     body_baseline(std::forward<Args>(a)...);                                                                           \
   }                                                                                                                    \
-  template <class... Args> __attribute__((target("avx2"), flatten)) void name##_avx2(Args&&... a) {                    \
+  template <class... Args> __attribute__((target("avx2,fma"), flatten)) void name##_avx2(Args&&... a) {                \
     body_avx2(std::forward<Args>(a)...);                                                                               \
   }                                                                                                                    \
   template <class... Args> __attribute__((target("arch=x86-64-v4"), flatten)) void name##_v4(Args&&... a) {            \
