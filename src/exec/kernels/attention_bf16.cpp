@@ -166,10 +166,8 @@ void store_pairs_of_keys(const Row& x, uint32_t* to) {
   }
 }
 
-// Lanes [16v, 16v + 16) of a block's row that the row sees, of `visible` (all ones where it sees the whole block).
-Bits16 seen_lanes(uint32_t visible, int64_t v) {
-  return std::bit_cast<Bits16>(kLanes16 + static_cast<uint32_t>(16 * v) < visible);
-}
+// The lanes of vector v of a block's row (keys 16v to 16v + 15) below `end` (all bits set), as bits to mask with.
+Bits16 lanes_of(int64_t v, int64_t end) { return std::bit_cast<Bits16>(lanes_below(16 * v, end)); }
 
 // Folds one block's scores into the tile's online softmax, each row in registers: each query's running maximum m,
 // sum l and context acc rescaled to the new maximum, and the block's probabilities 2^(q·kᵀ·c - m) rounded to bf16
@@ -183,14 +181,14 @@ void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0
   const Bits16 kMinusInf = Bits16{} + std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity());
   const float scale = scores_scale(z);
   float m_new[kRows], correction[kRows];
-  uint32_t visible[kRows];
+  int64_t visible[kRows];
   for (int64_t r = 0; r < rows; ++r) {  // the maxima, of the keys each row sees (the product wrote `cols` of them)
-    visible[r] = static_cast<uint32_t>(visible_keys(z, i0 + r, s0, cols));
+    visible[r] = visible_keys(z, i0 + r, s0, cols);
     Row x;
     std::memcpy(x.data(), t.s[r], sizeof(x));
     if (visible[r] < kBlock)
       for (int64_t v = 0; v < kVectors; ++v) {
-        const Bits16 seen = seen_lanes(visible[r], v);
+        const Bits16 seen = lanes_of(v, visible[r]);
         x[v] = std::bit_cast<Floats16>((std::bit_cast<Bits16>(x[v]) & seen) | (kMinusInf & ~seen));
       }
     m_new[r] = max_of(t.m[r], max_lanes(max_of(max_of(x[0], x[1]), max_of(x[2], x[3]))) * scale);
@@ -209,7 +207,7 @@ void fold_block(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s0
     for (Floats16& x : p) x = exp2_nonpositive(fused_multiply_add(x, c, minus_m));
     if (visible[r] < kBlock)
       for (int64_t v = 0; v < kVectors; ++v)
-        p[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(p[v]) & seen_lanes(visible[r], v));
+        p[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(p[v]) & lanes_of(v, visible[r]));
     t.l16[r] += ((p[0] + p[1]) + p[2]) + p[3];
     t.m[r] = m_new[r];
     store_pairs_of_keys<kNative>(p, t.along_keys[r]);
@@ -272,15 +270,15 @@ void block_pairs(Tiles& t, const Problem& z, int64_t i0, int64_t rows, int64_t s
   const Floats16 c = Floats16{} + scores_scale(z);
   // Selects below are bitwise, as fold_block's.
   auto row = [&](int64_t r, Row& p, Row& ds) {
-    const uint32_t visible = static_cast<uint32_t>(visible_keys(z, i0 + r, s0, cols));
+    const int64_t visible = visible_keys(z, i0 + r, s0, cols);
     const Floats16 minus_l = Floats16{} - t.l[r];
     Row x, g;
     std::memcpy(x.data(), t.s[r], sizeof(x));
     std::memcpy(g.data(), t.g[r], sizeof(g));
     for (int64_t v = 0; v < kVectors; ++v) {
-      const Bits16 in_block = seen_lanes(static_cast<uint32_t>(cols), v);
+      const Bits16 in_block = lanes_of(v, cols);
       const Floats16 all = exp2_nonpositive(fused_multiply_add(x[v], c, minus_l));
-      p[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(all) & seen_lanes(visible, v));
+      p[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(all) & lanes_of(v, visible));
       ds[v] = std::bit_cast<Floats16>(std::bit_cast<Bits16>(p[v] * (g[v] - t.delta[r]) * scale) & in_block);
     }
     store_pairs_of_keys<kNative>(ds, t.along_keys[r]);
