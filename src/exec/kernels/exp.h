@@ -81,17 +81,21 @@ F exp_nonpositive(const F& x) {
   return p * pow2(k);
 }
 
-// a·b + c rounded once, F float or Floats16 (lane by lane): a fused multiply-add where the target has FMA (the
-// x86-64-v4 and avx2 kernels), fmaf's call elsewhere, with the same bits. Only where a kernel's bits are its own
-// (flash attention's bf16 probabilities): the reference kernels and every other kernel keep separate roundings.
+// a·b + c rounded once, F float, double or a GCC vector of them (lane by lane): a fused multiply-add where the target
+// has FMA (the x86-64-v4 and avx2 kernels), libm's fmaf or fma call elsewhere, with the same bits. Only where a
+// kernel's bits are its own (flash attention's products and bf16 probabilities): the reference kernels and every
+// other kernel keep separate roundings.
 template <class F>
 F fused_multiply_add(const F& a, const F& b, const F& c) {
   if constexpr (std::is_same_v<F, float>) {
     return __builtin_fmaf(a, b, c);
+  } else if constexpr (std::is_same_v<F, double>) {
+    return __builtin_fma(a, b, c);
   } else {
+    constexpr int kLanes = sizeof(F) / sizeof(a[0]);
     F r;
 #pragma omp simd
-    for (int i = 0; i < 16; ++i) r[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    for (int i = 0; i < kLanes; ++i) r[i] = fused_multiply_add(a[i], b[i], c[i]);
     return r;
   }
 }
